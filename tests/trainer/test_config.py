@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from perceptrl.trainer.config import (
+    AlgoConfig,
+    Config,
+    ConfigError,
+    all_keys,
+    describe,
+    field_docs,
+    load_config,
+    save_config,
+)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_yaml_recipe_then_dotted_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("algo:\n  kl_coef: 0.1\n  clip_high: 0.28\ntrain:\n  steps: 7\n")
+    cfg = load_config(recipe, ["algo.kl_coef=0.01", "train.steps=50", "data.families=[count_all]"])
+    assert cfg.algo.kl_coef == 0.01 and cfg.algo.clip_high == 0.28
+    assert cfg.train.steps == 50 and cfg.data.families == ["count_all"]
+    assert cfg.algo.clip_low == AlgoConfig().clip_low  # untouched default
+
+
+@pytest.mark.parametrize(
+    "override, nearest",
+    [("algo.kl_coeff=0.1", "algo.kl_coef"), ("trian.steps=3", "train"), ("train.step=3", "train.steps")],
+)
+def test_unknown_key_names_the_nearest_valid_key(override, nearest):
+    with pytest.raises(ConfigError, match=f"did you mean '{nearest}'"):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [("train.steps=abc", "train.steps: expected int"), ("algo.clip_low=true", "algo.clip_low: expected float"),
+     ("algo.norm_by_std=3", "expected bool"), ("data.families=count_all", "expected list")],
+)
+def test_wrong_type_names_field_and_expected_type(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, [override])
+
+
+def test_int_is_accepted_for_float_fields():
+    assert load_config(None, ["train.lr=1"]).train.lr == 1.0
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["algo.kl_coef=0.02", "rollout.reward={format: 0.5, accuracy: 1.0}"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again == cfg
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["algo"]["kl_coef"] == 0.02
+
+
+def test_every_field_has_help():
+    rows = describe(Config)
+    assert {r[0] for r in rows} == set(all_keys())
+    missing = [key for key, _, _, help_ in rows if not help_]
+    assert not missing, f"fields without a docstring: {missing}"
+    assert "Dr.GRPO" in field_docs(AlgoConfig)["norm_by_std"]
+
+
+@pytest.mark.parametrize("recipe", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_recipes_load(recipe):
+    load_config(recipe)

@@ -1,0 +1,1 @@
+"""The shared RL core: algorithms, batch, policy protocol, loop and configuration."""

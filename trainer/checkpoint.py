@@ -1,0 +1,107 @@
+"""Atomic checkpoints: policy weights (the policy's own format, HF for VLMs), optimizer, RNG,
+data position and loop counters, written to a temporary directory and renamed into place.
+
+Layout::
+
+    <run>/checkpoints/step_000010/
+        model/               policy.save(...)  (HF directory for a VLM)
+        trainer_state.pt     optimizer + scheduler + RNG + source state  (torch.save, loaded
+                             with weights_only=True)
+        state.json           step, counters (human-readable)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STEP_PREFIX = "step_"
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the loop draws from, as tensors and plain Python values (weights_only-safe)."""
+    py_version, py_state, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [
+            np_name,
+            torch.from_numpy(np_keys.astype(np.int64)),
+            np_pos,
+            np_has_gauss,
+            np_gauss,
+        ],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, py_state, gauss = state["python"]
+    random.setstate((version, tuple(py_state), gauss))
+    name, keys, pos, has_gauss, np_gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, np_gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    root: Path, step: int, policy, trainer_state: dict[str, Any], counters: dict, keep_last: int
+) -> Path:
+    """Write checkpoint ``step`` under ``root`` atomically and prune to ``keep_last``.
+
+    Returns the final directory. A crash at any point leaves either the previous set of
+    complete checkpoints or the new one, never a half-written ``step_*`` directory.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{STEP_PREFIX}{step:06d}"
+    tmp = root / f".tmp-{STEP_PREFIX}{step:06d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    policy.save(tmp / "model")
+    torch.save(trainer_state, tmp / "trainer_state.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, **counters}, indent=2))
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)]
+    return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
+
+
+def load_trainer_state(ckpt: Path) -> tuple[dict[str, Any], dict]:
+    state = torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=True)
+    counters = json.loads((ckpt / "state.json").read_text())
+    return state, counters
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,380 @@
+"""Run configuration: one small dataclass per component, help beside each field.
+
+A recipe is a YAML file whose top-level keys are the component names below; dotted overrides on
+the command line (``algo.kl_coef=0.01``) are applied on top. Unknown keys and wrong types fail
+with a message that names the nearest valid key or the expected type.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import textwrap
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class AlgoConfig:
+    adv_estimator: str = "grpo"
+    """advantage estimator: grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae | grpo_passk"""
+    norm_by_std: bool = True
+    """grpo: divide by the group std (False gives Dr.GRPO)"""
+    gamma: float = 1.0
+    """discount factor (gae, reinforce_pp)"""
+    lam: float = 1.0
+    """GAE lambda"""
+    policy_loss: str = "ppo_clip"
+    """policy loss: ppo_clip | gspo | cispo"""
+    clip_low: float = 0.2
+    """PPO lower clip range: ratio >= 1 - clip_low"""
+    clip_high: float = 0.2
+    """PPO upper clip range: ratio <= 1 + clip_high (DAPO clip-higher uses 0.28)"""
+    dual_clip_c: float = 0.0
+    """dual-clip constant c > 1 bounding the loss for negative advantages; 0 disables it"""
+    gspo_clip_low: float = 3e-4
+    """GSPO lower clip on the sequence-level ratio"""
+    gspo_clip_high: float = 4e-4
+    """GSPO upper clip on the sequence-level ratio"""
+    cispo_clip_high: float = 5.0
+    """CISPO upper clip of the stop-gradient importance weight"""
+    cispo_clip_low: float = 0.0
+    """CISPO lower clip of the importance weight (0 disables it)"""
+    loss_agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm"""
+    loss_norm_len: int = 0
+    """constant divisor for seq-mean-token-sum-norm (Dr.GRPO); 0 uses the batch's T"""
+    kl_coef: float = 0.0
+    """weight of the KL(policy || reference) term in the loss; 0 skips the reference model"""
+    kl_estimator: str = "k3"
+    """KL estimator: k1 | k2 | k3 (low variance)"""
+    kl_in_reward: bool = False
+    """fold the KL penalty into the per-token reward instead of the loss"""
+    entropy_coef: float = 0.0
+    """entropy bonus weight (subtracted from the loss)"""
+    value_coef: float = 0.5
+    """weight of the value loss (critic policies only)"""
+    value_clip: float = 0.2
+    """clip range of the value update around values_old; 0 disables clipping"""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal (no learning signal)"""
+    tis_cap: float = 0.0
+    """truncated importance sampling cap for rollout/trainer log-prob mismatch; 0 disables"""
+    passk_k: int = 0
+    """grpo_passk: k of pass@k (0 uses the group size)"""
+    eps: float = 1e-6
+    """numerical floor for std normalisation"""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """local directory of a Hugging Face model (or a VLA checkpoint); empty builds the tiny default"""
+    tiny_arch: str = "qwen2_5_vl"
+    """architecture of the tiny random-initialised default when `path` is empty: qwen2_5_vl | qwen3_vl"""
+    dtype: str = "float32"
+    """parameter dtype: float32 | bfloat16 | float16"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory"""
+    trust_remote_code: bool = False
+    """allow the model directory to run its own Python code (off unless you trust it)"""
+    min_pixels: int = 0
+    """processor min_pixels per image (0 keeps the processor's setting)"""
+    max_pixels: int = 0
+    """processor max_pixels per image (0 keeps the processor's setting)"""
+
+
+@dataclass
+class DataConfig:
+    train: str = ""
+    """training JSONL/Parquet (images relative to the file); empty generates the synthetic set"""
+    val: str = ""
+    """held-out JSONL/Parquet for periodic evaluation; empty uses the synthetic validation split"""
+    families: list[str] = field(default_factory=lambda: ["count_all", "count_color", "count_shape"])
+    """synthetic question families to generate"""
+    n_train: int = 2000
+    """synthetic training questions"""
+    n_val: int = 200
+    """synthetic validation questions"""
+    image_size: int = 112
+    """side of the synthetic images in pixels"""
+    strict: bool = True
+    """strict: a bad sample (malformed line, corrupt image) is an error; False skips and counts"""
+    seed: int = 0
+    """seed of the synthetic generator"""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """rollout engine: hf"""
+    prompts_per_step: int = 8
+    """prompts (groups) sampled per training step"""
+    group_size: int = 4
+    """completions per prompt (G)"""
+    temperature: float = 1.0
+    """sampling temperature"""
+    top_p: float = 1.0
+    """nucleus sampling threshold"""
+    max_new_tokens: int = 64
+    """completion length limit"""
+    max_prompt_length: int = 512
+    """prompt length limit in tokens, vision tokens included (never truncated: too long is an error)"""
+    token_budget: int = 16384
+    """prompt + completion tokens per generation call (sets the generation micro-batch)"""
+    system_prompt: str = (
+        "First think about the question step by step inside <think> </think>, "
+        "then give the final answer inside <answer> </answer>."
+    )
+    """system prompt of the chat template"""
+    reward: dict[str, float] = field(default_factory=lambda: {"format": 0.2, "accuracy": 1.0})
+    """reward components and their weights (registered names or module:function)"""
+    reward_timeout_s: float = 10.0
+    """time limit of one reward call; a timeout scores 0 and is counted"""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    """training steps (one rollout batch and its update each)"""
+    lr: float = 1e-5
+    """AdamW learning rate"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    warmup_steps: int = 0
+    """linear learning-rate warm-up steps"""
+    grad_clip: float = 1.0
+    """max global gradient norm (0 disables clipping)"""
+    ppo_epochs: int = 1
+    """passes over each rollout batch"""
+    minibatch_size: int = 0
+    """samples per optimizer step (0: the whole rollout batch is one minibatch)"""
+    micro_batch_size: int = 8
+    """samples per forward/backward (gradient accumulation inside a minibatch)"""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N (auto picks cuda when available)"""
+    seed: int = 0
+    """seed of everything (torch, numpy, python, data order)"""
+    max_bad_steps: int = 3
+    """stop after this many consecutive steps with a non-finite loss or gradient"""
+    eval_every: int = 0
+    """evaluate on held-out data every N steps (0: only before and after training)"""
+    eval_samples: int = 200
+    """held-out questions per evaluation"""
+
+
+@dataclass
+class LogConfig:
+    dir: str = "runs"
+    """parent directory of run directories"""
+    name: str = ""
+    """run name (default: recipe name + timestamp)"""
+    tensorboard: bool = True
+    """write TensorBoard event files beside metrics.jsonl"""
+    progress: bool = True
+    """show a progress bar with ETA"""
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """write a checkpoint every N steps (0: only at the end)"""
+    keep_last: int = 2
+    """checkpoints kept on disk (older ones are deleted)"""
+
+
+@dataclass
+class Config:
+    side: str = "vlm"
+    """which policy side the recipe trains: vlm | vla"""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading, overrides, validation
+# ---------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A recipe or override that does not fit the dataclasses above."""
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Build a `Config` from a YAML recipe and ``key.sub=value`` overrides (applied in order).
+
+    Override values are parsed as YAML scalars/lists/maps (``algo.kl_coef=0.01``,
+    ``data.families=[count_all]``, ``rollout.reward={format: 0.5}``).
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: a recipe must be a YAML mapping, got {type(loaded).__name__}")
+        raw = loaded
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
+        _set_dotted(raw, key.strip(), yaml.safe_load(value) if value.strip() else "")
+    return from_dict(Config, raw, where="")
+
+
+def from_dict(cls: type, raw: dict[str, Any], where: str) -> Any:
+    """Instantiate dataclass ``cls`` from ``raw``, recursing into nested dataclasses."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    kwargs = {}
+    for key, value in raw.items():
+        dotted = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            raise ConfigError(_unknown_key_message(dotted, where, names))
+        kind = hints[key]
+        if is_dataclass(kind):
+            kwargs[key] = from_dict(kind, value or {}, dotted)
+        else:
+            kwargs[key] = _check_type(value, kind, dotted)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config (every field, defaults included) as YAML."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of ``cls`` (``algo.kl_coef`` ...)."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        dotted = f"{prefix}{f.name}"
+        if is_dataclass(hints[f.name]):
+            out += all_keys(hints[f.name], dotted + ".")
+        else:
+            out.append(dotted)
+    return out
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Help text of each field: the string literal right below it in the class body."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, help) for every leaf field, for ``perceptrl config``."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    default = cls()
+    for f in fields(cls):
+        kind = hints[f.name]
+        if is_dataclass(kind):
+            rows += describe(kind, f"{prefix}{f.name}.")
+        else:
+            rows.append((f"{prefix}{f.name}", _type_name(kind), getattr(default, f.name), docs.get(f.name, "")))
+    return rows
+
+
+def _set_dotted(raw: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {key}: {p!r} is a value, not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _unknown_key_message(dotted: str, where: str, names: list[str]) -> str:
+    candidates = all_keys() + [f.name for f in fields(Config)]
+    near = difflib.get_close_matches(dotted, candidates, n=1, cutoff=0.5)
+    if not near:
+        near = difflib.get_close_matches(dotted.rsplit(".", 1)[-1], names, n=1, cutoff=0.4)
+        near = [f"{where}.{near[0]}" if where else near[0]] if near else []
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    section = f" in section {where!r}" if where else ""
+    return f"unknown config key {dotted!r}{section}{hint} (valid here: {', '.join(names)})"
+
+
+def _type_name(kind: Any) -> str:
+    return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
+
+
+def _check_type(value: Any, kind: Any, dotted: str) -> Any:
+    """Validate (and gently coerce int -> float) ``value`` against the annotation ``kind``."""
+    origin = typing.get_origin(kind)
+    args = typing.get_args(kind)
+    bad = ConfigError(f"{dotted}: expected {_type_name(kind)}, got {type(value).__name__} {value!r}")
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            try:
+                return _check_type(value, arg, dotted)
+            except ConfigError:
+                continue
+        raise bad
+    if kind is type(None):
+        if value is None:
+            return None
+        raise bad
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if kind is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. `model.path=123` written without quotes
+        raise bad
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad
+        return [_check_type(v, args[0], f"{dotted}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return {
+            _check_type(k, args[0], f"{dotted} key"): _check_type(v, args[1], f"{dotted}.{k}")
+            for k, v in value.items()
+        }
+    raise ConfigError(f"{dotted}: unsupported annotation {kind!r}")

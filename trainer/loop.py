@@ -1,0 +1,341 @@
+"""The training loop, shared by both sides.
+
+One step: collect scored experience from the rollout source -> (optional) drop groups without
+signal -> behaviour / reference log-probs from the training-side forward -> advantages ->
+PPO-style epochs over minibatches with gradient accumulation -> optimizer step -> metrics,
+periodic evaluation and checkpoints. The loop sees only the `Policy` protocol, `RolloutBatch`
+and a `RolloutSource`; it never imports a model, a dataset or a simulator.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import algos
+from .batch import RolloutBatch
+from .checkpoint import (
+    list_checkpoints,
+    load_trainer_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from .config import Config
+from .engine import TorchEngine
+from .metrics import MetricsLogger
+from .policy import Policy, RolloutSource
+
+
+class TrainingDiverged(RuntimeError):
+    """Raised after ``train.max_bad_steps`` consecutive steps with a non-finite loss/gradient."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Trainer:
+    """Drives one run. ``evaluator(policy) -> metrics`` is called before training, every
+    ``train.eval_every`` steps and at the end; its metrics are logged under ``eval/``."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        policy: Policy,
+        source: RolloutSource,
+        run_dir: str | Path,
+        *,
+        ref_policy: Policy | None = None,
+        evaluator: Callable[[Policy], dict[str, float]] | None = None,
+        engine=None,
+    ):
+        self.cfg = cfg
+        self.policy = policy
+        self.source = source
+        self.ref_policy = ref_policy
+        self.evaluator = evaluator
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.device = resolve_device(cfg.train.device)
+        self.engine = engine or TorchEngine(policy.parameters(), cfg.train)
+        self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard)
+        self.policy_loss = algos.get_policy_loss(cfg.algo.policy_loss)
+        self.advantage = algos.get_advantage(cfg.algo.adv_estimator)
+        self.kl = algos.get_kl(cfg.algo.kl_estimator)
+        algos.agg_loss(torch.zeros(1, 1), torch.ones(1, 1), cfg.algo.loss_agg_mode)  # validate name
+        self.step = 0
+        self.bad_streak = 0
+        self.counters: dict[str, int] = defaultdict(int)
+        self.last_eval: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ run
+    def fit(self, resume: bool = False) -> dict[str, float]:
+        """Train for ``train.steps`` steps (continuing from the last checkpoint when
+        ``resume``); returns the last evaluation metrics."""
+        if not (resume and self._resume()):
+            seed_everything(self.cfg.train.seed)
+            self._evaluate(0)
+        total = self.cfg.train.steps
+        bar = _progress(total, self.step, enabled=self.cfg.log.progress)
+        try:
+            while self.step < total:
+                metrics = self.train_step()
+                self.step += 1
+                self.logger.log(self.step, metrics)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
+                every = self.cfg.train.eval_every
+                if every and self.step % every == 0 and self.step < total:
+                    self._evaluate(self.step)
+                ck = self.cfg.checkpoint.every
+                if ck and self.step % ck == 0 and self.step < total:
+                    self.save()
+            if self.step == total and not self._checkpoint_exists(total):
+                self._evaluate(self.step)
+                self.save()
+        finally:
+            bar.close()
+            self.logger.close()
+        return self.last_eval
+
+    def train_step(self) -> dict[str, float]:
+        """One rollout + update. Returns the step's metrics."""
+        t0 = time.perf_counter()
+        batch, metrics = self.source.collect(self.policy, self.step)
+        metrics = dict(metrics)
+        metrics["time/rollout"] = time.perf_counter() - t0
+        metrics["reward/mean"] = (
+            float(batch.rewards.float().mean())
+            if batch.rewards.dim() == 1
+            else float((batch.rewards * batch.mask).sum(1).mean())
+        )
+        if self.cfg.algo.dynamic_sampling:
+            batch = self._filter_groups(batch, metrics)
+            if batch is None:
+                return metrics
+        batch = batch.to(self.device)
+        t1 = time.perf_counter()
+        self._score_old(batch)
+        metrics["time/old_logp"] = time.perf_counter() - t1
+        metrics.update(self._advantages(batch))
+        metrics.update(self._update(batch))
+        metrics["time/step"] = time.perf_counter() - t0
+        metrics["lr"] = self.engine.lr
+        return metrics
+
+    # ------------------------------------------------------------------ phases
+    def _filter_groups(self, batch: RolloutBatch, metrics: dict) -> RolloutBatch | None:
+        keep = algos.filter_groups(
+            batch.rewards.float().reshape(len(batch), -1).sum(1), batch.group_id
+        )
+        metrics["dynamic_sampling/kept_frac"] = float(keep.float().mean())
+        if not bool(keep.any()):
+            self.counters["steps_without_signal"] += 1
+            metrics["dynamic_sampling/skipped_step"] = 1.0
+            return None
+        return batch.select(torch.nonzero(keep).flatten())
+
+    @torch.no_grad()
+    def _score_old(self, batch: RolloutBatch) -> None:
+        """Behaviour log-probs (and values) from the training-side forward, before the update;
+        reference log-probs when a KL term needs them."""
+        mbs = self.cfg.train.micro_batch_size
+        logps, values = [], []
+        for micro in batch.split(mbs):
+            logp, _, value = self.policy.evaluate(micro)
+            logps.append(logp.float())
+            values.append(value.float() if value is not None else None)
+        batch.logp_old = torch.cat(logps)
+        if values[0] is not None:
+            batch.values_old = torch.cat(values)
+        if self.ref_policy is not None and self.cfg.algo.kl_coef > 0:
+            batch.logp_ref = torch.cat(
+                [self.ref_policy.evaluate(m)[0].float() for m in batch.split(mbs)]
+            )
+
+    def _advantages(self, batch: RolloutBatch) -> dict[str, float]:
+        algo = self.cfg.algo
+        rewards = batch.rewards.float()
+        if algo.kl_in_reward and batch.logp_ref is not None:
+            rewards = algos.kl_to_reward(
+                rewards, batch.logp_old, batch.logp_ref, batch.mask, algo.kl_coef, algo.kl_estimator
+            )
+        adv, ret, m = self.advantage(
+            rewards, batch.mask, batch.group_id, algo,
+            values=batch.values_old, bootstrap_value=batch.bootstrap_value,
+        )  # fmt: skip
+        batch.advantages, batch.returns = adv, ret
+        valid = batch.mask.bool()
+        m = {f"adv/{k}": v for k, v in m.items()}
+        m["adv/mean"] = float(adv[valid].mean()) if valid.any() else 0.0
+        m["adv/abs_mean"] = float(adv[valid].abs().mean()) if valid.any() else 0.0
+        return m
+
+    def _update(self, batch: RolloutBatch) -> dict[str, float]:
+        tcfg = self.cfg.train
+        n = len(batch)
+        mb_size = tcfg.minibatch_size if 0 < tcfg.minibatch_size < n else n
+        gen = torch.Generator().manual_seed(tcfg.seed * 100_003 + self.step)
+        sums: dict[str, float] = defaultdict(float)
+        opt_steps = skipped = 0
+        t_fb = t_opt = 0.0
+        for _ in range(tcfg.ppo_epochs):
+            order = torch.randperm(n, generator=gen) if mb_size < n else torch.arange(n)
+            for start in range(0, n, mb_size):
+                mb = batch.select(order[start : start + mb_size])
+                t = time.perf_counter()
+                finite, mb_metrics = self._accumulate(mb)
+                t_fb += time.perf_counter() - t
+                t = time.perf_counter()
+                if finite:
+                    grad_norm, finite = self.engine.step()
+                    mb_metrics["grad_norm"] = grad_norm
+                else:
+                    self.engine.zero_grad()
+                t_opt += time.perf_counter() - t
+                if finite:
+                    opt_steps += 1
+                    for k, v in mb_metrics.items():
+                        sums[k] += v
+                else:
+                    skipped += 1
+        metrics = {k: v / max(opt_steps, 1) for k, v in sums.items()}
+        metrics.update({"time/forward_backward": t_fb, "time/optimizer": t_opt})
+        metrics["nonfinite/skipped_updates"] = float(skipped)
+        self._track_bad_step(skipped > 0 and opt_steps == 0)
+        return metrics
+
+    def _accumulate(self, mb: RolloutBatch) -> tuple[bool, dict[str, float]]:
+        """Forward/backward over the micro-batches of one minibatch; gradients accumulate so
+        that the result equals one pass over the whole minibatch (global normalisers)."""
+        num_tokens = mb.mask.sum()
+        num_seqs = len(mb)
+        sums: dict[str, float] = defaultdict(float)
+        for micro in mb.split(self.cfg.train.micro_batch_size):
+            loss, m = self._loss(micro, num_tokens, num_seqs)
+            if not torch.isfinite(loss):
+                self.counters["nonfinite_loss"] += 1
+                return False, {}
+            self.engine.backward(loss)
+            weight = float(micro.mask.sum() / num_tokens.clamp(min=1))
+            for k, v in m.items():
+                sums[k] += v * weight
+        return True, dict(sums)
+
+    def _loss(self, micro: RolloutBatch, num_tokens: Tensor, num_seqs: int) -> tuple[Tensor, dict]:
+        algo = self.cfg.algo
+        logp, entropy, value = self.policy.evaluate(micro)
+        logp = logp.float()
+        is_weight = None
+        if algo.tis_cap > 0 and micro.logp_rollout is not None:
+            is_weight = algos.truncated_is_weights(
+                micro.logp_old, micro.logp_rollout, micro.mask, algo.tis_cap
+            )
+        norm = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        loss, m = self.policy_loss(
+            logp, micro.logp_old, micro.advantages, micro.mask, algo, is_weight=is_weight, **norm
+        )
+        metrics = {f"actor/{k}": v for k, v in m.items()}
+        metrics["actor/pg_loss"] = float(loss.detach())
+        agg = dict(mode=algo.loss_agg_mode, norm_len=algo.loss_norm_len or None, **norm)
+        if algo.kl_coef > 0 and not algo.kl_in_reward and micro.logp_ref is not None:
+            kl = algos.agg_loss(self.kl(logp, micro.logp_ref), micro.mask, **agg)
+            loss = loss + algo.kl_coef * kl
+            metrics["actor/kl"] = float(kl.detach())
+        ent = algos.agg_loss(entropy.float(), micro.mask, **agg)
+        metrics["actor/entropy"] = float(ent.detach())
+        if algo.entropy_coef:
+            loss = loss - algo.entropy_coef * ent
+        if value is not None and micro.returns is not None and micro.values_old is not None:
+            vloss, vm = algos.value_loss(
+                value.float(), micro.values_old, micro.returns, micro.mask, algo, **norm
+            )
+            loss = loss + algo.value_coef * vloss
+            metrics.update({f"critic/{k}": v for k, v in vm.items()})
+        return loss, metrics
+
+    def _track_bad_step(self, bad: bool) -> None:
+        self.bad_streak = self.bad_streak + 1 if bad else 0
+        if bad:
+            self.counters["nonfinite_steps"] += 1
+        if self.bad_streak >= self.cfg.train.max_bad_steps:
+            raise TrainingDiverged(
+                f"the loss or gradient was NaN/inf in {self.bad_streak} consecutive steps "
+                f"(last at step {self.step}); the weights were not updated in those steps. "
+                "Lower train.lr, check the rewards for NaN, or resume from the last checkpoint "
+                f"under {self.run_dir / 'checkpoints'}."
+            )
+
+    # ------------------------------------------------------------------ eval / checkpoints
+    def _evaluate(self, step: int) -> None:
+        if self.evaluator is None:
+            return
+        t = time.perf_counter()
+        metrics = {f"eval/{k}": v for k, v in self.evaluator(self.policy).items()}
+        metrics["time/eval"] = time.perf_counter() - t
+        self.last_eval = metrics
+        self.logger.log(step, metrics)
+
+    def save(self) -> Path:
+        state = {
+            "engine": self.engine.state_dict(),
+            "rng": rng_state(),
+            "source": self.source.state_dict() if hasattr(self.source, "state_dict") else {},
+        }
+        counters = {"counters": dict(self.counters), "bad_streak": self.bad_streak}
+        return save_checkpoint(
+            self.run_dir / "checkpoints", self.step, self.policy, state, counters,
+            self.cfg.checkpoint.keep_last,
+        )  # fmt: skip
+
+    def _checkpoint_exists(self, step: int) -> bool:
+        return any(
+            p.name.endswith(f"{step:06d}") for p in list_checkpoints(self.run_dir / "checkpoints")
+        )
+
+    def _resume(self) -> bool:
+        ckpts = list_checkpoints(self.run_dir / "checkpoints")
+        if not ckpts:
+            return False
+        last = ckpts[-1]
+        state, counters = load_trainer_state(last)
+        self.policy.load(last / "model")
+        self.engine.load_state_dict(state["engine"])
+        if hasattr(self.source, "load_state_dict"):
+            self.source.load_state_dict(state["source"])
+        set_rng_state(state["rng"])
+        self.step = counters["step"]
+        self.bad_streak = counters.get("bad_streak", 0)
+        self.counters.update(counters.get("counters", {}))
+        self.logger.truncate_after(self.step)
+        self.logger.log(self.step, {"resumed_from_step": float(self.step)})
+        return True
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        disable=not enabled,
+        desc="train",
+        unit="step",
+        dynamic_ncols=True,
+    )
