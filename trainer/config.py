@@ -162,6 +162,8 @@ class TrainConfig:
     """auto | cpu | cuda | cuda:N (auto picks cuda when available)"""
     seed: int = 0
     """seed of everything (torch, numpy, python, data order)"""
+    time_limit_min: float = 0.0
+    """stop after this many minutes of training (evaluation and checkpoint still run); 0: no limit"""
     max_bad_steps: int = 3
     """stop after this many consecutive steps with a non-finite loss or gradient"""
     eval_every: int = 0
@@ -223,7 +225,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         text = Path(path).read_text()
         loaded = yaml.safe_load(text) or {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: a recipe must be a YAML mapping, got {type(loaded).__name__}")
+            raise ConfigError(
+                f"{path}: a recipe must be a YAML mapping, got {type(loaded).__name__}"
+            )
         raw = loaded
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -302,7 +306,14 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, 
         if is_dataclass(kind):
             rows += describe(kind, f"{prefix}{f.name}.")
         else:
-            rows.append((f"{prefix}{f.name}", _type_name(kind), getattr(default, f.name), docs.get(f.name, "")))
+            rows.append(
+                (
+                    f"{prefix}{f.name}",
+                    _type_name(kind),
+                    getattr(default, f.name),
+                    docs.get(f.name, ""),
+                )
+            )
     return rows
 
 
@@ -336,7 +347,9 @@ def _check_type(value: Any, kind: Any, dotted: str) -> Any:
     """Validate (and gently coerce int -> float) ``value`` against the annotation ``kind``."""
     origin = typing.get_origin(kind)
     args = typing.get_args(kind)
-    bad = ConfigError(f"{dotted}: expected {_type_name(kind)}, got {type(value).__name__} {value!r}")
+    bad = ConfigError(
+        f"{dotted}: expected {_type_name(kind)}, got {type(value).__name__} {value!r}"
+    )
     if origin in (typing.Union, types.UnionType):
         for arg in args:
             try:

@@ -92,9 +92,14 @@ class Trainer:
             seed_everything(self.cfg.train.seed)
             self._evaluate(0)
         total = self.cfg.train.steps
-        bar = _progress(total, self.step, enabled=self.cfg.log.progress)
+        bar = progress_bar(total, self.step, enabled=self.cfg.log.progress)
+        limit = self.cfg.train.time_limit_min * 60
+        t_start = time.perf_counter()
         try:
             while self.step < total:
+                if limit and time.perf_counter() - t_start > limit:
+                    total = self.step  # out of time: finish as if the run had this many steps
+                    break
                 metrics = self.train_step()
                 self.step += 1
                 self.logger.log(self.step, metrics)
@@ -328,7 +333,7 @@ class Trainer:
         return True
 
 
-def _progress(total: int, initial: int, enabled: bool):
+def progress_bar(total: int, initial: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(

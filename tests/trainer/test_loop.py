@@ -145,3 +145,27 @@ def test_checkpoint_ignores_half_written_temp_dirs(toy, tmp_path):
     Trainer(cfg, Policy(), Source(), tmp_path).fit()
     (tmp_path / "checkpoints" / ".tmp-step_000009-1").mkdir()
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step_000002"]
+
+
+class ToySFTSource:
+    """Targets: every position should be token 3."""
+
+    def next_batch(self, step):
+        from perceptrl.trainer.batch import RolloutBatch
+
+        B, T = 8, 4
+        return RolloutBatch(tokens=torch.full((B, T), 3), mask=torch.ones(B, T), group_id=torch.arange(B))
+
+
+def test_sft_fits_targets_through_evaluate(toy, tmp_path):
+    from perceptrl.trainer.sft import sft
+
+    Policy, _, config = toy
+    cfg = config(steps=30, lr=0.2)
+    policy = Policy()
+    sft(cfg, policy, ToySFTSource(), tmp_path)
+    probs = torch.softmax(policy.logits.detach(), -1)
+    assert (probs[:, 3] > 0.9).all()
+    losses = [r["sft/loss"] for r in read_metrics(tmp_path / "metrics.jsonl") if "sft/loss" in r]
+    assert losses[-1] < 0.1 * losses[0]
+    assert list_checkpoints(tmp_path / "checkpoints")[-1].name == "step_000030"

@@ -1,0 +1,290 @@
+"""Load user datasets (JSONL, JSON or Parquet with image paths) into the sample schema.
+
+Schema of one sample (what every generator writes and every consumer reads)::
+
+    {"id": str, "images": [absolute paths], "question": str, "answer": str,
+     "reward": "numeric" | "mcq" | "iou" | ...,   # accuracy reward for this sample
+     "family": str,                              # question family, for per-family metrics
+     "meta": dict}                               # e.g. "options", "image_size" for boxes
+
+Input files:
+
+- ``.jsonl``: one JSON object per line (blank lines are skipped); ``.json``: a list of objects;
+  ``.parquet``: one row per sample (``meta`` may be a struct or a JSON string).
+- Image paths are absolute or relative to the file's directory.
+- Accepted alternative keys, normalised to the schema:
+  ``image``/``image_path`` (one path) for ``images``; ``problem``/``prompt``/``query`` for
+  ``question``; ``solution`` for ``answer``, where an ``<answer>…</answer>`` inside is extracted
+  (the R1-V format); ``task``/``type`` for ``family`` (default ``"default"``). Other keys are kept
+  in ``meta``.
+- Without ``reward`` it is inferred from the answer: a box ``[x1, y1, x2, y2]`` -> ``iou``, an
+  option letter -> ``mcq``, a number -> ``numeric``; anything else needs an explicit ``reward``.
+- ``id`` defaults to ``<file stem>-<row>``. For ``iou`` samples, ``meta["image_size"]`` [w, h] is
+  filled from the first image when absent (needed to map boxes from a resized model input).
+
+Errors: with ``strict=True`` (the default) a malformed line names the file, line and problem, and
+a missing or undecodable image names the file, sample index and image path. With
+``strict=False`` such samples are skipped and counted in ``stats``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+log = logging.getLogger(__name__)
+
+REQUIRED = ("images", "question", "answer")
+_ALIASES = {
+    "images": ("images", "image", "image_path", "image_paths"),
+    "question": ("question", "problem", "prompt", "query"),
+    "answer": ("answer", "solution", "ground_truth"),
+    "family": ("family", "task", "type"),
+}
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_BOX = re.compile(r"^\[\s*-?[\d.]+\s*,\s*-?[\d.]+\s*,\s*-?[\d.]+\s*,\s*-?[\d.]+\s*\]$")
+_LETTER = re.compile(r"^\(?[A-Z]\)?\.?$")
+_NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
+
+
+class DataError(ValueError):
+    """A sample or image that cannot be used; the message names the file and place."""
+
+
+def infer_reward(answer: str) -> str | None:
+    """Accuracy reward name for an answer string, or None when it cannot be told."""
+    a = answer.strip()
+    if _BOX.match(a):
+        return "iou"
+    if _LETTER.match(a):
+        return "mcq"
+    if _NUMBER.match(a.replace(",", "")):
+        return "numeric"
+    return None
+
+
+def _pick(rec: dict, field: str) -> tuple[str | None, Any]:
+    for key in _ALIASES[field]:
+        if key in rec and rec[key] is not None:
+            return key, rec[key]
+    return None, None
+
+
+def _as_paths(value: Any) -> list[str]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for it in items:
+        if isinstance(it, dict) and isinstance(it.get("path"), str):  # HF datasets Image struct
+            it = it["path"]
+        if not isinstance(it, str) or not it:
+            raise ValueError(f"image entries must be path strings, got {type(it).__name__}")
+        out.append(it)
+    if not out:
+        raise ValueError("'images' is empty")
+    return out
+
+
+def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
+    """One raw record -> a schema sample (image paths resolved). Raises ValueError on problems."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    missing = [f for f in REQUIRED if _pick(rec, f)[0] is None]
+    if missing:
+        alts = "; ".join(f"{f}: one of {list(_ALIASES[f])}" for f in missing)
+        raise ValueError(f"missing required keys ({alts}); present keys: {sorted(rec)}")
+    used = set()
+    vals = {}
+    for f in ("images", "question", "answer", "family"):
+        key, vals[f] = _pick(rec, f)
+        used.add(key)
+    answer = vals["answer"]
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+    if isinstance(answer, list) and len(answer) == 4:
+        answer = "[" + ", ".join(str(v) for v in answer) + "]"
+    if not isinstance(answer, str):
+        raise ValueError(f"'answer' must be a string, got {type(answer).__name__}")
+    tags = _ANSWER_TAG.findall(answer)
+    answer = (tags[-1] if tags else answer).strip()
+    if not isinstance(vals["question"], str):
+        raise ValueError(f"'question' must be a string, got {type(vals['question']).__name__}")
+    reward = rec.get("reward") or infer_reward(answer)
+    if not isinstance(reward, str):
+        raise ValueError(
+            f'no usable reward for answer {answer!r}: add a "reward" key naming '
+            "the accuracy reward (e.g. numeric, mcq, iou)"
+        )
+    meta = rec.get("meta") or {}
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    if not isinstance(meta, dict):
+        raise ValueError(f"'meta' must be an object, got {type(meta).__name__}")
+    extra = {
+        k: v
+        for k, v in rec.items()
+        if v is not None and k not in used and k not in ("id", "reward", "meta") and k not in meta
+    }
+    images = [
+        p if Path(p).is_absolute() else os.path.normpath(base_dir / p)
+        for p in _as_paths(vals["images"])
+    ]
+    return {
+        "id": str(rec.get("id") or default_id),
+        "images": images,
+        "question": vals["question"],
+        "answer": answer,
+        "reward": reward,
+        "family": str(vals["family"] or "default"),
+        "meta": {**meta, **extra},
+    }
+
+
+def _read_table(path: Path) -> list:
+    """Rows of a .parquet file or items of a .json list; DataError when unreadable."""
+    try:
+        if path.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path).to_pylist()
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except Exception as e:  # pyarrow, json and decoding errors alike
+        raise DataError(f"{path}: cannot read the file ({type(e).__name__}: {e})") from e
+    if not isinstance(data, list):
+        raise DataError(
+            f"{path}: a .json dataset must be a list of objects; use .jsonl for one object per line"
+        )
+    return data
+
+
+def _records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, record or Exception) per record: where is "line N" (1-based) or "row N"."""
+    if path.suffix.lower() in (".parquet", ".json"):
+        for i, rec in enumerate(_read_table(path)):
+            yield f"row {i}", rec
+        return
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield f"line {n}", ValueError(f"not UTF-8 text ({e.reason} at byte {e.start})")
+                continue
+            if not line.strip():
+                continue
+            try:
+                yield f"line {n}", json.loads(line)
+            except json.JSONDecodeError as e:
+                yield f"line {n}", ValueError(f"invalid JSON: {e.msg} at column {e.colno}")
+
+
+def check_image(path: str) -> tuple[int, int]:
+    """(width, height) of a decodable image; raises OSError/ValueError otherwise."""
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(
+        path
+    ) as im:  # verify() leaves the file unusable; decode fully to catch truncation
+        im.load()
+        return im.size
+
+
+def load_samples(
+    path: str | Path, *, strict: bool = True, check_images: bool = True
+) -> tuple[list[dict], dict[str, int]]:
+    """Read a dataset file into schema samples.
+
+    Args:
+        path: ``.jsonl``, ``.json`` or ``.parquet`` file.
+        strict: raise :class:`DataError` on the first bad line or image (default); else skip it.
+        check_images: open and fully decode every image (once per distinct path).
+    Returns:
+        (samples, stats) with stats ``{"loaded", "skipped_malformed", "skipped_images"}``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file {path} does not exist")
+    base = path.parent.resolve()
+    stats = {"loaded": 0, "skipped_malformed": 0, "skipped_images": 0}
+    samples: list[dict] = []
+    sizes: dict[str, tuple[int, int] | Exception] = {}
+    for idx, (where, rec) in enumerate(_records(path)):
+        try:
+            if isinstance(rec, Exception):
+                raise rec
+            sample = normalise(rec, base, f"{path.stem}-{where.split()[-1]}")
+        except (ValueError, TypeError) as e:
+            if strict:
+                raise DataError(
+                    f"{path}, {where}: {e}. Fix the record, or load with "
+                    "strict=False to skip malformed records."
+                ) from e
+            log.warning("skipping %s, %s: %s", path, where, e)
+            stats["skipped_malformed"] += 1
+            continue
+        if check_images:
+            err = _check_sample_images(sample, sizes)
+            if err is not None:
+                msg = (
+                    f"{path}, sample {idx} ({where}, id {sample['id']!r}): image {err}. "
+                    "Fix or remove the image, or load with strict=False to skip such samples."
+                )
+                if strict:
+                    raise DataError(msg)
+                log.warning("skipping: %s", msg)
+                stats["skipped_images"] += 1
+                continue
+        samples.append(sample)
+    stats["loaded"] = len(samples)
+    return samples, stats
+
+
+def _check_sample_images(sample: dict, sizes: dict) -> str | None:
+    """None when all images decode (fills meta image_size for iou samples), else a description."""
+    for p in sample["images"]:
+        if p not in sizes:
+            try:
+                sizes[p] = check_image(p)
+            except FileNotFoundError:
+                sizes[p] = FileNotFoundError("file not found")
+            except Exception as e:  # PIL raises many types for bad files
+                sizes[p] = e
+        got = sizes[p]
+        if isinstance(got, Exception):
+            return f"{p} cannot be read ({type(got).__name__}: {got})"
+    if sample["reward"] == "iou" and "image_size" not in sample["meta"]:
+        sample["meta"]["image_size"] = list(sizes[sample["images"][0]])
+    return None
+
+
+def save_samples(samples: list[dict], path: str | Path) -> Path:
+    """Write samples as ``.jsonl`` or ``.parquet`` (meta as a JSON string), with image paths
+    relative to the file's directory where they lie under it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    base = path.parent.resolve()
+
+    def rel(p: str) -> str:
+        try:
+            return Path(p).resolve().relative_to(base).as_posix()
+        except ValueError:
+            return p
+
+    rows = [{**s, "images": [rel(p) for p in s["images"]]} for s in samples]
+    if path.suffix.lower() == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist([{**r, "meta": json.dumps(r["meta"])} for r in rows])
+        pq.write_table(table, path)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    return path

@@ -1,0 +1,141 @@
+"""Built-in rewards for visual reasoning: ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy``.
+
+All take ``(completions, samples, **params)`` and return one float per completion. A malformed
+completion (missing tags, no letter, unparsable number, empty or degenerate box) scores 0 and never
+raises; a sample whose ground truth cannot be read raises ``ValueError`` naming its id, which the
+composite counts as a reward error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .parse import answer_or_text, box_iou, extract_letter, is_formatted, parse_box, parse_number
+from .registry import get_reward, register_reward
+
+
+def _check(completions: Sequence[str], samples: Sequence[dict]) -> None:
+    if len(completions) != len(samples):
+        raise ValueError(
+            f"got {len(completions)} completions for {len(samples)} samples; "
+            "pass one sample per completion (repeat a prompt's sample G times)"
+        )
+
+
+def _sid(sample: dict) -> str:
+    return repr(sample.get("id", "?")) if isinstance(sample, dict) else "?"
+
+
+@register_reward("format")
+def format_reward(completions: list[str], samples: list[dict]) -> list[float]:
+    """1 if the completion is exactly ``<think>…</think>\\s*<answer>…</answer>``, else 0.
+
+    See :func:`~perceptrl.rewards.parse.is_formatted` (one tag of each kind, no nesting).
+    """
+    _check(completions, samples)
+    return [1.0 if is_formatted(c) else 0.0 for c in completions]
+
+
+@register_reward("mcq")
+def mcq(completions: list[str], samples: list[dict]) -> list[float]:
+    """1 if the option letter in the answer tag (or the text) equals the sample's letter, else 0.
+
+    ``meta["options"]`` (option texts, A first), when present, restricts the valid letters and lets
+    an answer equal to an option text count as its letter.
+    """
+    _check(completions, samples)
+    out = []
+    for c, s in zip(completions, samples):
+        options = (s.get("meta") or {}).get("options")
+        gt = extract_letter(str(s["answer"]), options)
+        if gt is None:
+            raise ValueError(f"sample {_sid(s)}: answer {s['answer']!r} is not an option letter")
+        out.append(1.0 if extract_letter(answer_or_text(c), options) == gt else 0.0)
+    return out
+
+
+@register_reward("numeric")
+def numeric(
+    completions: list[str], samples: list[dict], rel_tol: float = 1e-9, abs_tol: float = 0.0
+) -> list[float]:
+    """1 if the one number in the answer (digits or zero..twenty) matches within tolerance, else 0.
+
+    Args:
+        rel_tol, abs_tol: as ``math.isclose``; the defaults make integers exact. A sample's
+            ``meta["rel_tol"]``/``meta["abs_tol"]`` override them.
+    """
+    _check(completions, samples)
+    out = []
+    for c, s in zip(completions, samples):
+        gt = parse_number(str(s["answer"]))
+        if gt is None:
+            raise ValueError(f"sample {_sid(s)}: answer {s['answer']!r} is not a number")
+        meta = s.get("meta") or {}
+        pred = parse_number(answer_or_text(c))
+        ok = pred is not None and math.isclose(
+            pred,
+            gt,
+            rel_tol=float(meta.get("rel_tol", rel_tol)),
+            abs_tol=float(meta.get("abs_tol", abs_tol)),
+        )
+        out.append(1.0 if ok else 0.0)
+    return out
+
+
+def to_original(box: list[float], meta: dict) -> list[float]:
+    """Map a box from ``meta["model_image_size"]`` to ``meta["image_size"]`` coordinates."""
+    msize, size = meta.get("model_image_size"), meta.get("image_size")
+    if not msize or not size:
+        return box
+    sx, sy = size[0] / msize[0], size[1] / msize[1]
+    return [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy]
+
+
+@register_reward("iou")
+def iou(completions: list[str], samples: list[dict]) -> list[float]:
+    """IoU in [0, 1] of the first box in the answer with the sample's box ``"[x1, y1, x2, y2]"``.
+
+    The predicted box is in the model's coordinates: when ``meta["model_image_size"]`` and
+    ``meta["image_size"]`` are both present it is scaled back to original pixels first.
+    Missing, malformed or degenerate (x2 <= x1 or y2 <= y1) boxes score 0.
+    """
+    _check(completions, samples)
+    out = []
+    for c, s in zip(completions, samples):
+        gt = parse_box(str(s["answer"]))
+        if gt is None or gt[2] <= gt[0] or gt[3] <= gt[1]:
+            raise ValueError(
+                f"sample {_sid(s)}: answer {s['answer']!r} is not a box [x1, y1, x2, y2]"
+            )
+        pred = parse_box(answer_or_text(c))
+        out.append(0.0 if pred is None else box_iou(to_original(pred, s.get("meta") or {}), gt))
+    return out
+
+
+@register_reward("accuracy")
+def accuracy(completions: list[str], samples: list[dict], **params: dict) -> list[float]:
+    """Per sample, the reward named by ``sample["reward"]`` (so one recipe serves mixed families).
+
+    Args:
+        **params: reward name -> keyword arguments for it, e.g. ``numeric={"abs_tol": 0.5}``.
+    """
+    _check(completions, samples)
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        name = s.get("reward") if isinstance(s, dict) else None
+        if not isinstance(name, str) or name in ("accuracy", ""):
+            raise ValueError(
+                f"sample {_sid(s)}: sample['reward'] must name an accuracy reward "
+                f"(e.g. numeric, mcq, iou), got {name!r}"
+            )
+        groups.setdefault(name, []).append(i)
+    out = [0.0] * len(samples)
+    for name, idx in groups.items():
+        fn = get_reward(name)
+        scores = fn(
+            [completions[i] for i in idx], [samples[i] for i in idx], **params.get(name, {})
+        )
+        for i, v in zip(idx, scores):
+            out[i] = float(v)
+    return out

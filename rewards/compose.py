@@ -1,0 +1,270 @@
+"""Weighted composition of rewards, with failure isolation and a per-call time limit.
+
+``build_reward({"format": 0.5, "accuracy": 1.0})`` gives a :class:`CompositeReward`; calling it
+returns the weighted totals, every component's raw scores (logged as ``reward/<name>``) and
+statistics. A term may carry keyword parameters: ``{"numeric": {"weight": 1.0, "abs_tol": 0.5}}``.
+
+Failures never stop a run:
+
+- a component that raises is retried sample by sample, so only the samples it fails on score 0
+  for that component; they count in ``reward/errors`` and ``reward/errors/<name>`` (as do
+  non-finite scores and outputs of the wrong length);
+- a call that exceeds ``timeout_s`` scores 0 for every sample of that call, counted in
+  ``reward/timeouts`` and ``reward/timeouts/<name>``.
+
+Time limit: on the main thread (and when no other interval timer is running) the limit is a
+``signal.setitimer(ITIMER_REAL)`` alarm that interrupts the reward at the next Python bytecode;
+a long call inside C code (a regex, a C extension) is interrupted only when it returns. Elsewhere
+(worker threads, platforms without SIGALRM) the call runs in a daemon thread that is abandoned at
+the limit: the run goes on, but the abandoned call keeps running in the background until it ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import signal
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .registry import RewardFn, get_reward
+
+log = logging.getLogger(__name__)
+
+
+class RewardTimeout(BaseException):
+    """A reward call exceeded its time limit (a BaseException so that ``except Exception``
+    inside a reward cannot swallow it)."""
+
+
+def _alarm_usable() -> bool:
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
+    )
+
+
+def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: Any) -> Any:
+    """``fn(*args)``; raises :class:`RewardTimeout` after ``timeout_s`` s (None or 0: no limit)."""
+    if not timeout_s or timeout_s <= 0:
+        return fn(*args)
+    if _alarm_usable():
+
+        def on_alarm(signum, frame):
+            raise RewardTimeout(f"exceeded {timeout_s} s")
+
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old if old is not None else signal.SIG_DFL)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn(*args)
+        except BaseException as e:  # handed to the caller below
+            box["err"] = e
+
+    t = threading.Thread(target=run, daemon=True, name="reward-call")
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise RewardTimeout(f"exceeded {timeout_s} s (left running in a background thread)")
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+@dataclass
+class RewardTerm:
+    name: str
+    """component name, logged as reward/<name>"""
+    fn: RewardFn
+    """fn(completions, samples) -> list[float], parameters already bound"""
+    weight: float = 1.0
+    """weight of this component in the total"""
+
+
+def _valid_scores(out: Any, n: int) -> list[float | None]:
+    """Scores as floats, None where an entry is not a finite number; raises on a wrong length."""
+    if isinstance(out, (str, bytes)) or not hasattr(out, "__len__") or len(out) != n:
+        got = len(out) if hasattr(out, "__len__") else type(out).__name__
+        raise ValueError(f"returned {got} scores for {n} completions")
+    vals: list[float | None] = []
+    for v in out:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            f = math.nan
+        vals.append(f if math.isfinite(f) else None)
+    return vals
+
+
+class CompositeReward:
+    """Weighted sum of reward terms; see the module docstring for failure handling."""
+
+    def __init__(self, terms: Sequence[RewardTerm], timeout_s: float | None = 10.0):
+        if not terms:
+            raise ValueError("a composite reward needs at least one term")
+        names = [t.name for t in terms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate reward terms in {names}")
+        self.terms = list(terms)
+        self.timeout_s = timeout_s
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.terms]
+
+    def _score(
+        self, term: RewardTerm, completions: list[str], samples: list[dict]
+    ) -> tuple[list[float], int, int]:
+        """(scores [B], errors, timeouts) for one term."""
+        n = len(completions)
+        try:
+            vals = _valid_scores(
+                call_with_timeout(term.fn, self.timeout_s, completions, samples), n
+            )
+        except RewardTimeout:
+            log.warning(
+                "reward %r timed out after %s s on %d samples; they score 0",
+                term.name,
+                self.timeout_s,
+                n,
+            )
+            return [0.0] * n, 0, n
+        except Exception as e:
+            log.warning(
+                "reward %r raised %s: %s; retrying sample by sample", term.name, type(e).__name__, e
+            )
+            return self._score_each(term, completions, samples)
+        errors = sum(v is None for v in vals)
+        return [0.0 if v is None else v for v in vals], errors, 0
+
+    def _score_each(
+        self, term: RewardTerm, completions: list[str], samples: list[dict]
+    ) -> tuple[list[float], int, int]:
+        scores, errors, timeouts = [0.0] * len(completions), 0, 0
+        for i, (c, s) in enumerate(zip(completions, samples)):
+            if timeouts:  # one slow sample already cost a full limit: skip the rest
+                timeouts += 1
+                continue
+            try:
+                v = _valid_scores(call_with_timeout(term.fn, self.timeout_s, [c], [s]), 1)[0]
+            except RewardTimeout:
+                timeouts += 1
+                continue
+            except Exception as e:
+                log.warning(
+                    "reward %r failed on sample %s: %s: %s",
+                    term.name,
+                    s.get("id", i) if isinstance(s, dict) else i,
+                    type(e).__name__,
+                    e,
+                )
+                v = None
+            errors += v is None
+            scores[i] = 0.0 if v is None else v
+        return scores, errors, timeouts
+
+    def __call__(
+        self, completions: list[str], samples: list[dict]
+    ) -> tuple[list[float], dict[str, list[float]], dict[str, float]]:
+        """Score a batch.
+
+        Args:
+            completions: [B] generated texts.
+            samples: [B] dataset samples, one per completion.
+        Returns:
+            totals [B] (weighted sums), components name -> [B] raw scores, and stats:
+            ``reward/total``, ``reward/<name>`` (means), ``reward/errors[/<name>]`` and
+            ``reward/timeouts[/<name>]`` (counts of failed samples).
+        """
+        if len(completions) != len(samples):
+            raise ValueError(f"got {len(completions)} completions for {len(samples)} samples")
+        n = len(completions)
+        components: dict[str, list[float]] = {}
+        stats: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
+        totals = [0.0] * n
+        for term in self.terms:
+            scores, errors, timeouts = self._score(term, list(completions), list(samples))
+            components[term.name] = scores
+            totals = [t + term.weight * v for t, v in zip(totals, scores)]
+            stats[f"reward/{term.name}"] = sum(scores) / n if n else 0.0
+            stats[f"reward/errors/{term.name}"] = float(errors)
+            stats[f"reward/timeouts/{term.name}"] = float(timeouts)
+            stats["reward/errors"] += errors
+            stats["reward/timeouts"] += timeouts
+        stats["reward/total"] = sum(totals) / n if n else 0.0
+        return totals, components, stats
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{t.name}={t.weight:g}" for t in self.terms)
+        return f"CompositeReward({inner}, timeout_s={self.timeout_s})"
+
+
+def _term(name: str, value: Any) -> RewardTerm:
+    if isinstance(value, Mapping):
+        params = dict(value)
+        weight = params.pop("weight", 1.0)
+    else:
+        weight, params = value, {}
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not math.isfinite(weight)
+    ):
+        raise ValueError(f"reward {name!r}: weight must be a finite number, got {weight!r}")
+    fn = get_reward(name)
+    if params:
+        try:
+            inspect.signature(fn).bind([], [], **params)
+        except TypeError as e:
+            sig = ", ".join(list(inspect.signature(fn).parameters)[2:]) or "none"
+            raise ValueError(
+                f"reward {name!r} does not take parameters {sorted(params)} ({e}); "
+                f"its parameters: {sig}"
+            ) from e
+        fn = functools.partial(fn, **params)
+    return RewardTerm(name=name, fn=fn, weight=float(weight))
+
+
+def build_reward(
+    spec: str | Sequence[str] | Mapping[str, Any] | CompositeReward, timeout_s: float | None = 10.0
+) -> CompositeReward:
+    """Composite reward from a spec.
+
+    Args:
+        spec: a name or ``"module:function"`` (comma-separated names allowed), a list of them
+            (weight 1 each), a mapping name -> weight, or name -> {"weight": w, **params}.
+        timeout_s: time limit per reward call in seconds; None or 0 disables it.
+    Raises:
+        ValueError: unknown reward (listing valid names), bad weight or parameters.
+    """
+    if isinstance(spec, CompositeReward):
+        return spec
+    if isinstance(spec, str):
+        spec = [s.strip() for s in spec.split(",") if s.strip()]
+    if isinstance(spec, Mapping):
+        items = list(spec.items())
+    elif isinstance(spec, Sequence):
+        bad = [s for s in spec if not isinstance(s, str)]
+        if bad:
+            raise ValueError(
+                f"reward list entries must be names, got {bad!r}; use a mapping "
+                "name -> weight for weights"
+            )
+        items = [(s, 1.0) for s in spec]
+    else:
+        raise ValueError(f"reward spec must be a name, list or mapping, got {type(spec).__name__}")
+    if not items:
+        raise ValueError("empty reward spec; e.g. {'format': 0.5, 'accuracy': 1.0}")
+    return CompositeReward([_term(str(k), v) for k, v in items], timeout_s=timeout_s)
