@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perceptrl.trainer.config import RolloutConfig
+from perceptrl.trainer.policy import RolloutSource
+from perceptrl.vlm.prompts import ImageLoadError
+from perceptrl.vlm.source import VLMRolloutSource, evaluate_accuracy
+
+
+def make_source(samples, reward, **kw) -> VLMRolloutSource:
+    cfg = RolloutConfig(prompts_per_step=3, group_size=2, max_new_tokens=10)
+    return VLMRolloutSource(samples, reward, cfg, seed=kw.pop("seed", 7), **kw)
+
+
+def test_collect_scores_a_batch_with_metrics(policy, samples, toy_reward):
+    src = make_source(samples, toy_reward)
+    assert isinstance(src, RolloutSource)
+    batch, m = src.collect(policy, step=0)
+    assert len(batch) == 6 and batch.rewards.shape == (6,)
+    assert batch.group_id.tolist() == [0, 0, 1, 1, 2, 2]
+    seen = toy_reward.calls[-1]
+    assert all("model_image_size" in s["meta"] and "image_size" in s["meta"] for s in seen)
+    expected = torch.tensor(toy_reward(
+        [x["completion"] for x in batch.meta], [x["sample"] for x in batch.meta]
+    )[0])  # fmt: skip
+    torch.testing.assert_close(batch.rewards, expected)
+    for key in (
+        "reward/mean", "reward/std", "reward/accuracy", "reward/format", "reward/failed",
+        "rollout/completion_len_mean", "rollout/completion_len_max", "rollout/clip_ratio",
+        "time/rollout", "time/reward", "rollout/skipped_images", "rollout/zero_std_groups",
+    ):  # fmt: skip
+        assert key in m and isinstance(m[key], float), key
+    assert m["rollout/completion_len_max"] <= 10
+    assert m["rollout/completion_len_mean"] == pytest.approx(float(batch.mask.sum(1).mean()))
+
+
+def test_data_order_is_a_seeded_shuffle_over_epochs(samples, toy_reward):
+    src = make_source(samples, toy_reward)
+    first = [src._next_index() for _ in range(len(samples))]
+    second = [src._next_index() for _ in range(len(samples))]
+    assert sorted(first) == sorted(second) == list(range(len(samples)))
+    assert first != second and src.epoch == 1
+    again = make_source(samples, toy_reward)
+    assert [again._next_index() for _ in range(len(samples))] == first
+
+
+def test_resume_continues_the_same_batches(policy, samples, toy_reward):
+    ref = make_source(samples, toy_reward)
+    ref_batches = [ref.collect(policy, s)[0] for s in range(3)]
+    a = make_source(samples, toy_reward)
+    a.collect(policy, 0)
+    state = a.state_dict()
+    torch.manual_seed(12345)  # the global RNG does not matter for sampling
+    b = make_source(samples, toy_reward)
+    b.load_state_dict(state)
+    for step in (1, 2):
+        got = b.collect(policy, step)[0]
+        assert torch.equal(got.tokens, ref_batches[step].tokens)
+        assert [x["sample"]["id"] for x in got.meta] == [
+            x["sample"]["id"] for x in ref_batches[step].meta
+        ]
+    with pytest.raises(ValueError, match="same dataset"):
+        make_source(samples[:2], toy_reward).load_state_dict(state)
+
+
+def test_bad_images_strict_and_lenient(policy, samples, toy_reward, tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG garbage")
+    data = [dict(s) for s in samples]
+    data[2] = {**data[2], "images": [str(broken)]}
+    strict = make_source(data, toy_reward)
+    with pytest.raises(ImageLoadError, match=r"broken\.png.*sample 's2' \(index 2\)"):
+        for step in range(3):
+            strict.collect(policy, step)
+    lenient = make_source(data, toy_reward, strict=False)
+    skipped = 0.0
+    for step in range(4):  # two epochs: the broken sample comes up twice
+        batch, m = lenient.collect(policy, step)
+        assert len(batch) == 6 and "s2" not in {x["sample"]["id"] for x in batch.meta}
+        skipped += m["rollout/skipped_images"]
+    assert skipped >= 1 and m["rollout/skipped_images_total"] == skipped
+    all_bad = [{**s, "images": [str(broken)]} for s in samples]
+    with pytest.raises(RuntimeError, match="failed to load"):
+        make_source(all_bad, toy_reward, strict=False).collect(policy, 0)
+
+
+def test_evaluate_accuracy_per_family(policy, samples, toy_reward):
+    out = evaluate_accuracy(policy, samples, toy_reward, batch_size=4, max_new_tokens=8)
+    assert out["count"] == 6.0 and out["count/count"] == 3.0 and out["count/mcq"] == 3.0
+    assert 0.0 <= out["accuracy"] <= 1.5
+    assert out["accuracy"] == pytest.approx((out["accuracy/count"] + out["accuracy/mcq"]) / 2)
+    assert {"reward/accuracy", "reward/format", "completion_len_mean", "clip_ratio"} <= out.keys()
+    again = evaluate_accuracy(policy, samples, toy_reward, batch_size=6, max_new_tokens=8)
+    assert again == out  # greedy decoding does not depend on batching
+
+
+def test_with_the_composite_reward(policy, samples):
+    """The real reward package scores a collected batch; its error counts become metrics."""
+    from perceptrl.rewards import build_reward
+
+    reward = build_reward({"format": 0.5, "accuracy": 1.0})
+    batch, m = make_source(samples, reward).collect(policy, 0)
+    assert batch.rewards.shape == (6,) and torch.isfinite(batch.rewards).all()
+    assert {"reward/format", "reward/accuracy", "reward/errors"} <= m.keys()
+
+
+def test_grounding_boxes_in_model_coordinates_map_back(policy, samples):
+    """meta["model_image_size"] is the contract with the iou reward: a box answered in the
+    resized image's coordinates scores 1 against the ground truth in original pixels."""
+    from perceptrl.rewards import build_reward
+
+    sample = {**samples[1], "reward": "iou", "answer": "[20, 10, 100, 80]", "family": "ground"}
+    (enc,), _ = policy.encode([sample])
+    (w, h), (mw, mh) = enc.sample["meta"]["image_size"], enc.sample["meta"]["model_image_size"]
+    assert (w, h) == (168, 112)
+    box = [20 * mw / w, 10 * mh / h, 100 * mw / w, 80 * mh / h]
+    text = "<think>there</think><answer>[" + ", ".join(f"{v:.2f}" for v in box) + "]</answer>"
+    totals, comps, _ = build_reward({"accuracy": 1.0})([text], [enc.sample])
+    assert totals[0] == pytest.approx(1.0, abs=1e-3)

@@ -1,0 +1,144 @@
+"""Load any local Hugging Face image-text-to-text model and its processor.
+
+Only local directories are accepted (the development and CI machines never download weights), and
+only safetensors weights. ``trust_remote_code`` stays off unless asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class ModelLoadError(ValueError):
+    """A model directory that is missing, incomplete or not an image-text-to-text model."""
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    """``"float32" | "bfloat16" | "float16" | "auto"`` (or a torch dtype) -> torch dtype / "auto"."""
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` picks CUDA when available, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """The model directory as a Path, or a ModelLoadError that says what is missing."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(
+            f"model directory {str(p)!r} does not exist; give a local Hugging Face model directory "
+            "(models are never downloaded) or build a tiny one with "
+            "`python -m perceptrl.vlm.tiny qwen2_5_vl DIR`"
+        )
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise ModelLoadError(
+            f"{str(p)!r} is not a Hugging Face model directory (no config.json); "
+            "expected the output of save_pretrained (config.json, *.safetensors, processor files)"
+        )
+    if not any(p.glob("*.safetensors")) and not (p / "model.safetensors.index.json").exists():
+        raise ModelLoadError(
+            f"no safetensors weights in {str(p)!r}; only *.safetensors checkpoints are loaded "
+            "(convert .bin weights with save_pretrained(..., safe_serialization=True))"
+        )
+    return p
+
+
+def set_pixel_bounds(processor, min_pixels: int | None = None, max_pixels: int | None = None):
+    """Set the image processor's resize bounds (Qwen-style ``shortest_edge``/``longest_edge``
+    pixel counts); a processor without them raises when bounds are asked for."""
+    if min_pixels is None and max_pixels is None:
+        return processor
+    from transformers.image_utils import SizeDict
+
+    ip = processor.image_processor
+    size = dict(getattr(ip, "size", None) or {})
+    if "longest_edge" not in size:
+        raise ValueError(
+            f"{type(ip).__name__} has no pixel-count bounds (size={size}); min_pixels/max_pixels "
+            "apply to Qwen-VL style processors only"
+        )
+    if min_pixels is not None:
+        size["shortest_edge"] = int(min_pixels)
+    if max_pixels is not None:
+        size["longest_edge"] = int(max_pixels)
+    ip.size = SizeDict(**size) if isinstance(ip.size, SizeDict) else size
+    return processor
+
+
+def load_vlm(
+    path: str | Path,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    attn_implementation: str | None = None,
+):
+    """Load a local image-text-to-text model and its processor.
+
+    Args:
+        path: local directory written by ``save_pretrained`` (config.json + safetensors).
+        dtype: ``float32 | bfloat16 | float16 | auto`` (auto keeps the checkpoint's dtype).
+        device: ``cpu | cuda | cuda:N | auto``.
+        gradient_checkpointing: recompute activations in backward (non-reentrant).
+        trust_remote_code: allow model code shipped inside the directory (off by default).
+        min_pixels, max_pixels: image resize bounds for Qwen-VL style processors.
+        attn_implementation: e.g. ``sdpa`` or ``eager``; None keeps the library default.
+
+    Returns:
+        (model, processor); the model is in eval mode on ``device``.
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    p = check_model_dir(path)
+    kwargs = dict(
+        dtype=resolve_dtype(dtype),
+        trust_remote_code=trust_remote_code,
+        local_files_only=True,
+        use_safetensors=True,
+    )
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(p, **kwargs)
+    except ValueError as e:
+        if "Unrecognized configuration class" not in str(e):
+            raise
+        raise ModelLoadError(
+            f"{str(p)!r} is not an image-text-to-text model ({e.__class__.__name__}: "
+            f"{str(e).splitlines()[0]})"
+        ) from e
+    processor = AutoProcessor.from_pretrained(p, trust_remote_code=trust_remote_code)
+    if not hasattr(processor, "image_processor"):
+        raise ModelLoadError(f"the processor in {str(p)!r} has no image processor")
+    set_pixel_bounds(processor, min_pixels, max_pixels)
+    model.to(resolve_device(device))
+    if gradient_checkpointing:
+        kw = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    model.eval()
+    return model, processor

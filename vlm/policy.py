@@ -1,0 +1,181 @@
+"""`VLMPolicy`: a Hugging Face image-text-to-text model behind the trainer's `Policy` protocol.
+
+``evaluate`` re-scores sampled completions in one forward with the pixel values: each row is its
+prompt left-padded to the minibatch's longest prompt, then its completion right-padded, so every
+completion starts at the same column and only those ``T + 1`` positions go through the LM head
+(``logits_to_keep``). Position ids (Qwen's 3-D M-RoPE included) come from the model itself, from
+the attention mask, ``mm_token_type_ids`` and ``image_grid_thw``; padding does not change results.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..trainer.batch import RolloutBatch
+from . import rollout
+from .model import check_model_dir, load_vlm
+from .prompts import EncodedPrompt, PromptConfig, encode_prompts, vision_token_ids
+from .rollout import BANNED_LOGIT, SamplingParams
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Zero every dropout probability: ``logp_old`` (no grad) and ``logp`` (with grad) must come
+    from the same deterministic forward, or the PPO ratio is noise from the first minibatch."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        for attr in ("attention_dropout", "dropout", "hidden_dropout"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+
+
+class VLMPolicy:
+    """A VLM as an RL policy: ``evaluate`` for the trainer, ``generate``/``sample`` for rollouts.
+
+    Args:
+        model: an ``AutoModelForImageTextToText`` model.
+        processor: its ``AutoProcessor``.
+        prompt: how samples become prompts (system prompt, max_prompt_length, pixel bounds).
+    """
+
+    def __init__(self, model: nn.Module, processor, prompt: PromptConfig | None = None):
+        self.model = model
+        self.processor = processor
+        self.prompt = prompt or PromptConfig()
+        self.stop_ids = rollout.stop_token_ids(model, processor)
+        self.pad_id = rollout.pad_token_id(processor, self.stop_ids)
+        self.banned_ids = vision_token_ids(processor)
+        params = inspect.signature(model.forward).parameters
+        self._keep_arg = "logits_to_keep" in params
+        disable_dropout(model)
+        model.train()  # activation checkpointing only runs in train mode; dropout is off
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, prompt: PromptConfig | None = None, **load_kwargs
+    ) -> VLMPolicy:
+        """Load a local model directory (see ``load_vlm`` for ``load_kwargs``)."""
+        prompt = prompt or PromptConfig()
+        load_kwargs.setdefault("min_pixels", prompt.min_pixels)
+        load_kwargs.setdefault("max_pixels", prompt.max_pixels)
+        model, processor = load_vlm(path, **load_kwargs)
+        return cls(model, processor, prompt)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---- trainer protocol -------------------------------------------------------------------
+
+    def evaluate(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, None]:
+        """Per-token log-probs and entropies of the completions, with gradients.
+
+        Returns:
+            logp [B, T] float32 (0 where mask is 0), entropy [B, T] float32 (0 where mask is 0),
+            None (no value head).
+        """
+        logits = self.completion_logits(batch)  # [B, T, V]
+        logp_all = logits.float().log_softmax(-1)
+        tokens = batch.tokens.to(logp_all.device)
+        mask = batch.mask.to(logp_all.device, torch.float32)
+        logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
+        entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
+        return logp * mask, entropy * mask, None
+
+    def completion_logits(self, batch: RolloutBatch) -> Tensor:
+        """Logits that predict each completion token, [B, T, V] (vision placeholders banned)."""
+        T = batch.tokens.shape[1]
+        kwargs = rollout.collate(
+            batch.inputs, self.pad_id, self.device, batch.tokens.to(self.device), batch.mask
+        )
+        if self._keep_arg:
+            kwargs["logits_to_keep"] = T + 1
+        out = self.model(**kwargs, use_cache=False)
+        logits = out.logits[:, -(T + 1) : -1]  # [B, T, V]: position P-1+t predicts token t
+        if self.banned_ids:
+            banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            banned[self.banned_ids] = True
+            logits = logits.masked_fill(banned, BANNED_LOGIT)
+        return logits
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.model.parameters()
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.model.named_parameters()
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict, strict: bool = True):
+        return self.model.load_state_dict(state, strict=strict)
+
+    def save(self, path: str | Path) -> None:
+        """Write an HF directory (safetensors weights, config, processor) that ``load_vlm`` reads."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.processor.save_pretrained(path)
+
+    def load(self, path: str | Path) -> None:
+        """Restore in place the weights ``save(path)`` wrote: the parameters stay the same tensors,
+        so an optimizer built on them remains valid. (The checkpoint is read through
+        ``from_pretrained``, which undoes the key renaming ``save_pretrained`` applies.)"""
+        p = check_model_dir(path)
+        first = next(self.model.parameters())
+        fresh = type(self.model).from_pretrained(
+            p, dtype=first.dtype, local_files_only=True, use_safetensors=True
+        )
+        with torch.no_grad():
+            self.model.load_state_dict(fresh.state_dict(), strict=True)
+        del fresh
+
+    def train(self, mode: bool = True) -> VLMPolicy:
+        self.model.train(mode)
+        return self
+
+    def eval(self) -> VLMPolicy:
+        return self.train(False)
+
+    @property
+    def training(self) -> bool:
+        return self.model.training
+
+    def reference(self) -> VLMPolicy:
+        """A frozen copy (eval mode, no gradients) for ``logp_ref``."""
+        ref_model = copy.deepcopy(self.model)
+        ref_model.requires_grad_(False)
+        return VLMPolicy(ref_model, self.processor, self.prompt).eval()
+
+    # ---- rollout ----------------------------------------------------------------------------
+
+    def encode(
+        self, samples: list[dict], *, strict: bool = True, indices: list[int] | None = None
+    ) -> tuple[list[EncodedPrompt], list[dict]]:
+        """Prompts for ``samples`` with this policy's prompt settings (see ``encode_prompts``)."""
+        return encode_prompts(self.processor, samples, self.prompt, strict=strict, indices=indices)
+
+    def sample(
+        self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams
+    ) -> RolloutBatch:
+        """``n`` completions per encoded prompt (see ``rollout.sample``); rewards not filled."""
+        return rollout.sample(self.model, self.processor, prompts, n, sampling)
+
+    def completions_batch(self, samples: list[dict], completions: list[str]) -> RolloutBatch:
+        """A batch that scores the given completion texts (e.g. SFT targets): each is tokenized
+        and ends with the first stop token (``<|im_end|>``), ``mask`` covers it all."""
+        prompts, _ = self.encode(samples, strict=True)
+        return rollout.completions_batch(self.processor, prompts, completions, self.stop_ids)
+
+    def generate(
+        self, samples: list[dict], n: int = 1, sampling: SamplingParams | None = None
+    ) -> RolloutBatch:
+        """Encode ``samples`` (strict about images) and sample ``n`` completions for each."""
+        prompts, _ = self.encode(samples, strict=True)
+        return self.sample(prompts, n, sampling or SamplingParams())

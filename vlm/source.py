@@ -1,0 +1,259 @@
+"""`VLMRolloutSource`: samples -> prompts -> G completions each -> rewards, one batch per step.
+
+It walks the samples in a seeded shuffled order, epoch after epoch; each step's sampling RNG is
+derived from ``(seed, step)`` (forked, so the global RNG is untouched), hence a run resumed from
+``state_dict()`` draws exactly the batches an uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..trainer.batch import RolloutBatch
+from ..trainer.config import RolloutConfig
+from . import rollout
+from .prompts import PromptConfig, encode_prompts
+from .rollout import SamplingParams
+
+RewardFn = Callable[[list[str], list[dict]], tuple[list[float], dict[str, list[float]], dict]]
+"""``(completions, samples) -> (totals [B], components {name: [B]}, stats)``."""
+
+
+@contextlib.contextmanager
+def _step_rng(seed: int, step: int, device: torch.device):
+    """A private torch RNG stream for one step's sampling, seeded by ``(seed, step)``."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
+        yield
+
+
+def _check_reward(out, n: int) -> tuple[list[float], dict[str, list[float]], dict]:
+    totals, comps, stats = out
+    if len(totals) != n or any(len(v) != n for v in comps.values()):
+        raise ValueError(
+            f"reward returned {len(totals)} totals / component lengths "
+            f"{ {k: len(v) for k, v in comps.items()} } for {n} completions"
+        )
+    return list(totals), comps, stats or {}
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+class VLMRolloutSource:
+    """Implements ``trainer.policy.RolloutSource`` for a ``VLMPolicy``.
+
+    Args:
+        samples: the training samples (see ``vlm.prompts`` for the schema).
+        reward: composite reward ``(completions, samples) -> (totals, components, stats)``.
+        cfg: rollout settings (prompts per step, group size, sampling, lengths, system prompt).
+        seed: seed of the data order and of each step's sampling.
+        strict: an unreadable image raises (naming file and sample); False skips and counts it.
+        min_pixels, max_pixels: image resize bounds (None keeps the processor's).
+        top_k: top-k sampling (0 disables it).
+        return_logprobs: keep the engine's log-probs as ``logp_rollout`` (for TIS).
+    """
+
+    def __init__(
+        self,
+        samples: list[dict],
+        reward: RewardFn,
+        cfg: RolloutConfig | None = None,
+        *,
+        seed: int = 0,
+        strict: bool = True,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        top_k: int = 0,
+        return_logprobs: bool = False,
+    ):
+        if not samples:
+            raise ValueError("VLMRolloutSource needs at least one sample")
+        cfg = cfg or RolloutConfig()
+        self.samples, self.reward, self.cfg = samples, reward, cfg
+        self.seed, self.strict = seed, strict
+        self.sampling = SamplingParams(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=top_k,
+            max_new_tokens=cfg.max_new_tokens,
+            token_budget=cfg.token_budget,
+            return_logprobs=return_logprobs,
+        )
+        self.prompt = PromptConfig(
+            system_prompt=cfg.system_prompt,
+            max_prompt_length=cfg.max_prompt_length,
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+        )
+        self.epoch, self.pos, self.skipped_total = 0, 0, 0
+        self._order: np.ndarray | None = None
+        self._order_epoch = -1
+
+    # ---- data order ---------------------------------------------------------------------------
+
+    def _next_index(self) -> int:
+        if self.pos >= len(self.samples):
+            self.epoch, self.pos = self.epoch + 1, 0
+        if self._order_epoch != self.epoch:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            self._order, self._order_epoch = rng.permutation(len(self.samples)), self.epoch
+        i = int(self._order[self.pos])
+        self.pos += 1
+        return i
+
+    def _next_prompts(self, processor) -> tuple[list, int]:
+        """``prompts_per_step`` encoded prompts; lenient mode replaces unreadable samples."""
+        prompts, skipped = [], 0
+        while len(prompts) < self.cfg.prompts_per_step:
+            idx = [self._next_index() for _ in range(self.cfg.prompts_per_step - len(prompts))]
+            enc, bad = encode_prompts(
+                processor,
+                [self.samples[i] for i in idx],
+                self.prompt,
+                strict=self.strict,
+                indices=idx,
+            )
+            prompts += enc
+            skipped += len(bad)
+            if skipped >= len(self.samples):
+                raise RuntimeError(
+                    f"{skipped} samples skipped in one step because their images failed to load "
+                    f"(last: {bad[-1]['error']}); check the dataset's image paths"
+                )
+        self.skipped_total += skipped
+        return prompts, skipped
+
+    # ---- RolloutSource ----------------------------------------------------------------------
+
+    def collect(self, policy, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """One scored batch of ``prompts_per_step * group_size`` completions, and its metrics."""
+        t0 = time.perf_counter()
+        prompts, skipped = self._next_prompts(policy.processor)
+        with _step_rng(self.seed, step, policy.device):
+            batch = policy.sample(prompts, self.cfg.group_size, self.sampling)
+        t1 = time.perf_counter()
+        completions = [m["completion"] for m in batch.meta]
+        totals, comps, stats = _check_reward(
+            self.reward(completions, [m["sample"] for m in batch.meta]), len(batch)
+        )
+        t2 = time.perf_counter()
+        batch.rewards = torch.tensor(totals, dtype=torch.float32, device=batch.tokens.device)
+        metrics = self._metrics(batch, totals, comps, stats)
+        metrics.update(
+            {
+                "rollout/skipped_images": float(skipped),
+                "rollout/skipped_images_total": float(self.skipped_total),
+                "rollout/epoch": float(self.epoch),
+                "time/rollout": t1 - t0,
+                "time/reward": t2 - t1,
+            }
+        )
+        return batch, metrics
+
+    def _metrics(self, batch: RolloutBatch, totals, comps, stats) -> dict[str, float]:
+        lengths = batch.mask.sum(1)
+        r = torch.tensor(totals, dtype=torch.float64)
+        groups = defaultdict(list)
+        for g, v in zip(batch.group_id.tolist(), totals):
+            groups[g].append(v)
+        m = {
+            "reward/mean": float(r.mean()),
+            "reward/std": float(r.std()) if len(r) > 1 else 0.0,
+            "rollout/completion_len_mean": float(lengths.mean()),
+            "rollout/completion_len_max": float(lengths.max()),
+            "rollout/clip_ratio": _mean(float(x["truncated"]) for x in batch.meta),
+            "rollout/prompt_len_mean": _mean(x.numel() for x in batch.inputs["prompt_ids"]),
+            "rollout/samples": float(len(batch)),
+            "rollout/zero_std_groups": _mean(float(max(v) == min(v)) for v in groups.values()),
+        }
+        for name, vals in comps.items():
+            m[f"reward/{name}"] = _mean(vals)
+        for k, v in stats.items():  # e.g. error / timeout counts of the composite reward
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                m[k if k.startswith("reward/") else f"reward/{k}"] = float(v)
+        return m
+
+    def state_dict(self) -> dict:
+        """Data position (the order and the sampling RNG are pure functions of seed, epoch, step)."""
+        return {
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "skipped_total": self.skipped_total,
+            "seed": self.seed,
+            "num_samples": len(self.samples),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("num_samples", len(self.samples)) != len(self.samples):
+            raise ValueError(
+                f"resume state is for {state['num_samples']} samples but this source has "
+                f"{len(self.samples)}; resume with the same dataset"
+            )
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self.skipped_total = int(state.get("skipped_total", 0))
+        self._order_epoch = -1
+
+
+def evaluate_accuracy(
+    policy,
+    samples: list[dict],
+    reward: RewardFn,
+    batch_size: int = 16,
+    *,
+    max_new_tokens: int = 64,
+    prompt: PromptConfig | None = None,
+    strict: bool = True,
+    token_budget: int = 16384,
+) -> dict[str, float]:
+    """Greedy-decode every sample and score it: accuracy is the mean reward total, so pass a
+    correctness reward (e.g. numeric / mcq / iou without the format bonus).
+
+    Returns:
+        ``accuracy``, ``accuracy/<family>``, ``count``, ``count/<family>``, ``reward/<component>``,
+        ``completion_len_mean``, ``clip_ratio`` and ``skipped`` (lenient image failures).
+    """
+    prompt = prompt or policy.prompt
+    by_family: dict[str, list[float]] = defaultdict(list)
+    comp_vals: dict[str, list[float]] = defaultdict(list)
+    lengths, clipped, skipped = [], [], 0
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start : start + batch_size]
+        idx = list(range(start, start + len(chunk)))
+        enc, bad = encode_prompts(policy.processor, chunk, prompt, strict=strict, indices=idx)
+        skipped += len(bad)
+        if not enc:
+            continue
+        b = rollout.greedy(policy.model, policy.processor, enc, max_new_tokens, token_budget)
+        done = [m["sample"] for m in b.meta]
+        totals, comps, _ = _check_reward(reward([m["completion"] for m in b.meta], done), len(b))
+        for s, t in zip(done, totals):
+            by_family[str(s.get("family", "all"))].append(float(t))
+        for k, v in comps.items():
+            comp_vals[k] += [float(x) for x in v]
+        lengths += b.mask.sum(1).tolist()
+        clipped += [float(m["truncated"]) for m in b.meta]
+    all_scores = [v for vs in by_family.values() for v in vs]
+    out = {
+        "accuracy": _mean(all_scores),
+        "count": float(len(all_scores)),
+        "skipped": float(skipped),
+    }
+    for fam, vs in sorted(by_family.items()):
+        out[f"accuracy/{fam}"] = _mean(vs)
+        out[f"count/{fam}"] = float(len(vs))
+    for k, vs in comp_vals.items():
+        out[f"reward/{k}"] = _mean(vs)
+    out["completion_len_mean"] = _mean(lengths)
+    out["clip_ratio"] = _mean(clipped)
+    return out
