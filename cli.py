@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .trainer.config import Config, ConfigError, describe, load_config
+from .trainer.config import Config, ConfigError, describe, load_config, save_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -34,7 +34,10 @@ def make_run_dir(cfg: Config, recipe: Path | None, run_dir: str | None) -> Path:
     if run_dir:
         path = Path(run_dir)
     else:
-        name = cfg.log.name or f"{recipe.stem if recipe else cfg.side}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = (
+            cfg.log.name
+            or f"{recipe.stem if recipe else cfg.side}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
         path = Path(cfg.log.dir) / name
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -59,20 +62,136 @@ def split_recipe(recipe: str | None, overrides: list[str]) -> tuple[Path | None,
     return resolve_recipe(recipe), list(overrides)
 
 
+def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
+    """Resolve the config (a resumed run re-reads its saved one) and the run directory."""
+    if getattr(args, "resume", None):
+        run_dir = Path(args.resume)
+        saved = run_dir / "config.yaml"
+        if not saved.exists():
+            raise ConfigError(
+                f"--resume {run_dir}: no config.yaml there; is it a perceptrl run directory?"
+            )
+        overrides = [args.recipe, *args.overrides] if args.recipe else list(args.overrides)
+        return load_config(saved, overrides), run_dir
+    recipe, overrides = split_recipe(args.recipe, args.overrides)
+    cfg = load_config(recipe, overrides)
+    run_dir = make_run_dir(cfg, recipe, args.run_dir)
+    save_config(cfg, run_dir / "config.yaml")
+    return cfg, run_dir
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """RL training (GRPO, PPO, ...) of the recipe's side."""
+    from . import wiring
+
+    cfg, run_dir = prepare_run(args)
+    trainer = wiring.side(wiring.TRAINERS, cfg, "RL trainer")(cfg, run_dir)
+    trainer.fit(resume=bool(args.resume))
+    print_summary(run_dir)
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """Supervised warm start of the recipe's side."""
+    from . import wiring
+
+    cfg, run_dir = prepare_run(args)
+    wiring.side(wiring.SFT, cfg, "SFT")(cfg, run_dir)
+    print_summary(run_dir)
+    return 0
+
+
+def cmd_data_generate(args: argparse.Namespace) -> int:
+    from .datasets.clevr import generate
+
+    splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test, "ood": args.n_ood}
+    paths = generate(
+        args.out, splits={k: v for k, v in splits.items() if v > 0},
+        families=args.families.split(","), seed=args.seed, image_size=args.image_size,
+    )  # fmt: skip
+    for split, path in paths.items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def print_summary(run_dir: Path) -> None:
+    """Before/after evaluation table and where the logs are."""
+    from .trainer.metrics import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    evals = [r for r in rows if any(k.startswith("eval/accuracy") for k in r)]
+    if len(evals) >= 1:
+        first, last = evals[0], evals[-1]
+        keys = sorted(k for k in last if k.startswith("eval/accuracy"))
+        print(
+            f"\n{'held-out metric':<32}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}"
+        )
+        for k in keys:
+            print(f"{k:<32}{first.get(k, float('nan')):>12.3f}{last[k]:>12.3f}")
+    print(f"\nrun directory: {run_dir}")
+    print(f"metrics:       {run_dir / 'metrics.jsonl'}")
+    print(f"tensorboard:   tensorboard --logdir {run_dir / 'tensorboard'}")
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
+    if ckpts:
+        print(f"model:         {ckpts[-1] / 'model'}")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", nargs="?", help="YAML recipe or shipped recipe name (configs/*.yaml)")
+    p.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. algo.kl_coef=0.01 train.steps=50"
+    )
+    p.add_argument("--run-dir", help="run directory (default: log.dir/<recipe>-<time>)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perceptrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("config", help="print the resolved config of a recipe with each field's help")
-    p.add_argument("recipe", nargs="?", help="YAML recipe or shipped recipe name (default: all defaults)")
+    p = sub.add_parser(
+        "config", help="print the resolved config of a recipe with each field's help"
+    )
+    p.add_argument(
+        "recipe", nargs="?", help="YAML recipe or shipped recipe name (default: all defaults)"
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.kl_coef=0.01")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("train", help="RL training from a recipe (GRPO/PPO/... on the vlm side)")
+    _add_run_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sft", help="supervised warm start (format-following reasoning traces)")
+    _add_run_args(p)
+    p.set_defaults(func=cmd_sft, resume=None)
+
+    p = sub.add_parser("data", help="synthetic data sets")
+    data = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    g = data.add_parser("generate", help="write CLEVR-like image questions as JSONL + PNG")
+    g.add_argument("--out", required=True, help="output directory")
+    g.add_argument("--n-train", type=int, default=2000)
+    g.add_argument("--n-val", type=int, default=200)
+    g.add_argument("--n-test", type=int, default=500)
+    g.add_argument("--n-ood", type=int, default=500, help="held-out colour-shape pairs and counts")
+    g.add_argument(
+        "--families", default="count_all,count_color,count_shape,attr_mcq,spatial,grounding"
+    )
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--image-size", type=int, default=112)
+    g.set_defaults(func=cmd_data_generate)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # overrides may follow options (`train r.yaml --run-dir x train.steps=5`)
+    stray = [e for e in extra if e.startswith("-") or "=" not in e]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

@@ -130,7 +130,7 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float) -> Tensor:
     return dev / (std + eps)
 
 
-def _float(x: Tensor) -> Tensor:
+def _as_float(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
@@ -141,7 +141,7 @@ def token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
         [B, T] rewards, zero on padding (a row without valid tokens gets nothing).
     """
     valid = mask > 0
-    r = _float(rewards.detach())
+    r = _as_float(rewards.detach())
     if r.dim() == 2:
         if r.shape != mask.shape:
             raise ValueError(f"rewards {tuple(r.shape)} must match mask {tuple(mask.shape)}")
@@ -157,7 +157,7 @@ def token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
 
 def _seq_rewards(rewards: Tensor, mask: Tensor | None) -> Tensor:
     """[B] sequence rewards: as given, or the sum of valid per-token rewards."""
-    r = _float(rewards.detach())
+    r = _as_float(rewards.detach())
     if r.dim() == 1:
         return r
     if mask is None:
@@ -189,7 +189,7 @@ def _broadcast(score: Tensor, mask: Tensor) -> Tensor:
 def _adv_metrics(adv: Tensor, mask: Tensor, **extra: Tensor | float) -> dict[str, float]:
     mean = masked_mean(adv, mask)
     std = masked_mean((adv - mean).square(), mask).sqrt()
-    return _floats({"adv_mean": mean, "adv_std": std, **extra})
+    return _floats({"mean": mean, "std": std, **extra})
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -336,7 +336,7 @@ def grpo_passk(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_
     """Pass@k advantage ("Pass@k Training", Chen et al. 2025, analytical form) for binary rewards.
 
     A sample succeeds when its sequence reward is >= 0.5. For a group of N samples, N_neg of them
-    failed, and k = ``cfg.passk_k`` (0 or > N uses N):
+    failed, and k = ``cfg.passk_k`` (0 uses N // 2, at least 1; k > N uses N):
 
     * mean pass@k of the group: ``R = 1 - C(N_neg, k) / C(N, k)``, ``std = sqrt(R (1 - R))``
     * success: ``(1 - R) / std``; failure: ``(1 - R - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / std``
@@ -351,7 +351,7 @@ def grpo_passk(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_
     zeros = torch.zeros(n_groups, dtype=torch.float64, device=r.device)
     n = zeros.index_add(0, inv, torch.ones_like(ok))
     n_neg = n - zeros.index_add(0, inv, ok)
-    k = n if cfg.passk_k <= 0 else n.clamp(max=float(cfg.passk_k))
+    k = (n // 2).clamp(min=1) if cfg.passk_k <= 0 else n.clamp(max=float(cfg.passk_k))
     p_fail = torch.where(n_neg >= k, torch.exp(_log_comb(n_neg, k) - _log_comb(n, k)), 0.0)
     mean = 1.0 - p_fail
     std = (mean * (1.0 - mean)).clamp(min=0).sqrt()
@@ -426,6 +426,13 @@ def _weighted(loss: Tensor, is_weight: Tensor | None) -> Tensor:
     return loss if is_weight is None else loss * is_weight.detach()
 
 
+def _agg_pg(loss, mask, cfg, is_weight, num_tokens, num_seqs) -> Tensor:
+    """IS-weight a per-token policy loss and aggregate it with ``cfg.loss_agg_mode``."""
+    mode, norm_len = cfg.loss_agg_mode, cfg.loss_norm_len or None
+    loss = _weighted(loss, is_weight)
+    return agg_loss(loss, mask, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
+
+
 def _pg_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor, **extra):
     with torch.no_grad():
         k3 = ratio - 1 - log_ratio  # KL(old || new) sampled from old
@@ -441,15 +448,7 @@ def _pg_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor,
 
 @register_policy_loss("ppo_clip")
 def ppo_clip(
-    logp,
-    logp_old,
-    advantages,
-    mask,
-    cfg: AlgoConfig,
-    *,
-    is_weight=None,
-    num_tokens=None,
-    num_seqs=None,
+    logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None, num_seqs=None
 ):
     """PPO clipped surrogate with asymmetric clip and optional dual clip.
 
@@ -458,7 +457,8 @@ def ppo_clip(
     aggregated with ``cfg.loss_agg_mode``.
 
     Args:
-        logp [B, T] (with grad), logp_old [B, T], advantages [B, T], mask [B, T].
+        logp [B, T] (with grad), logp_old [B, T], advantages [B, T], mask [B, T],
+        cfg (AlgoConfig), is_weight [B, T] or None, num_tokens / num_seqs: global normalisers.
     Returns:
         scalar loss; metrics clipfrac, approx_kl (k3, old vs new), ratio_mean (+ clipfrac_dual).
     """
@@ -478,29 +478,12 @@ def ppo_clip(
         neg = adv < 0
         extra["clipfrac_dual"] = masked_mean((neg & (loss > l3)).float(), mask)
         loss = torch.where(neg, torch.minimum(loss, l3), loss)
-    loss = agg_loss(
-        _weighted(loss, is_weight),
-        mask,
-        cfg.loss_agg_mode,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        norm_len=cfg.loss_norm_len or None,
-    )
+    loss = _agg_pg(loss, mask, cfg, is_weight, num_tokens, num_seqs)
     return loss, _pg_metrics(log_ratio, ratio, l2 > l1, mask, **extra)
 
 
 @register_policy_loss("gspo")
-def gspo(
-    logp,
-    logp_old,
-    advantages,
-    mask,
-    cfg: AlgoConfig,
-    *,
-    is_weight=None,
-    num_tokens=None,
-    num_seqs=None,
-):
+def gspo(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None, num_seqs=None):
     """GSPO (Zheng et al. 2025), token-level form.
 
     Sequence ratio ``s_i = exp(mean_t (logp - logp_old))`` over valid tokens; token ratio
@@ -528,17 +511,7 @@ def gspo(
 
 
 @register_policy_loss("cispo")
-def cispo(
-    logp,
-    logp_old,
-    advantages,
-    mask,
-    cfg: AlgoConfig,
-    *,
-    is_weight=None,
-    num_tokens=None,
-    num_seqs=None,
-):
+def cispo(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None, num_seqs=None):
     """CISPO (MiniMax-M1): ``loss_t = -sg[clip(r, 1 - cispo_clip_low, 1 + cispo_clip_high)] A logp``.
 
     The importance weight is clipped and detached, so every token keeps a gradient (no token is
@@ -552,33 +525,21 @@ def cispo(
     w = ratio.clamp(min=low, max=1 + cfg.cispo_clip_high).detach()
     adv = torch.where(valid, advantages.detach(), 0.0)
     loss = -w * adv * torch.where(valid, logp, 0.0)
-    loss = agg_loss(
-        _weighted(loss, is_weight),
-        mask,
-        cfg.loss_agg_mode,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        norm_len=cfg.loss_norm_len or None,
-    )
+    loss = _agg_pg(loss, mask, cfg, is_weight, num_tokens, num_seqs)
     return loss, _pg_metrics(log_ratio, ratio, w != ratio.detach(), mask)
 
 
 def value_loss(
-    values: Tensor,
-    values_old: Tensor | None,
-    returns: Tensor,
-    mask: Tensor,
-    cfg: AlgoConfig,
-    *,
-    num_tokens=None,
-    num_seqs=None,
-) -> tuple[Tensor, dict]:
+    values, values_old, returns, mask, cfg: AlgoConfig, *, num_tokens=None, num_seqs=None
+) -> tuple[Tensor, dict[str, float]]:
     """Clipped value loss ``0.5 * max((v - R)^2, (clip(v, v_old -+ value_clip) - R)^2)``.
 
     Unclipped ``0.5 * (v - R)^2`` when ``cfg.value_clip`` is 0 (``values_old`` may then be None).
     Always aggregated token-mean with the global ``num_tokens`` (``num_seqs`` is accepted for a
     uniform call and unused).
 
+    Args:
+        values [B, T] (with grad), values_old [B, T] or None, returns [B, T], mask [B, T].
     Returns:
         scalar loss; metrics vf_clipfrac, vf_mean, vf_explained_var.
     """
@@ -600,18 +561,13 @@ def value_loss(
     loss = 0.5 * agg_loss(l1, mask, "token-mean", num_tokens=num_tokens)
     with torch.no_grad():
         v = values.detach()
-        var_r = masked_mean((ret - masked_mean(ret, mask)).square(), mask)
-        err = ret - v
-        var_e = masked_mean((err - masked_mean(err, mask)).square(), mask)
-        ev = 1 - var_e / var_r.clamp(min=1e-8)
-        metrics = _floats(
-            {
-                "vf_clipfrac": masked_mean(clipped.float(), mask),
-                "vf_mean": masked_mean(v, mask),
-                "vf_explained_var": ev,
-            }
+        var_r, var_e = (
+            masked_mean((x - masked_mean(x, mask)).square(), mask) for x in (ret, ret - v)
         )
-    return loss, metrics
+        ev = 1 - var_e / var_r.clamp(min=1e-8)
+        clipfrac, v_mean = masked_mean(clipped.float(), mask), masked_mean(v, mask)
+    metrics = {"vf_clipfrac": clipfrac, "vf_mean": v_mean, "vf_explained_var": ev}
+    return loss, _floats(metrics)
 
 
 # ----------------------------------------------------------------------------- KL estimators
@@ -649,23 +605,16 @@ def filter_groups(rewards: Tensor, group_id: Tensor, tol: float = 1e-6) -> Tenso
     """
     r = _seq_rewards(rewards, None)
     inv, n_groups = _group_index(group_id)
-    hi = torch.full((n_groups,), -math.inf, dtype=r.dtype, device=r.device)
-    lo = torch.full((n_groups,), math.inf, dtype=r.dtype, device=r.device)
-    hi = hi.scatter_reduce(0, inv, r, "amax")
-    lo = lo.scatter_reduce(0, inv, r, "amin")
+    hi = r.new_full((n_groups,), -math.inf).scatter_reduce(0, inv, r, "amax")  # (G,)
+    lo = r.new_full((n_groups,), math.inf).scatter_reduce(0, inv, r, "amin")  # (G,)
     return (hi - lo)[inv] > tol
 
 
 def filter_metrics(keep: Tensor, group_id: Tensor) -> dict[str, float]:
     """Fractions of samples and of groups kept by :func:`filter_groups`."""
-    n_groups = torch.unique(group_id).numel()
-    kept_groups = torch.unique(group_id[keep]).numel()
-    return _floats(
-        {
-            "filter_kept_frac": keep.float().mean() if keep.numel() else 0.0,
-            "filter_kept_groups_frac": kept_groups / max(n_groups, 1),
-        }
-    )
+    n_groups, kept_groups = torch.unique(group_id).numel(), torch.unique(group_id[keep]).numel()
+    frac = float(keep.float().mean()) if keep.numel() else 0.0
+    return {"filter_kept_frac": frac, "filter_kept_groups_frac": kept_groups / max(n_groups, 1)}
 
 
 def truncated_is_weights(

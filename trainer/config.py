@@ -44,9 +44,9 @@ class AlgoConfig:
     gspo_clip_high: float = 4e-4
     """GSPO upper clip on the sequence-level ratio"""
     cispo_clip_high: float = 5.0
-    """CISPO upper clip of the stop-gradient importance weight"""
+    """CISPO: the stop-gradient importance weight is capped at 1 + cispo_clip_high"""
     cispo_clip_low: float = 0.0
-    """CISPO lower clip of the importance weight (0 disables it)"""
+    """CISPO: the importance weight is floored at 1 - cispo_clip_low (0 disables the floor)"""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm"""
     loss_norm_len: int = 0
@@ -68,7 +68,7 @@ class AlgoConfig:
     tis_cap: float = 0.0
     """truncated importance sampling cap for rollout/trainer log-prob mismatch; 0 disables"""
     passk_k: int = 0
-    """grpo_passk: k of pass@k (0 uses the group size)"""
+    """grpo_passk: k of pass@k (0 uses half the group size; k must be below the group size to learn)"""
     eps: float = 1e-6
     """numerical floor for std normalisation"""
 

@@ -157,8 +157,9 @@ def ref_returns_to_go(r, m, gamma):
     for i in range(len(m)):
         row, running = [0.0] * len(m[i]), 0.0
         for t in reversed(range(len(m[i]))):
-            running = (r[i][t] + gamma * running) if m[i][t] > 0 else 0.0
-            row[t] = running
+            if m[i][t] > 0:  # masked positions are skipped, the return passes through them
+                running = r[i][t] + gamma * running
+                row[t] = running
         out.append(row)
     return out
 
@@ -187,7 +188,7 @@ def ref_passk(r, m, g, k_cfg):
         idx = members[g[i]]
         n = len(idx)
         n_neg = sum(1 for j in idx if r[j] < 0.5)
-        k = n if k_cfg <= 0 else min(k_cfg, n)
+        k = max(1, n // 2) if k_cfg <= 0 else min(k_cfg, n)
         mean = 1 - math.comb(n_neg, k) / math.comb(n, k)
         std = math.sqrt(mean * (1 - mean))
         if std == 0:
@@ -311,6 +312,8 @@ def test_grpo_matches_reference(B, T, padding, seed, norm):
     assert_close(adv, ref)
     assert_close(ret, ref)
     assert all(isinstance(x, float) for x in metrics.values())
+    vals = [ref[i][t] for i in range(B) for t in range(T) if mask[i, t] > 0]
+    assert metrics["mean"] == pytest.approx(sum(vals) / max(len(vals), 1), abs=1e-6)
 
 
 @cases
@@ -340,6 +343,24 @@ def test_reinforce_pp_matches_reference(B, T, padding, seed, token_level):
     ref_ret = ref_returns_to_go(ref_token_rewards(rewards.tolist(), m), m, 0.9)
     assert_close(ret, ref_ret)
     assert_close(adv, ref_whiten(ref_ret, m, cfg.eps))
+
+
+@pytest.mark.parametrize("seed", SEEDS + [2, 3])
+@pytest.mark.parametrize("token_level", [False, True])
+def test_reinforce_pp_mask_holes(seed, token_level):
+    # interior zeros (e.g. tool output inside a multi-turn completion) do not cut the return
+    torch.manual_seed(seed)
+    mask = (torch.rand(6, 8) < 0.6).to(DT)
+    rewards = torch.randn(6, 8, dtype=DT) if token_level else torch.randn(6, dtype=DT)
+    cfg = AlgoConfig(gamma=0.8)
+    adv, ret, _ = algos.reinforce_pp(rewards, mask, torch.zeros(6), cfg)
+    m = mask.tolist()
+    ref_ret = ref_returns_to_go(ref_token_rewards(rewards.tolist(), m), m, 0.8)
+    assert_close(ret, ref_ret)
+    assert_close(adv, ref_whiten(ref_ret, m, cfg.eps))
+    one = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    _, ret, _ = algos.reinforce_pp(torch.tensor([1.0]), one, torch.zeros(1), AlgoConfig(gamma=0.5))
+    torch.testing.assert_close(ret, torch.tensor([[0.5, 0.0, 1.0, 0.0]]))
 
 
 @cases
@@ -387,6 +408,17 @@ def test_grpo_passk_matches_reference(B, T, padding, seed, k):
     assert_close(adv, ref_passk(rewards.tolist(), mask.tolist(), gid.tolist(), k))
 
 
+def test_grpo_passk_success_threshold():
+    # success means reward >= 0.5; a group of {0.5, 0.49} is mixed, {0.2, 0.49} is not
+    r = torch.tensor([0.5, 0.49, 0.2, 0.49])
+    adv, _, _ = algos.grpo_passk(r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=2))
+    assert adv.abs().max().item() == 0.0  # k = N = 2: the one 2-subset passes -> no signal
+    adv, _, _ = algos.grpo_passk(
+        r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=1)
+    )
+    torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -1.0, 0.0, 0.0]))
+
+
 def test_grpo_passk_k1_is_grpo_with_population_std_and_sums_to_zero():
     torch.manual_seed(0)
     r = torch.tensor([1, 0, 0, 1, 1, 1, 0, 1], dtype=DT)
@@ -401,8 +433,11 @@ def test_grpo_passk_k1_is_grpo_with_population_std_and_sums_to_zero():
     for g in (0, 1):
         assert abs(adv2[gid == g].sum().item()) < 1e-12
     # k = group size: every mixed group passes for sure -> no signal
-    adv_n, _, _ = algos.grpo_passk(r, mask, gid, AlgoConfig(passk_k=0))
-    assert adv_n.abs().max().item() == 0.0
+    adv_n, _, _ = algos.grpo_passk(r, mask, gid, AlgoConfig(passk_k=5))
+    assert adv_n[gid == 0].abs().max().item() == 0.0
+    # the default k (0) is half the group size, which does give mixed groups a signal
+    adv_0, _, _ = algos.grpo_passk(r, mask, gid, AlgoConfig(passk_k=0))
+    assert adv_0[gid == 0].abs().min().item() > 0.0
 
 
 def test_hand_computed_grpo_drgrpo_rloo():
@@ -420,6 +455,20 @@ def test_hand_computed_grpo_drgrpo_rloo():
     adv, _, _ = algos.rloo(r, mask, gid, AlgoConfig())
     b = 2 / 3  # 1 - mean(0, 0, 1)
     torch.testing.assert_close(adv, torch.tensor([[b, b], [-b, 0], [-b, -b], [b, b]]))
+
+
+def test_token_rewards():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    out = algos.token_rewards(torch.tensor([2.0, 3.0, 4.0]), mask)
+    torch.testing.assert_close(out, torch.tensor([[0.0, 2.0, 0.0], [3.0, 0.0, 0.0], [0.0] * 3]))
+    per_step = torch.full((3, 3), float("nan"))  # padding holds junk that must not leak
+    per_step[0, :2], per_step[1, 0] = torch.tensor([1.0, 2.0]), 5.0
+    out = algos.token_rewards(per_step, mask)
+    torch.testing.assert_close(out, torch.tensor([[1.0, 2.0, 0.0], [5.0, 0, 0], [0.0] * 3]))
+    with pytest.raises(ValueError, match="must match mask"):
+        algos.token_rewards(torch.ones(3, 2), mask)
+    with pytest.raises(ValueError, match=r"\[B\] or \[B, T\]"):
+        algos.token_rewards(torch.ones(2), mask)
 
 
 def test_single_member_groups_get_zero():
@@ -676,6 +725,13 @@ def test_value_loss_matches_reference_and_gradcheck(clip_v):
     assert_close(loss, ref)
     assert set(metrics) == {"vf_clipfrac", "vf_mean", "vf_explained_var"}
     assert (metrics["vf_clipfrac"] > 0) == (clip_v > 0)
+    rs = [R[i, t].item() for i in range(B) for t in range(T) if mask[i, t] > 0]
+    es = [R[i, t].item() - v[i, t].item() for i in range(B) for t in range(T) if mask[i, t] > 0]
+
+    def var(xs):
+        return sum((x - sum(xs) / len(xs)) ** 2 for x in xs) / len(xs)
+
+    assert metrics["vf_explained_var"] == pytest.approx(1 - var(es) / var(rs), rel=1e-5)
     v.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: value_loss(x, vo, R, mask, cfg)[0], (v,))
     if clip_v == 0:

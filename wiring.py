@@ -1,0 +1,151 @@
+"""Builds a side's parts from a `Config`: data, policy, rollout source, reward and evaluator.
+
+Kept beside cli.py (and out of trainer/) because it is the one place that knows datasets/,
+vlm/, rewards/ and the trainer together; cli.py only parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from .trainer.config import Config, ConfigError
+from .trainer.loop import Trainer, resolve_device
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+EVAL_REWARD = {"accuracy": 1.0}
+"""Held-out accuracy: the correctness reward alone (no format bonus)."""
+
+
+def resolve_path(path: str | Path) -> Path:
+    """A path as given (absolute or relative to the working directory), else relative to the
+    package, so recipes can name shipped files such as ``assets/vlm_base``."""
+    p = Path(path).expanduser()
+    if p.exists() or p.is_absolute():
+        return p
+    shipped = PACKAGE_ROOT / p
+    return shipped if shipped.exists() else p
+
+
+# ---------------------------------------------------------------------------------------------
+# VLM side
+# ---------------------------------------------------------------------------------------------
+
+
+def vlm_samples(cfg: Config, run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(train, val) samples: the user's files, or the synthetic CLEVR-like set generated into
+    ``run_dir/data`` (deterministic in ``data.seed``)."""
+    from .datasets.loader import load_samples
+
+    d = cfg.data
+    if d.train:
+        train, stats = load_samples(resolve_path(d.train), strict=d.strict)
+        _report_skips(d.train, stats)
+        val = []
+        if d.val:
+            val, stats = load_samples(resolve_path(d.val), strict=d.strict)
+            _report_skips(d.val, stats)
+        return train, val
+    from .datasets.clevr import generate
+
+    paths = generate(
+        run_dir / "data", splits={"train": d.n_train, "val": d.n_val}, families=d.families,
+        seed=d.seed, image_size=d.image_size,
+    )  # fmt: skip
+    return (load_samples(paths["train"])[0], load_samples(paths["val"])[0])
+
+
+def _report_skips(path: str, stats: dict) -> None:
+    skipped = {k: v for k, v in stats.items() if k.startswith("skipped") and v}
+    if skipped:
+        print(f"perceptrl: lenient data mode skipped samples of {path}: {skipped}")
+
+
+def vlm_policy(cfg: Config, run_dir: Path):
+    """The policy from ``model.path`` (a local HF directory), or a freshly built tiny model."""
+    from .vlm.policy import VLMPolicy
+    from .vlm.prompts import PromptConfig
+    from .vlm.tiny import build_tiny
+
+    m = cfg.model
+    if m.path:
+        path = resolve_path(m.path)
+    else:
+        path = build_tiny(m.tiny_arch, run_dir / "init_model", seed=cfg.train.seed)
+    prompt = PromptConfig(
+        system_prompt=cfg.rollout.system_prompt,
+        max_prompt_length=cfg.rollout.max_prompt_length,
+        min_pixels=m.min_pixels or None,
+        max_pixels=m.max_pixels or None,
+    )
+    return VLMPolicy.from_pretrained(
+        path, prompt=prompt, dtype=m.dtype, device=resolve_device(cfg.train.device),
+        gradient_checkpointing=m.gradient_checkpointing, trust_remote_code=m.trust_remote_code,
+    )  # fmt: skip
+
+
+def vlm_evaluator(cfg: Config, val: list[dict]):
+    """Greedy held-out accuracy per question family, or None without validation data."""
+    if not val or cfg.train.eval_samples <= 0:
+        return None
+    from .rewards import build_reward
+    from .vlm.source import evaluate_accuracy
+
+    return functools.partial(
+        evaluate_accuracy, samples=val[: cfg.train.eval_samples],
+        reward=build_reward(EVAL_REWARD, timeout_s=cfg.rollout.reward_timeout_s),
+        batch_size=max(cfg.rollout.prompts_per_step * cfg.rollout.group_size, 16),
+        max_new_tokens=cfg.rollout.max_new_tokens, strict=cfg.data.strict,
+        token_budget=cfg.rollout.token_budget,
+    )  # fmt: skip
+
+
+def vlm_trainer(cfg: Config, run_dir: Path) -> Trainer:
+    """GRPO (or any registered estimator/loss) on the VLM side."""
+    from .rewards import build_reward
+    from .vlm.source import VLMRolloutSource
+
+    train, val = vlm_samples(cfg, run_dir)
+    policy = vlm_policy(cfg, run_dir)
+    reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
+    source = VLMRolloutSource(
+        train, reward, cfg.rollout, seed=cfg.train.seed, strict=cfg.data.strict,
+        min_pixels=cfg.model.min_pixels or None, max_pixels=cfg.model.max_pixels or None,
+        return_logprobs=cfg.algo.tis_cap > 0,
+    )  # fmt: skip
+    ref = policy.reference() if cfg.algo.kl_coef > 0 else None
+    return Trainer(cfg, policy, source, run_dir, ref_policy=ref, evaluator=vlm_evaluator(cfg, val))
+
+
+def vlm_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
+    """Supervised warm start on templated reasoning traces of the synthetic tasks."""
+    from .datasets.clevr import reasoning_trace
+    from .trainer.sft import sft
+    from .vlm.sft import VLMSFTSource
+
+    train, val = vlm_samples(cfg, run_dir)
+    policy = vlm_policy(cfg, run_dir)
+    try:
+        targets = [reasoning_trace(s) for s in train]
+    except (KeyError, ValueError) as e:
+        raise ConfigError(
+            f"perceptrl sft builds targets from the synthetic generator's scene metadata; sample "
+            f"lacks it ({e}). Use data.train= empty (synthetic) or samples written by "
+            "`perceptrl data generate`."
+        ) from e
+    source = VLMSFTSource(
+        policy, train, targets, batch_size=cfg.rollout.prompts_per_step, seed=cfg.train.seed
+    )
+    return sft(cfg, policy, source, run_dir, evaluator=vlm_evaluator(cfg, val))
+
+
+TRAINERS = {"vlm": vlm_trainer}
+SFT = {"vlm": vlm_sft}
+
+
+def side(table: dict, cfg: Config, what: str):
+    if cfg.side not in table:
+        raise ConfigError(
+            f"side={cfg.side!r} has no {what} yet (available: {', '.join(sorted(table))})"
+        )
+    return table[cfg.side]
