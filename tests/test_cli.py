@@ -1,0 +1,115 @@
+"""End to end through the `perceptrl` command on the tiny model: SFT, GRPO, kill and resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from perceptrl.trainer.metrics import read_metrics
+
+TINY = [
+    "data.n_train=24", "data.n_val=4", "rollout.prompts_per_step=2", "rollout.group_size=2",
+    "rollout.max_new_tokens=12", "train.micro_batch_size=4", "train.eval_samples=4",
+    "train.eval_every=0", "log.progress=false", "log.tensorboard=false",
+]  # fmt: skip
+
+
+def perceptrl(*args: str, cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "perceptrl.cli", *args]
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, **kw)
+    if check:
+        assert out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+def _compare(a_path: Path, b_path: Path) -> None:
+    def rows(p):
+        return [
+            {k: v for k, v in r.items() if not k.startswith("time/")}
+            for r in read_metrics(p)
+            if "resumed_from_step" not in r
+        ]
+
+    a, b = rows(a_path), rows(b_path)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-6), (ra["step"], k)
+
+
+def test_sft_then_grpo_from_the_sft_checkpoint(tmp_path):
+    out = perceptrl("sft", "vlm_sft", "train.steps=3", *TINY, "--run-dir", "sft", cwd=tmp_path)
+    assert "held-out metric" in out.stdout
+    model = tmp_path / "sft" / "checkpoints" / "step_000003" / "model"
+    assert (model / "config.json").exists() and (tmp_path / "sft" / "config.yaml").exists()
+    perceptrl(
+        "train",
+        "vlm_clevr",
+        f"model.path={model}",
+        "train.steps=2",
+        *TINY,
+        "--run-dir",
+        "grpo",
+        cwd=tmp_path,
+    )
+    rows = read_metrics(tmp_path / "grpo" / "metrics.jsonl")
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all("actor/pg_loss" in r and "time/rollout" in r for r in steps)
+    assert (
+        tmp_path / "grpo" / "checkpoints" / "step_000002" / "model" / "model.safetensors"
+    ).exists()
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_one_grpo_step_per_tiny_architecture(tmp_path, arch):
+    perceptrl("train", "vlm_clevr", "model.path=", f"model.tiny_arch={arch}", "train.steps=1", *TINY,
+              "--run-dir", "run", cwd=tmp_path)  # fmt: skip
+    assert any("actor/pg_loss" in r for r in read_metrics(tmp_path / "run" / "metrics.jsonl"))
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
+    args = [
+        "train",
+        "vlm_clevr",
+        "model.path=",
+        "train.steps=8",
+        "checkpoint.every=1",
+        "checkpoint.keep_last=3",
+        *TINY,
+    ]
+    perceptrl(*args, "--run-dir", "full", cwd=tmp_path)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perceptrl.cli", *args, "--run-dir", "cut"], cwd=tmp_path, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    ckpts = tmp_path / "cut" / "checkpoints"
+    deadline = time.time() + 300
+    while not (ckpts / "step_000003").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (ckpts / "step_000008").exists(), "the run finished before it could be killed"
+
+    perceptrl("train", "--resume", "cut", cwd=tmp_path)
+    _compare(tmp_path / "full" / "metrics.jsonl", tmp_path / "cut" / "metrics.jsonl")
+
+
+def test_config_errors_are_reported_not_raised(tmp_path):
+    out = perceptrl("train", "vlm_clevr", "algo.kl_cof=0.1", cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "did you mean 'algo.kl_coef'" in out.stderr
+
+
+def test_data_generate_writes_every_split(tmp_path):
+    out = perceptrl("data", "generate", "--out", "d", "--n-train", "6", "--n-val", "3", "--n-test", "3", "--n-ood", "3",
+                    cwd=tmp_path)  # fmt: skip
+    for split in ("train", "val", "test", "ood"):
+        assert (tmp_path / "d" / f"{split}.jsonl").exists() and split in out.stdout
