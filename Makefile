@@ -19,7 +19,7 @@ sysdeps:
 	@if ! ldconfig -p | grep -q 'libEGL.so.1' || ! ldconfig -p | grep -q 'libOpenGL.so.0'; then \
 		echo "installing EGL/Mesa libraries for offscreen rendering"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			libegl1 libgl1 libopengl0 libegl-mesa0 libgl1-mesa-dri >/dev/null; \
+			libegl1 libgl1 libopengl0 libegl-mesa0 libgl1-mesa-dri libgbm1 >/dev/null; \
 	fi
 
 $(VENV)/.installed: pyproject.toml | sysdeps

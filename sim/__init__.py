@@ -1,0 +1,50 @@
+"""MuJoCo tabletop manipulation with language instructions, as gymnasium envs.
+
+Importing ``perceptrl.sim`` registers one gymnasium id per task, ``perceptrl/<Task>-v0`` (e.g.
+``perceptrl/Pick-v0``, ``perceptrl/PickClutter-v0``), with the task's time limit; every ``ManipEnv`` option (``obs_mode``,
+``width``, ``control``, ...) is a keyword of ``gymnasium.make``.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from .env import EnvConfig, ManipEnv
+from .tasks import TASKS, Task, get_task, register_task
+
+ENV_IDS: dict[str, str] = {}
+"""task name -> registered gymnasium id"""
+
+
+def env_id(task: str) -> str:
+    """The gymnasium id of a task name (``"pick_clutter"`` -> ``"perceptrl/PickClutter-v0"``)."""
+    return "perceptrl/" + "".join(p.capitalize() for p in task.split("_")) + "-v0"
+
+
+def register_envs() -> None:
+    """Register a gymnasium id for every task in ``TASKS`` (idempotent)."""
+    for name, task in TASKS.items():
+        gid = env_id(name)
+        if gid not in gym.registry:
+            gym.register(
+                gid,
+                entry_point="perceptrl.sim.env:ManipEnv",
+                max_episode_steps=task.max_episode_steps,
+                kwargs={"task": name},
+            )
+        ENV_IDS[name] = gid
+
+
+register_envs()
+
+__all__ = [
+    "ENV_IDS",
+    "EnvConfig",
+    "ManipEnv",
+    "Task",
+    "TASKS",
+    "env_id",
+    "get_task",
+    "register_envs",
+    "register_task",
+]

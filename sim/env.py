@@ -1,0 +1,370 @@
+"""``ManipEnv``: one gymnasium env for every registered task (tasks are data, not subclasses).
+
+Observation (``obs_mode="rgb"``): Dict of ``agentview`` and ``wrist`` uint8 images (H, W, 3),
+``proprio`` float32 (8,) = tcp position, tcp quaternion (w, x, y, z), gripper width, and
+``instruction`` (gymnasium ``Text``). ``obs_mode="state"`` renders nothing and gives ``objects``
+float32 (n_entities * 7,) = position + quaternion of every block, bowl, zone and target, in that
+order, task-relevant entity first of each kind (see ``sim.tasks``), plus ``proprio`` and
+``instruction``.
+
+Reward: ``reward_mode="sparse"`` gives 1.0 on the step that succeeds (the episode terminates);
+``"dense"`` adds the mean of the shaping terms. Every term is in ``info["reward/<term>"]``.
+Faults: invalid actions are clipped (NaN -> 0) or raise, per ``invalid_action``; a physics blow-up
+truncates the episode with ``info["sim_unstable"] = True`` and leaves a valid, finite state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+from gymnasium import spaces
+
+from .robot import ControlConfig, Robot
+from .scene import COLOURS, SceneSpec, build_model
+from .spaces import InstructionText
+from .tasks import Layout, Task, World, get_task, layout
+
+CHARSET = " abcdefghijklmnopqrstuvwxyz"
+"""characters an instruction may contain"""
+MAX_INSTRUCTION = 96
+"""maximum instruction length (characters)"""
+OBJ_BOUND = 10.0
+"""bound of the state-mode entity poses (positions are clipped to +-10 m)"""
+PROPRIO_LOW = np.array([-2, -2, -2, -1, -1, -1, -1, 0], np.float32)
+PROPRIO_HIGH = np.array([2, 2, 2, 1, 1, 1, 1, 0.1], np.float32)
+_BAD_WARNINGS = tuple(
+    int(getattr(mujoco.mjtWarning, n))
+    for n in ("mjWARN_BADQPOS", "mjWARN_BADQVEL", "mjWARN_BADQACC", "mjWARN_BADCTRL")
+)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Options of ``ManipEnv`` (all keyword arguments of ``gymnasium.make``)."""
+
+    task: str = "reach"
+    """registered task name (``sim.tasks.TASKS``)"""
+    obs_mode: str = "rgb"
+    """"rgb": cameras + proprio + instruction; "state": entity poses + proprio + instruction"""
+    width: int = 128
+    """camera image width (64 to 224 are sensible)"""
+    height: int = 128
+    """camera image height"""
+    cameras: tuple[str, ...] = ("agentview", "wrist")
+    """cameras rendered into the observation, in order"""
+    control: str = "ee"
+    """"ee": (dx, dy, dz, dyaw, gripper); "joint": (q1..q7, gripper), all in [-1, 1]"""
+    reward_mode: str = "sparse"
+    """"sparse": 1 on success; "dense": success + mean of the shaping terms"""
+    invalid_action: str = "clip"
+    """"clip": NaN -> 0 then clip to [-1, 1]; "raise": ValueError on NaN or out of range"""
+    frame_skip: int = 25
+    """physics steps (2 ms each) per env step: 25 -> 20 Hz control"""
+    terminate_on_success: bool = True
+    """end the episode (terminated=True) on the first success"""
+    max_qvel: float = 1e3
+    """any |qvel| above this counts as a physics blow-up"""
+    vector_index: int = 0
+    """index of this env inside a vector env: picks its entry when reset options hold lists"""
+
+
+def _config(kwargs: dict) -> EnvConfig:
+    names = [f.name for f in dataclasses.fields(EnvConfig)]
+    for key in kwargs:
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise TypeError(f"ManipEnv got an unknown option {key!r}{hint} (valid: {names})")
+    if "cameras" in kwargs:
+        kwargs = {**kwargs, "cameras": tuple(kwargs["cameras"])}
+    cfg = EnvConfig(**kwargs)
+    for field, valid in (
+        ("obs_mode", ("rgb", "state")),
+        ("control", ("ee", "joint")),
+        ("reward_mode", ("sparse", "dense")),
+        ("invalid_action", ("clip", "raise")),
+    ):
+        if getattr(cfg, field) not in valid:
+            raise ValueError(f"ManipEnv {field}={getattr(cfg, field)!r}; valid: {valid}")
+    return cfg
+
+
+class ManipEnv(gym.Env):
+    """Tabletop manipulation with a language instruction; see the module docstring."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+
+    def __init__(self, render_mode: str | None = None, **kwargs):
+        self.cfg = cfg = _config(kwargs)
+        self.task: Task = get_task(cfg.task)
+        self.render_mode = render_mode
+        self.scene_spec = SceneSpec(
+            self.task.n_blocks,
+            self.task.n_bowls,
+            self.task.n_zones,
+            self.task.n_targets,
+            cfg.width,
+            cfg.height,
+        )
+        self.model = build_model(self.scene_spec)
+        self.data = mujoco.MjData(self.model)
+        self.robot = Robot(self.model, ControlConfig())
+        self._index_entities()
+        self._renderer: mujoco.Renderer | None = None  # created lazily (EGL after fork)
+        self.metadata = {**self.metadata, "render_fps": round(1.0 / self.dt)}
+        act_dim = 5 if cfg.control == "ee" else 8
+        self.action_space = spaces.Box(-1.0, 1.0, (act_dim,), np.float32)
+        self.observation_space = self._obs_space()
+        self.layout: Layout | None = None
+        self._warnings = 0
+        self.unstable_count = 0
+        """number of physics blow-ups seen by this env (over all episodes)"""
+
+    @property
+    def dt(self) -> float:
+        """Seconds of simulated time per env step."""
+        return self.model.opt.timestep * self.cfg.frame_skip
+
+    # ---------------------------------------------------------------- setup
+    def _index_entities(self) -> None:
+        m, t = self.model, self.task
+        self.block_qadr = np.array(
+            [m.joint(f"block{i}").qposadr[0] for i in range(t.n_blocks)], dtype=int
+        )
+        self.block_dadr = np.array(
+            [m.joint(f"block{i}").dofadr[0] for i in range(t.n_blocks)], dtype=int
+        )
+        self.block_geom = np.array([m.geom(f"block{i}").id for i in range(t.n_blocks)], dtype=int)
+        self.mocap = {
+            kind: np.array([m.body(f"{kind}{i}").mocapid[0] for i in range(n)], dtype=int)
+            for kind, n in (("bowl", t.n_bowls), ("zone", t.n_zones), ("target", t.n_targets))
+        }
+        self.entity_geoms = {
+            (kind, i): [g for g in range(m.ngeom) if m.geom_bodyid[g] == m.body(f"{kind}{i}").id]
+            for kind, n in (
+                ("block", t.n_blocks),
+                ("bowl", t.n_bowls),
+                ("zone", t.n_zones),
+                ("target", t.n_targets),
+            )
+            for i in range(n)
+        }
+        self.n_entities = t.n_blocks + t.n_bowls + t.n_zones + t.n_targets
+        fingers = np.array(sorted(self.robot.finger_geoms))
+        left = m.geom_bodyid[fingers] == m.body("finger_l").id
+        # geom -> block index (n_blocks = none) and geom -> finger side (0 none, 1 left, 2 right)
+        self._block_of = np.full(m.ngeom, t.n_blocks, dtype=int)
+        self._block_of[self.block_geom] = np.arange(t.n_blocks)
+        self._side_of = np.zeros(m.ngeom, dtype=int)
+        self._side_of[fingers] = np.where(left, 1, 2)
+
+    def _obs_space(self) -> spaces.Dict:
+        cfg = self.cfg
+        obs = {}
+        if cfg.obs_mode == "rgb":
+            for cam in cfg.cameras:
+                obs[cam] = spaces.Box(0, 255, (cfg.height, cfg.width, 3), np.uint8)
+        else:
+            obs["objects"] = spaces.Box(-OBJ_BOUND, OBJ_BOUND, (self.n_entities * 7,), np.float32)
+        obs["proprio"] = spaces.Box(PROPRIO_LOW, PROPRIO_HIGH, (8,), np.float32)
+        obs["instruction"] = InstructionText(MAX_INSTRUCTION, min_length=1, charset=CHARSET)
+        return spaces.Dict(obs)
+
+    # ---------------------------------------------------------------- reset
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        """Start an episode. ``options={"task_id": i, "trial_id": j}`` replays exactly the
+        initial state (i, j): colours and instruction depend on ``task_id`` only, positions on
+        both; without them the layout comes from ``self.np_random``. In a vector env the ids
+        may be lists (entry ``vector_index`` is used)."""
+        super().reset(seed=seed)
+        tid, trial = self._indices(options or {})
+        if tid is not None:
+            colour_rng = np.random.default_rng([tid])
+            pos_rng = np.random.default_rng([tid, trial])
+        else:
+            colour_rng = pos_rng = self.np_random
+        self.layout = layout(self.task, colour_rng, pos_rng)
+        self._apply_layout(self.layout)
+        self._warnings = self._warning_count()
+        obs, info = self._observe(), self._info(self.world())
+        info["instruction"] = self.layout.instruction
+        if tid is not None:
+            info["task_id"], info["trial_id"] = tid, trial
+        return obs, info
+
+    def _indices(self, options: dict) -> tuple[int | None, int]:
+        """(task_id, trial_id) from reset options; list values (one per env of a vector env)
+        are indexed by ``vector_index``."""
+        if "task_id" not in options and "trial_id" not in options:
+            return None, 0
+        ids = []
+        for key in ("task_id", "trial_id"):
+            value = options.get(key, 0)
+            if isinstance(value, (list, tuple, np.ndarray)):
+                if len(value) <= self.cfg.vector_index:
+                    raise ValueError(
+                        f"reset option {key} has {len(value)} entries but this env has "
+                        f"vector_index={self.cfg.vector_index}; give one entry per env"
+                    )
+                value = value[self.cfg.vector_index]
+            ids.append(int(value))
+        return ids[0], ids[1]
+
+    def _apply_layout(self, lay: Layout) -> None:
+        m, d = self.model, self.data
+        mujoco.mj_resetData(m, d)
+        for i, (pos, yaw) in enumerate(zip(lay.blocks, lay.block_yaw, strict=True)):
+            adr = self.block_qadr[i]
+            d.qpos[adr : adr + 3] = pos
+            d.qpos[adr + 3 : adr + 7] = [np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)]
+        for kind, arr in (("bowl", lay.bowls), ("zone", lay.zones), ("target", lay.targets)):
+            for i, pos in enumerate(arr):
+                d.mocap_pos[self.mocap[kind][i]] = pos
+        for kind, names in lay.colours.items():
+            for i, name in enumerate(names):
+                rgb = COLOURS[name]
+                for g in self.entity_geoms[(kind[:-1], i)]:
+                    m.geom_rgba[g] = (*rgb, 1.0)
+        self.robot.reset(d)  # also runs mj_forward
+
+    # ---------------------------------------------------------------- step
+    def step(self, action):
+        """Apply one action for ``frame_skip`` physics steps; see the module docstring."""
+        action = self._check_action(action)
+        if self.cfg.control == "ee":
+            self.robot.apply_ee_action(self.data, action)
+        else:
+            self.robot.apply_joint_action(self.data, action)
+        for _ in range(self.cfg.frame_skip):
+            mujoco.mj_step(self.model, self.data)
+        if self._unstable():
+            return self._fail_unstable()
+        world = self.world()
+        success = self.task.success(world)
+        info = self._info(world, success)
+        reward = float(success)
+        if self.cfg.reward_mode == "dense":
+            terms = [
+                v for k, v in info.items() if k.startswith("reward/") and k != "reward/success"
+            ]
+            reward += float(np.mean(terms)) if terms else 0.0
+        terminated = bool(success and self.cfg.terminate_on_success)
+        return self._observe(), reward, terminated, False, info
+
+    def _check_action(self, action) -> np.ndarray:
+        a = np.asarray(action, dtype=np.float64).reshape(-1)
+        if a.shape != self.action_space.shape:
+            raise ValueError(
+                f"ManipEnv({self.cfg.task}) got an action of shape {a.shape}; expected "
+                f"{self.action_space.shape} for control={self.cfg.control!r}"
+            )
+        finite = np.isfinite(a)
+        if self.cfg.invalid_action == "raise":
+            if not finite.all() or np.abs(a).max() > 1.0:
+                raise ValueError(
+                    f"ManipEnv({self.cfg.task}) got an invalid action {a.tolist()} (NaN/inf or "
+                    "outside [-1, 1]); fix the policy output or make the env with "
+                    "invalid_action='clip'"
+                )
+            return a
+        return np.clip(np.where(finite, a, 0.0), -1.0, 1.0)
+
+    def _warning_count(self) -> int:
+        return int(sum(self.data.warning[w].number for w in _BAD_WARNINGS))
+
+    def _unstable(self) -> bool:
+        d = self.data
+        count = self._warning_count()
+        bad = count > self._warnings
+        self._warnings = count
+        return bool(
+            bad
+            or not np.isfinite(d.qpos).all()
+            or not np.isfinite(d.qvel).all()
+            or np.abs(d.qvel).max() > self.cfg.max_qvel
+        )
+
+    def _fail_unstable(self):
+        """Truncate after a blow-up: restore the episode's initial state so obs stay finite."""
+        self.unstable_count += 1
+        self._apply_layout(self.layout)
+        self._warnings = self._warning_count()
+        info = self._info(self.world())
+        info["sim_unstable"] = True
+        return self._observe(), 0.0, False, True, info
+
+    # ---------------------------------------------------------------- observation
+    def world(self) -> World:
+        """Privileged snapshot of the task state (for success, shaping and scripted experts)."""
+        d, t = self.data, self.task
+        blocks = np.array([d.qpos[a : a + 3] for a in self.block_qadr]).reshape(-1, 3)
+        vel = np.array([np.linalg.norm(d.qvel[a : a + 3]) for a in self.block_dadr])
+        g1, g2 = d.contact.geom1[: d.ncon], d.contact.geom2[: d.ncon]  # (ncon,)
+        touch = np.zeros((t.n_blocks + 1, 3), bool)  # [block (+1 for "none"), finger side]
+        touch[self._block_of[g1], self._side_of[g2]] = True
+        touch[self._block_of[g2], self._side_of[g1]] = True
+        touch_l, touch_r = touch[:-1, 1], touch[:-1, 2]
+        mocap = {k: d.mocap_pos[v].copy().reshape(-1, 3) for k, v in self.mocap.items()}
+        return World(
+            self.robot.tcp_pos(d),
+            self.robot.gripper_width(d),
+            blocks,
+            mocap["bowl"],
+            mocap["zone"],
+            mocap["target"],
+            vel,
+            touch_l & touch_r,
+            touch_l | touch_r,
+        )
+
+    def _info(self, world: World, success: bool | None = None) -> dict:
+        if success is None:
+            success = self.task.success(world)
+        info = {f"reward/{k}": float(v) for k, v in self.task.shaping(world).items()}
+        info["reward/success"] = float(success)
+        info["success"] = bool(success)
+        info["sim_unstable"] = False
+        return info
+
+    def _observe(self) -> dict:
+        d = self.data
+        obs = {}
+        if self.cfg.obs_mode == "rgb":
+            for cam in self.cfg.cameras:
+                obs[cam] = self._render(cam)
+        else:
+            poses = [
+                np.concatenate([d.qpos[a : a + 3], d.qpos[a + 3 : a + 7]]) for a in self.block_qadr
+            ]
+            for kind in ("bowl", "zone", "target"):
+                poses += [
+                    np.concatenate([d.mocap_pos[i], d.mocap_quat[i]]) for i in self.mocap[kind]
+                ]
+            obs["objects"] = np.clip(np.concatenate(poses), -OBJ_BOUND, OBJ_BOUND).astype(
+                np.float32
+            )
+        obs["proprio"] = np.clip(self.robot.proprio(d), PROPRIO_LOW, PROPRIO_HIGH)
+        obs["instruction"] = self.layout.instruction
+        return obs
+
+    def _render(self, camera: str) -> np.ndarray:
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(self.model, self.cfg.height, self.cfg.width)
+        self._renderer.update_scene(self.data, camera)
+        return self._renderer.render().copy()
+
+    def render(self):
+        """``render_mode="rgb_array"``: the agent-view image (H, W, 3) uint8."""
+        if self.render_mode == "rgb_array":
+            return self._render("agentview")
+        return None
+
+    def close(self):
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None

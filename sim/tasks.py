@@ -1,0 +1,417 @@
+"""Task families as registry entries: layout sampling, instructions, success and shaping.
+
+A task is a ``Task`` record of pure functions, registered by name with ``@register_task`` or built
+from a family with ``functools.partial`` (e.g. more distractors). Convention for entity indices: the
+entity the instruction is about is index 0 of its kind (``block0``, ``bowl0``, ``zone0``,
+``target0``); for ``stack`` the base block is ``block1``; the rest are distractors.
+
+Randomness: ``layout(colour_rng, pos_rng, task)`` draws colours and the instruction from
+``colour_rng`` and positions from ``pos_rng``; the env passes its ``np_random`` for both, or, for
+indexed initial states, generators seeded from ``(task_id)`` and ``(task_id, trial_id)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .scene import BLOCK_HALF, BOWL_RADIUS, COLOURS, ZONE_RADIUS
+
+WORKSPACE_X = (0.36, 0.64)
+"""x range (metres) where entities are placed on the table"""
+WORKSPACE_Y = (-0.22, 0.22)
+"""y range (metres) where entities are placed on the table"""
+LIFT_HEIGHT = 0.08
+"""a picked block counts as lifted when its centre is this far above its resting height"""
+
+
+@dataclass
+class World:
+    """Snapshot of the task-relevant state after a step (all positions world frame, metres)."""
+
+    tcp: np.ndarray
+    """(3,) tool centre point"""
+    gripper: float
+    """finger pad distance, metres"""
+    blocks: np.ndarray
+    """(n_blocks, 3) block centres"""
+    bowls: np.ndarray
+    """(n_bowls, 3) bowl base centres"""
+    zones: np.ndarray
+    """(n_zones, 3) zone centres"""
+    targets: np.ndarray
+    """(n_targets, 3) reach target centres"""
+    block_vel: np.ndarray
+    """(n_blocks,) linear speed of each block, m/s"""
+    grasped: np.ndarray
+    """(n_blocks,) bool: both fingers touch the block"""
+    touched: np.ndarray
+    """(n_blocks,) bool: at least one finger touches the block"""
+
+
+@dataclass
+class Layout:
+    """One initial state: where everything is, its colours and the instruction."""
+
+    blocks: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    """(n_blocks, 3) block centres"""
+    block_yaw: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """(n_blocks,) yaw of each block about z, radians"""
+    bowls: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    zones: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    targets: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    colours: dict[str, list[str]] = field(default_factory=dict)
+    """kind ("blocks", "bowls", "zones", "targets") -> colour name per entity"""
+    instruction: str = ""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered task: scene needs plus pure layout/success/shaping functions."""
+
+    name: str
+    n_blocks: int
+    n_bowls: int
+    n_zones: int
+    n_targets: int
+    templates: tuple[str, ...]
+    """instruction paraphrases; fields {obj} and {goal} are colour names"""
+    success: Callable[[World], bool]
+    shaping: Callable[[World], dict[str, float]]
+    """term name -> value in [0, 1] (logged as ``reward/<term>``)"""
+    place: Callable[[np.random.Generator, Task], Layout]
+    """positions only (colours and instruction are added by ``layout``)"""
+    max_episode_steps: int = 100
+    family: str = ""
+    """family of the task ("reach", "push", ...): selects the scripted expert"""
+    subject: str = "blocks"
+    """kind of the entity named by {obj} (always its index 0)"""
+    goal: tuple[str, int] | None = None
+    """(kind, index) of the entity named by {goal}, or None"""
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Add ``task`` to the registry under ``task.name`` (a name may be registered once)."""
+    if task.name in TASKS:
+        raise ValueError(f"task {task.name!r} is already registered")
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    """Look a task up by name; an unknown name raises with the valid names."""
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
+    return TASKS[name]
+
+
+# ------------------------------------------------------------------ layout sampling
+def _sample_xy(
+    rng: np.random.Generator,
+    placed: list[tuple[np.ndarray, float]],
+    radius: float,
+    near: np.ndarray | None = None,
+    dist: tuple[float, float] = (0.0, 0.0),
+):
+    """A point in the workspace at least ``radius`` + other radius + 1 cm from every placed
+    entity; with ``near``, at a distance in ``dist`` from it. Rejection sampling, 500 tries."""
+    for _ in range(500):
+        if near is None:
+            xy = np.array([rng.uniform(*WORKSPACE_X), rng.uniform(*WORKSPACE_Y)])
+        else:
+            ang, r = rng.uniform(-np.pi, np.pi), rng.uniform(*dist)
+            xy = near + r * np.array([np.cos(ang), np.sin(ang)])
+            if not (
+                WORKSPACE_X[0] <= xy[0] <= WORKSPACE_X[1]
+                and WORKSPACE_Y[0] <= xy[1] <= WORKSPACE_Y[1]
+            ):
+                continue
+        if all(np.linalg.norm(xy - p) >= radius + r_p + 0.01 for p, r_p in placed):
+            placed.append((xy, radius))
+            return xy
+    raise RuntimeError(
+        f"could not place an entity of radius {radius} among {len(placed)} others in the "
+        "workspace; lower the number of distractors"
+    )
+
+
+def _on_table(xy: np.ndarray, z: float = 0.0) -> np.ndarray:
+    return np.array([xy[0], xy[1], z])
+
+
+BLOCK_R = BLOCK_HALF * 1.5  # footprint radius of a block for spacing (with yaw)
+
+
+def _blocks(rng, placed, n) -> tuple[np.ndarray, np.ndarray]:
+    pos = np.array([_on_table(_sample_xy(rng, placed, BLOCK_R), BLOCK_HALF) for _ in range(n)])
+    return pos.reshape(n, 3), rng.uniform(-np.pi / 4, np.pi / 4, size=n)
+
+
+def layout(task: Task, colour_rng: np.random.Generator, pos_rng: np.random.Generator) -> Layout:
+    """Sample a full initial state for ``task``: positions, distinct colours, an instruction."""
+    lay = task.place(pos_rng, task)
+    counts = {
+        "blocks": task.n_blocks,
+        "bowls": task.n_bowls,
+        "zones": task.n_zones,
+        "targets": task.n_targets,
+    }
+    names = list(COLOURS)
+    perm = colour_rng.permutation(len(names))
+    k = 0
+    for kind, n in counts.items():
+        lay.colours[kind] = [names[i] for i in perm[k : k + n]]
+        k += n
+    template = task.templates[colour_rng.integers(len(task.templates))]
+    goal = lay.colours[task.goal[0]][task.goal[1]] if task.goal else ""
+    lay.instruction = template.format(obj=lay.colours[task.subject][0], goal=goal)
+    return lay
+
+
+# ------------------------------------------------------------------ shaping helpers
+def _closeness(d: float, scale: float = 10.0) -> float:
+    return float(1.0 - np.tanh(scale * d))
+
+
+def _reach_term(w: World, i: int = 0) -> float:
+    return _closeness(float(np.linalg.norm(w.tcp - w.blocks[i])))
+
+
+# ------------------------------------------------------------------ reach
+def _place_reach(rng, task: Task) -> Layout:
+    targets = []
+    for _ in range(task.n_targets):
+        for _ in range(500):
+            p = np.array([rng.uniform(0.36, 0.64), rng.uniform(-0.2, 0.2), rng.uniform(0.06, 0.26)])
+            if all(np.linalg.norm(p - q) > 0.1 for q in targets):
+                targets.append(p)
+                break
+    return Layout(targets=np.array(targets))
+
+
+def _reach_success(w: World) -> bool:
+    return bool(np.linalg.norm(w.tcp - w.targets[0]) < 0.03)
+
+
+def _reach_shaping(w: World) -> dict[str, float]:
+    return {"reach": _closeness(float(np.linalg.norm(w.tcp - w.targets[0])))}
+
+
+def reach_task(name: str = "reach", n_distractors: int = 2, max_episode_steps: int = 60) -> Task:
+    """Move the gripper to the target sphere of the named colour."""
+    return Task(
+        name,
+        0,
+        0,
+        0,
+        1 + n_distractors,
+        (
+            "reach the {obj} target",
+            "move the gripper to the {obj} ball",
+            "touch the {obj} sphere",
+            "go to the {obj} target",
+        ),
+        _reach_success,
+        _reach_shaping,
+        _place_reach,
+        max_episode_steps,
+        "reach",
+        subject="targets",
+    )
+
+
+# ------------------------------------------------------------------ push
+def _place_push(rng, task: Task) -> Layout:
+    placed: list = []
+    block = _sample_xy(rng, placed, BLOCK_R)
+    zone = _sample_xy(rng, placed, ZONE_RADIUS, near=block, dist=(0.12, 0.18))
+    zones = [zone] + [_sample_xy(rng, placed, ZONE_RADIUS) for _ in range(task.n_zones - 1)]
+    others, yaw = _blocks(rng, placed, task.n_blocks - 1)
+    blocks = np.concatenate([_on_table(block, BLOCK_HALF)[None], others])
+    yaw = np.concatenate([rng.uniform(-np.pi / 4, np.pi / 4, size=1), yaw])
+    return Layout(blocks, yaw, zones=np.array([_on_table(z) for z in zones]))
+
+
+def _push_dist(w: World) -> float:
+    return float(np.linalg.norm(w.blocks[0, :2] - w.zones[0, :2]))
+
+
+def _push_success(w: World) -> bool:
+    return _push_dist(w) < ZONE_RADIUS - 0.01 and w.blocks[0, 2] < BLOCK_HALF + 0.01
+
+
+def _push_shaping(w: World) -> dict[str, float]:
+    return {"reach": _reach_term(w), "push": _closeness(_push_dist(w))}
+
+
+def push_task(name: str = "push", n_distractors: int = 1, max_episode_steps: int = 120) -> Task:
+    """Push the named block into the zone of the named colour."""
+    return Task(
+        name,
+        1 + n_distractors,
+        0,
+        1 + n_distractors,
+        0,
+        (
+            "push the {obj} block into the {goal} zone",
+            "slide the {obj} cube onto the {goal} circle",
+            "push the {obj} block to the {goal} area",
+            "move the {obj} cube into the {goal} zone",
+        ),
+        _push_success,
+        _push_shaping,
+        _place_push,
+        max_episode_steps,
+        "push",
+        goal=("zones", 0),
+    )
+
+
+# ------------------------------------------------------------------ pick
+def _place_blocks(rng, task: Task) -> Layout:
+    placed: list = []
+    bowls = [_on_table(_sample_xy(rng, placed, BOWL_RADIUS)) for _ in range(task.n_bowls)]
+    blocks, yaw = _blocks(rng, placed, task.n_blocks)
+    return Layout(blocks, yaw, bowls=np.array(bowls).reshape(-1, 3))
+
+
+def _pick_success(w: World) -> bool:
+    return bool(w.blocks[0, 2] > BLOCK_HALF + LIFT_HEIGHT and w.grasped[0])
+
+
+def _grasp_lift(w: World) -> dict[str, float]:
+    lift = np.clip((w.blocks[0, 2] - BLOCK_HALF) / LIFT_HEIGHT, 0.0, 1.0)
+    return {
+        "reach": _reach_term(w),
+        "grasp": float(w.grasped[0]),
+        "lift": float(lift) * float(w.grasped[0]),
+    }
+
+
+def pick_task(name: str = "pick", n_distractors: int = 2, max_episode_steps: int = 80) -> Task:
+    """Pick up the named block and lift it."""
+    return Task(
+        name,
+        1 + n_distractors,
+        0,
+        0,
+        0,
+        (
+            "pick up the {obj} block",
+            "lift the {obj} cube",
+            "grab the {obj} block and lift it",
+            "raise the {obj} cube off the table",
+        ),
+        _pick_success,
+        _grasp_lift,
+        _place_blocks,
+        max_episode_steps,
+        "pick",
+    )
+
+
+# ------------------------------------------------------------------ put (block in bowl)
+def _in_bowl(w: World) -> float:
+    return float(np.linalg.norm(w.blocks[0, :2] - w.bowls[0, :2]))
+
+
+def _put_success(w: World) -> bool:
+    return bool(_in_bowl(w) < BOWL_RADIUS - 0.02 and w.blocks[0, 2] < 0.05 and not w.touched[0])
+
+
+def _put_shaping(w: World) -> dict[str, float]:
+    goal = w.bowls[0] + np.array([0.0, 0.0, BLOCK_HALF + 0.005])
+    terms = _grasp_lift(w)
+    terms["place"] = _closeness(float(np.linalg.norm(w.blocks[0] - goal)))
+    return terms
+
+
+def put_task(name: str = "put", n_distractors: int = 1, max_episode_steps: int = 120) -> Task:
+    """Put the named block in the bowl of the named colour."""
+    return Task(
+        name,
+        1 + n_distractors,
+        1 + n_distractors,
+        0,
+        0,
+        (
+            "put the {obj} block in the {goal} bowl",
+            "place the {obj} cube into the {goal} bowl",
+            "drop the {obj} block in the {goal} bowl",
+            "move the {obj} cube into the {goal} bowl",
+        ),
+        _put_success,
+        _put_shaping,
+        _place_blocks,
+        max_episode_steps,
+        "put",
+        goal=("bowls", 0),
+    )
+
+
+# ------------------------------------------------------------------ stack
+def _stack_offset(w: World) -> np.ndarray:
+    return w.blocks[0] - (w.blocks[1] + np.array([0.0, 0.0, 2 * BLOCK_HALF]))
+
+
+def _stack_success(w: World) -> bool:
+    off = _stack_offset(w)
+    return bool(
+        np.linalg.norm(off[:2]) < 0.02
+        and abs(off[2]) < 0.006
+        and not w.touched[0]
+        and w.block_vel[0] < 0.05
+    )
+
+
+def _stack_shaping(w: World) -> dict[str, float]:
+    terms = _grasp_lift(w)
+    terms["align"] = _closeness(float(np.linalg.norm(_stack_offset(w))))
+    return terms
+
+
+def stack_task(name: str = "stack", n_distractors: int = 1, max_episode_steps: int = 120) -> Task:
+    """Stack the named block on the block of the other named colour."""
+    return Task(
+        name,
+        2 + n_distractors,
+        0,
+        0,
+        0,
+        (
+            "stack the {obj} block on the {goal} block",
+            "put the {obj} cube on top of the {goal} cube",
+            "place the {obj} block onto the {goal} block",
+            "stack the {obj} cube on the {goal} one",
+        ),
+        _stack_success,
+        _stack_shaping,
+        _place_blocks,
+        max_episode_steps,
+        "stack",
+        goal=("blocks", 1),
+    )
+
+
+FAMILIES: dict[str, Callable[..., Task]] = {
+    "reach": reach_task,
+    "push": push_task,
+    "pick": pick_task,
+    "put": put_task,
+    "stack": stack_task,
+}
+"""family name -> Task factory (keyword arguments: name, n_distractors, max_episode_steps)"""
+
+VARIANTS: dict[str, Callable[..., Task]] = {
+    "pick_clutter": functools.partial(pick_task, n_distractors=4, max_episode_steps=100),
+}
+"""extra registered tasks: a family factory with other arguments (no subclasses)"""
+
+for _name, _factory in {**FAMILIES, **VARIANTS}.items():
+    register_task(_factory(name=_name))
