@@ -193,6 +193,60 @@ class CheckpointConfig:
 
 
 @dataclass
+class EnvConfig:
+    id: str = "perceptrl/Reach-v0"
+    """gymnasium id of the task the VLA side trains on (perceptrl/<Task>-v0)"""
+    num_envs: int = 8
+    """envs stepped in parallel by the collector (rows of a PPO batch, groups fill them for GRPO)"""
+    async_envs: bool = False
+    """one subprocess per env (AsyncVectorEnv) instead of stepping them in a loop"""
+    obs_mode: str = "rgb"
+    """rgb: camera images + proprio + instruction; state: entity poses + proprio + instruction"""
+    image_size: int = 64
+    """side of the square camera images in pixels (rgb mode)"""
+    cameras: list[str] = field(default_factory=lambda: ["agentview"])
+    """cameras rendered into the observation (the compact VLA reads the first)"""
+    control: str = "ee"
+    """action space: ee (dx, dy, dz, dyaw, gripper) | joint (q1..q7, gripper)"""
+    reward_mode: str = "sparse"
+    """sparse: 1 on success | dense: success + the task's shaping terms"""
+    max_episode_steps: int = 0
+    """env steps per episode (0 keeps the task's registered time limit)"""
+    steps_per_rollout: int = 64
+    """PPO: policy steps collected per env per training step"""
+    action_chunk: int = 1
+    """K: env steps executed open-loop per policy step (the policy outputs K actions)"""
+    eval_episodes: int = 50
+    """evaluation episodes per task (deterministic actions, fixed seeds)"""
+    eval_seed: int = 1_000_000
+    """seed of the first evaluation episode (episode i uses eval_seed + i; held out from training)"""
+    eval_tasks: list[str] = field(default_factory=list)
+    """gymnasium ids evaluated (empty: env.id)"""
+    eval_videos: int = 1
+    """episodes per task written to mp4 by `perceptrl eval` (0: none)"""
+
+
+@dataclass
+class VLAConfig:
+    policy: str = "compact"
+    """VLA policy: compact (CNN/MLP + FiLM, Gaussian head, value head) | token (a VLM emitting action tokens)"""
+    encoder: str = "cnn"
+    """compact policy observation encoder: cnn (camera image) | state (entity poses, MLP)"""
+    channels: list[int] = field(default_factory=lambda: [32, 64, 64])
+    """CNN channels of the three conv layers (8x8/4, 4x4/2, 3x3/1), each FiLM-conditioned"""
+    hidden: int = 256
+    """width of the fused trunk (and of the state MLP)"""
+    embed_dim: int = 64
+    """instruction word-embedding size"""
+    instruction_encoder: str = "bag"
+    """bag (mean of word embeddings) | gru (a one-layer GRU over the words)"""
+    max_words: int = 16
+    """instruction length in words (longer ones are cut)"""
+    init_log_std: float = -0.5
+    """initial log standard deviation of the Gaussian action head (state-independent)"""
+
+
+@dataclass
 class Config:
     side: str = "vlm"
     """which policy side the recipe trains: vlm | vla"""
@@ -203,6 +257,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    vla: VLAConfig = field(default_factory=VLAConfig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,6 +424,11 @@ def _check_type(value: Any, kind: Any, dotted: str) -> Any:
     if kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `2e-3` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
         raise bad
     if kind is int:
         if isinstance(value, int) and not isinstance(value, bool):

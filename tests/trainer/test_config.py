@@ -45,8 +45,9 @@ def test_wrong_type_names_field_and_expected_type(override, expected):
         load_config(None, [override])
 
 
-def test_int_is_accepted_for_float_fields():
+def test_int_and_yaml11_exponents_are_accepted_for_float_fields():
     assert load_config(None, ["train.lr=1"]).train.lr == 1.0
+    assert load_config(None, ["train.lr=2e-3"]).train.lr == 2e-3  # YAML 1.1 parses this as a str
 
 
 def test_resolved_config_round_trips(tmp_path):
