@@ -6,9 +6,12 @@ video processors, and a small model with the real architecture class. The result
 Hugging Face directory that ``AutoModelForImageTextToText.from_pretrained`` and
 ``AutoProcessor.from_pretrained`` load with ``trust_remote_code=False``.
 
-The processors normalise with mean 0 / std 0.5 instead of CLIP's statistics: a from-scratch vision
-tower fed CLIP-normalised images with a dark background was measured to be blind (the constant
-background term swamped the features).
+The processors normalise with mean 0.5 / std 0.5 (pixels to [-1, 1]) instead of CLIP's
+statistics. A from-scratch tower is blind when a constant background maps far from zero: measured
+here, mean 0 / std 0.5 on the synthetic tasks' mid-grey background put every pixel near 1.0, the
+merger features varied 8x less across images than their constant part, and SFT on counting stayed
+at chance with identical outputs for every image. With the background mapped to ~0 only the
+objects carry signal.
 
     python -m perceptrl.vlm.tiny qwen2_5_vl /some/dir
 """
@@ -201,7 +204,7 @@ def _processor(arch: str, tokenizer, patch: int, min_pixels: int, max_pixels: in
     from transformers import AutoProcessor  # noqa: F401  (registers the auto classes)
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
-    norm = dict(image_mean=[0.0, 0.0, 0.0], image_std=[0.5, 0.5, 0.5])
+    norm = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     common = dict(patch_size=patch, temporal_patch_size=2, merge_size=2, **norm)
     image_proc = Qwen2VLImageProcessor(size=size, **common)
