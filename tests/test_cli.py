@@ -30,7 +30,7 @@ def perceptrl(*args: str, cwd: Path, check: bool = True, **kw) -> subprocess.Com
 def _compare(a_path: Path, b_path: Path) -> None:
     def rows(p):
         return [
-            {k: v for k, v in r.items() if not k.startswith("time/")}
+            {k: v for k, v in r.items() if not k.startswith(("time/", "sys/"))}
             for r in read_metrics(p)
             if "resumed_from_step" not in r
         ]
@@ -61,7 +61,7 @@ def test_sft_then_grpo_from_the_sft_checkpoint(tmp_path):
     rows = read_metrics(tmp_path / "grpo" / "metrics.jsonl")
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
-    assert all("actor/pg_loss" in r and "time/rollout" in r for r in steps)
+    assert all("actor/pg_loss" in r and "time/rollout" in r and "time/collect" in r for r in steps)
     assert (
         tmp_path / "grpo" / "checkpoints" / "step_000002" / "model" / "model.safetensors"
     ).exists()

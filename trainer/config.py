@@ -210,6 +210,9 @@ class EnvConfig:
     """action space: ee (dx, dy, dz, dyaw, gripper) | joint (q1..q7, gripper)"""
     reward_mode: str = "sparse"
     """sparse: 1 on success | dense: success + the task's shaping terms"""
+    terminate_on_success: bool = True
+    """end an episode on its first success (with dense rewards, false avoids teaching the policy
+    to hover next to the goal for the shaping reward instead of finishing)"""
     max_episode_steps: int = 0
     """env steps per episode (0 keeps the task's registered time limit)"""
     steps_per_rollout: int = 64
@@ -229,7 +232,7 @@ class EnvConfig:
 @dataclass
 class VLAConfig:
     policy: str = "compact"
-    """VLA policy: compact (CNN/MLP + FiLM, Gaussian head, value head) | token (a VLM emitting action tokens)"""
+    """VLA policy: compact (CNN/MLP + FiLM, Gaussian and value heads) | token (VLM action tokens)"""
     encoder: str = "cnn"
     """compact policy observation encoder: cnn (camera image) | state (entity poses, MLP)"""
     channels: list[int] = field(default_factory=lambda: [32, 64, 64])

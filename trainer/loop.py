@@ -10,6 +10,7 @@ and a `RolloutSource`; it never imports a model, a dataset or a simulator.
 from __future__ import annotations
 
 import random
+import resource
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -36,6 +37,11 @@ from .policy import Policy, RolloutSource
 
 class TrainingDiverged(RuntimeError):
     """Raised after ``train.max_bad_steps`` consecutive steps with a non-finite loss/gradient."""
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def seed_everything(seed: int) -> None:
@@ -124,7 +130,7 @@ class Trainer:
         t0 = time.perf_counter()
         batch, metrics = self.source.collect(self.policy, self.step)
         metrics = dict(metrics)
-        metrics["time/rollout"] = time.perf_counter() - t0
+        metrics["time/collect"] = time.perf_counter() - t0  # rollout + reward (+ env steps)
         metrics["reward/mean"] = (
             float(batch.rewards.float().mean())
             if batch.rewards.dim() == 1
@@ -142,6 +148,7 @@ class Trainer:
         metrics.update(self._update(batch))
         metrics["time/step"] = time.perf_counter() - t0
         metrics["lr"] = self.engine.lr
+        metrics["sys/peak_rss_mb"] = peak_rss_mb()
         return metrics
 
     # ------------------------------------------------------------------ phases

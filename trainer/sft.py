@@ -19,7 +19,7 @@ from .batch import RolloutBatch
 from .checkpoint import save_checkpoint
 from .config import Config
 from .engine import TorchEngine
-from .loop import TrainingDiverged, progress_bar, resolve_device, seed_everything
+from .loop import TrainingDiverged, peak_rss_mb, progress_bar, resolve_device, seed_everything
 from .metrics import MetricsLogger
 from .policy import Policy
 
@@ -50,8 +50,13 @@ def sft(
     bar = progress_bar(cfg.train.steps, 0, enabled=cfg.log.progress)
     bad = 0
     last: dict[str, float] = {}
+    limit = cfg.train.time_limit_min * 60
+    t_start = time.perf_counter()
+    done = 0
     try:
         for step in range(cfg.train.steps):
+            if limit and time.perf_counter() - t_start > limit:
+                break  # out of time: evaluate and save what was trained
             t0 = time.perf_counter()
             batch = source.next_batch(step).to(device)
             num_tokens = batch.mask.sum()
@@ -75,6 +80,8 @@ def sft(
                 )
             metrics = {"sft/loss": loss_sum, "grad_norm": grad_norm, "lr": engine.lr}
             metrics["time/step"] = time.perf_counter() - t0
+            metrics["sys/peak_rss_mb"] = peak_rss_mb()
+            done = step + 1
             logger.log(step + 1, metrics)
             bar.update(1)
             bar.set_postfix(loss=f"{loss_sum:.3f}")
@@ -84,10 +91,8 @@ def sft(
                 logger.log(step + 1, last)
         if evaluator is not None:
             last = {f"eval/{k}": v for k, v in evaluator(policy).items()}
-            logger.log(cfg.train.steps, last)
-        save_checkpoint(
-            run_dir / "checkpoints", cfg.train.steps, policy, {}, {}, cfg.checkpoint.keep_last
-        )
+            logger.log(done, last)
+        save_checkpoint(run_dir / "checkpoints", done, policy, {}, {}, cfg.checkpoint.keep_last)
     finally:
         bar.close()
         logger.close()

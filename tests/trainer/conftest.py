@@ -32,7 +32,10 @@ class ToySeqPolicy(nn.Module):
 
     def save(self, path):
         path.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, path / "model.safetensors")
+        save_file(
+            {k: v.detach().contiguous() for k, v in self.state_dict().items()},
+            path / "model.safetensors",
+        )
 
     def load(self, path):
         self.load_state_dict(load_file(path / "model.safetensors"))

@@ -411,7 +411,9 @@ def test_grpo_passk_matches_reference(B, T, padding, seed, k):
 def test_grpo_passk_success_threshold():
     # success means reward >= 0.5; a group of {0.5, 0.49} is mixed, {0.2, 0.49} is not
     r = torch.tensor([0.5, 0.49, 0.2, 0.49])
-    adv, _, _ = algos.grpo_passk(r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=2))
+    adv, _, _ = algos.grpo_passk(
+        r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=2)
+    )
     assert adv.abs().max().item() == 0.0  # k = N = 2: the one 2-subset passes -> no signal
     adv, _, _ = algos.grpo_passk(
         r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=1)

@@ -9,7 +9,10 @@ def _batch(B=6, T=5):
         mask=torch.ones(B, T),
         group_id=torch.arange(B) // 2,
         rewards=torch.arange(B).float(),
-        inputs={"pixels": [torch.full((i + 1, 3), float(i)) for i in range(B)], "ids": torch.arange(B) * 10},
+        inputs={
+            "pixels": [torch.full((i + 1, 3), float(i)) for i in range(B)],
+            "ids": torch.arange(B) * 10,
+        },
         meta=[{"i": i} for i in range(B)],
     )
 

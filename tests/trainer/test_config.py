@@ -28,7 +28,11 @@ def test_yaml_recipe_then_dotted_overrides(tmp_path):
 
 @pytest.mark.parametrize(
     "override, nearest",
-    [("algo.kl_coeff=0.1", "algo.kl_coef"), ("trian.steps=3", "train"), ("train.step=3", "train.steps")],
+    [
+        ("algo.kl_coeff=0.1", "algo.kl_coef"),
+        ("trian.steps=3", "train"),
+        ("train.step=3", "train.steps"),
+    ],
 )
 def test_unknown_key_names_the_nearest_valid_key(override, nearest):
     with pytest.raises(ConfigError, match=f"did you mean '{nearest}'"):
@@ -37,8 +41,12 @@ def test_unknown_key_names_the_nearest_valid_key(override, nearest):
 
 @pytest.mark.parametrize(
     "override, expected",
-    [("train.steps=abc", "train.steps: expected int"), ("algo.clip_low=true", "algo.clip_low: expected float"),
-     ("algo.norm_by_std=3", "expected bool"), ("data.families=count_all", "expected list")],
+    [
+        ("train.steps=abc", "train.steps: expected int"),
+        ("algo.clip_low=true", "algo.clip_low: expected float"),
+        ("algo.norm_by_std=3", "expected bool"),
+        ("data.families=count_all", "expected list"),
+    ],
 )
 def test_wrong_type_names_field_and_expected_type(override, expected):
     with pytest.raises(ConfigError, match=expected):

@@ -40,8 +40,14 @@ def test_every_estimator_and_loss_updates_parameters(toy, tmp_path, adv, loss):
     trainer = Trainer(cfg, policy, Source(ragged=True), tmp_path)
     metrics = trainer.train_step()
     after = _params(policy)
-    assert not torch.equal(before["logits"], after["logits"]), f"{adv}/{loss} left the policy unchanged"
-    assert all(v is None or torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))
+    assert not torch.equal(before["logits"], after["logits"]), (
+        f"{adv}/{loss} left the policy unchanged"
+    )
+    assert all(
+        v is None or torch.isfinite(torch.tensor(v))
+        for v in metrics.values()
+        if isinstance(v, float)
+    )
     if adv == "gae":
         assert not torch.equal(before["value"], after["value"])
         assert any(k.startswith("critic/") for k in metrics)
@@ -61,7 +67,9 @@ def test_micro_batch_accumulation_is_invariant(toy, tmp_path, mode):
         with torch.no_grad():
             policy.logits.normal_()
         engine = GradRecordingEngine(policy.parameters(), cfg.train)
-        trainer = Trainer(cfg, policy, Source(groups=1, group_size=4), tmp_path / f"m{micro}", engine=engine)
+        trainer = Trainer(
+            cfg, policy, Source(groups=1, group_size=4), tmp_path / f"m{micro}", engine=engine
+        )
         trainer.train_step()
         results.append((engine.grads[0], _params(policy)["logits"]))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-7)
@@ -104,7 +112,11 @@ def test_nonfinite_loss_skips_steps_then_stops(toy, tmp_path):
 
 def _train_metrics(path):
     rows = read_metrics(path)
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if "resumed_from_step" not in r]
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "sys/"))}
+        for r in rows
+        if "resumed_from_step" not in r
+    ]
 
 
 def test_resume_reproduces_the_uninterrupted_run(toy, tmp_path):
@@ -134,8 +146,13 @@ def test_resume_reproduces_the_uninterrupted_run(toy, tmp_path):
         assert a.keys() == b.keys()
         for k in a:
             assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), (a["step"], k)
-    assert [p.name for p in list_checkpoints(tmp_path / "cut" / "checkpoints")] == ["step_000004", "step_000006"]
-    state = json.loads((tmp_path / "cut" / "checkpoints" / "step_000006" / "state.json").read_text())
+    assert [p.name for p in list_checkpoints(tmp_path / "cut" / "checkpoints")] == [
+        "step_000004",
+        "step_000006",
+    ]
+    state = json.loads(
+        (tmp_path / "cut" / "checkpoints" / "step_000006" / "state.json").read_text()
+    )
     assert state["step"] == 6
 
 
@@ -154,7 +171,9 @@ class ToySFTSource:
         from perceptrl.trainer.batch import RolloutBatch
 
         B, T = 8, 4
-        return RolloutBatch(tokens=torch.full((B, T), 3), mask=torch.ones(B, T), group_id=torch.arange(B))
+        return RolloutBatch(
+            tokens=torch.full((B, T), 3), mask=torch.ones(B, T), group_id=torch.arange(B)
+        )
 
 
 def test_sft_fits_targets_through_evaluate(toy, tmp_path):
