@@ -9,6 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+
 from perceptrl.datasets import clevr
 from perceptrl.rewards import build_reward
 

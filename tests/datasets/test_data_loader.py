@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
+
 from perceptrl.datasets import clevr
 from perceptrl.datasets.loader import DataError, load_samples, save_samples
-from PIL import Image
 
 KEYS = {"id", "images", "question", "answer", "reward", "family", "meta"}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from perceptrl.rewards import extract_answer, extract_letter, get_reward, parse_box, parse_number
 from perceptrl.rewards.registry import list_rewards, register_reward
 

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+
 from perceptrl.rewards import RewardTimeout, build_reward, call_with_timeout, register_reward
 
 
