@@ -14,36 +14,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from common import machine
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _machine() -> dict:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import mujoco
 
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "mujoco": mujoco.__version__,
-        "platform": platform.platform(),
-        "MUJOCO_GL": os.environ.get("MUJOCO_GL", ""),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
-    }
+    return machine(mujoco=mujoco.__version__, MUJOCO_GL=os.environ.get("MUJOCO_GL", ""))
 
 
 def _peak_rss_mb() -> dict:
