@@ -149,3 +149,19 @@ def side(table: dict, cfg: Config, what: str):
             f"side={cfg.side!r} has no {what} yet (available: {', '.join(sorted(table))})"
         )
     return table[cfg.side]
+
+
+def _vla_trainer(cfg: Config, run_dir: Path) -> Trainer:
+    from .vla.run import build_trainer
+
+    return build_trainer(cfg, run_dir)
+
+
+def _vla_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
+    from .vla.run import run_sft
+
+    return run_sft(cfg, run_dir)
+
+
+TRAINERS["vla"] = _vla_trainer
+SFT["vla"] = _vla_sft

@@ -1,0 +1,144 @@
+"""CompactVLA: Policy protocol, act/evaluate consistency, save/load, instruction encoding."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import torch  # noqa: E402  (import torch before any rendering)
+
+from perceptrl.trainer.batch import RolloutBatch  # noqa: E402
+from perceptrl.trainer.policy import Policy  # noqa: E402
+from perceptrl.vla.compact import (  # noqa: E402
+    UNK,
+    CompactSpec,
+    CompactVLA,
+    encode_words,
+    instruction_words,
+)
+
+
+def _obs(policy: CompactVLA, n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    s = policy.spec
+    obs = {
+        "proprio": torch.randn(n, s.proprio_dim, generator=g),
+        "words": encode_words(["reach the red target"] * n, policy.vocab, s.max_words),
+    }
+    if s.encoder == "cnn":
+        obs["image"] = torch.randint(0, 256, (n, s.image_size, s.image_size, 3), generator=g).to(
+            torch.uint8
+        )
+    else:
+        obs["objects"] = torch.randn(n, s.objects_dim, generator=g)
+    return obs
+
+
+def _rows(obs: dict, actions: torch.Tensor, lens: list[int]) -> RolloutBatch:
+    """Cut N flat steps into right-padded rows of the given lengths."""
+    T, D = max(lens), actions.shape[-1]
+    tokens, mask = torch.zeros(len(lens), T, D), torch.zeros(len(lens), T)
+    inputs: dict[str, list] = {k: [] for k in obs}
+    start = 0
+    for b, n in enumerate(lens):
+        tokens[b, :n] = actions[start : start + n]
+        mask[b, :n] = 1
+        for k, v in obs.items():
+            inputs[k].append(v[start : start + n])
+        start += n
+    return RolloutBatch(tokens=tokens, mask=mask, group_id=torch.arange(len(lens)), inputs=inputs)
+
+
+def state_policy(chunk: int = 1) -> CompactVLA:
+    torch.manual_seed(0)
+    return CompactVLA(
+        CompactSpec(action_dim=5, chunk=chunk, objects_dim=21, encoder="state", hidden=32)
+    )
+
+
+def cnn_policy() -> CompactVLA:
+    torch.manual_seed(0)
+    return CompactVLA(CompactSpec(action_dim=5, image_size=64, channels=[8, 16, 16], hidden=32))
+
+
+def test_policy_protocol():
+    assert isinstance(state_policy(), Policy)
+
+
+def test_act_logp_equals_evaluate():
+    for policy, chunk in ((state_policy(chunk=2), 2), (cnn_policy(), 1)):
+        obs = _obs(policy, 7)
+        action, logp, value = policy.act(obs)
+        assert action.shape == (7, 5 * chunk) and logp.shape == value.shape == (7,)
+        batch = _rows(obs, action, [4, 2, 1])
+        lp, ent, v = policy.evaluate(batch)
+        assert lp.shape == ent.shape == v.shape == (3, 4)
+        valid = batch.mask.bool()
+        torch.testing.assert_close(lp[valid], logp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v[valid], value, rtol=1e-5, atol=1e-5)
+        assert (lp[~valid] == 0).all() and (ent[valid] > -100).all()
+        det, _, _ = policy.act(obs, deterministic=True)
+        assert not torch.equal(det, action)  # sampling adds noise; the mean does not
+
+
+def test_evaluate_has_gradients_for_all_heads():
+    policy = state_policy()
+    obs = _obs(policy, 5)
+    action, _, _ = policy.act(obs)
+    lp, ent, v = policy.evaluate(_rows(obs, action, [5]))
+    (lp.sum() + ent.sum() + v.sum()).backward()
+    for name in ("mean_head.weight", "value_head.weight", "log_std", "instr.embed.weight"):
+        grad = dict(policy.named_parameters())[name].grad
+        assert grad is not None and grad.abs().sum() > 0, name
+
+
+def test_cnn_output_depends_on_image_and_instruction():
+    policy = cnn_policy()
+    with torch.no_grad():  # make FiLM non-trivial so the instruction matters
+        for film in policy.films:
+            film.proj.weight.normal_(0, 0.5)
+    obs = _obs(policy, 2)
+    obs["image"][1] = obs["image"][0]
+    obs["proprio"][1] = obs["proprio"][0]
+    m, _ = policy(obs)
+    torch.testing.assert_close(m[0], m[1])
+    other = dict(obs, image=obs["image"].clone())
+    other["image"][1] = 255 - other["image"][1]
+    assert not torch.allclose(policy(other)[0][0], policy(other)[0][1])
+    words = obs["words"].clone()
+    words[1] = encode_words(["reach the blue target"], policy.vocab, policy.spec.max_words)[0]
+    assert not torch.allclose(*policy(dict(obs, words=words))[0])
+
+
+def test_instruction_vocabulary_and_unknown_words():
+    words = instruction_words()
+    assert {"reach", "red", "bowl", "stack"} <= set(words)
+    policy = state_policy()
+    ids = encode_words(["Reach the RED xylophone target", ""], policy.vocab, 4)
+    assert ids.shape == (2, 4)
+    assert ids[0, 3] == UNK and (ids[0, :3] > UNK).all() and (ids[1] == 0).all()
+
+
+def test_save_load_round_trip(tmp_path):
+    policy = state_policy()
+    obs = _obs(policy, 3)
+    policy.save(tmp_path / "m")
+    loaded = CompactVLA.from_pretrained(tmp_path / "m")
+    torch.testing.assert_close(loaded.act(obs, True)[0], policy.act(obs, True)[0])
+    other = state_policy()
+    with torch.no_grad():
+        other.log_std.fill_(3.0)
+    params = [p.data_ptr() for p in other.parameters()]
+    other.load(tmp_path / "m")
+    assert [p.data_ptr() for p in other.parameters()] == params  # in place
+    torch.testing.assert_close(other.log_std, policy.log_std)
+
+
+def test_load_names_missing_files(tmp_path):
+    try:
+        CompactVLA.from_pretrained(tmp_path)
+    except FileNotFoundError as e:
+        assert "config.json" in str(e) and "model.safetensors" in str(e)
+    else:
+        raise AssertionError("expected FileNotFoundError")

@@ -1,0 +1,329 @@
+"""`CompactVLA`: a small vision-language-action policy that learns in minutes on a CPU.
+
+Image (or entity-pose) encoder FiLM-conditioned on the instruction, proprio input, a diagonal
+Gaussian action head with a state-independent log-std, and a value head on a shared trunk.
+
+Observations travel as a dict of tensors (see :meth:`CompactVLA.observe`): ``image`` [N, H, W, 3]
+uint8 (kept uint8 until the forward), ``proprio`` [N, P] float, ``objects`` [N, O] float (state
+encoder), ``words`` [N, L] long instruction word ids (0 = padding, 1 = unknown word).
+
+In a `RolloutBatch`, each of these is a per-sample list of [T_i, ...] tensors (one entry per
+valid step, no padding), ``tokens`` holds the raw sampled actions [B, T, K * A] and ``mask`` is
+right-padded with ``mask[i].sum() == T_i``. Actions are *not* squashed: the log-prob is that of
+the raw sample; the collector clips to [-1, 1] only when it sends them to the env.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torch.distributions import Normal
+
+from ..trainer.batch import RolloutBatch
+
+PAD, UNK = 0, 1
+WORKSPACE_CENTRE = (0.5, 0.0, 0.2)
+"""metres; positions enter the network as (p - centre) / POS_SCALE so that they are O(1)"""
+POS_SCALE = 0.1
+OBS_KEYS = ("image", "proprio", "objects", "words")
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+def instruction_words() -> list[str]:
+    """Every word the registered sim tasks can put in an instruction (templates x colours),
+    sorted; ids 0 and 1 are reserved for padding and unknown words."""
+    from ..sim.scene import COLOURS
+    from ..sim.tasks import TASKS
+
+    words: set[str] = set(COLOURS)
+    for task in TASKS.values():
+        for template in task.templates:
+            words |= set(split_words(template.replace("{obj}", " ").replace("{goal}", " ")))
+    return sorted(words)
+
+
+def split_words(text: str) -> list[str]:
+    return re.findall(r"[a-z]+", text.lower())
+
+
+def encode_words(texts: Sequence[str], vocab: dict[str, int], max_words: int) -> Tensor:
+    """Instructions -> word ids [N, max_words] (0 padding, 1 unknown word; long ones cut)."""
+    out = torch.zeros(len(texts), max_words, dtype=torch.long)
+    for i, text in enumerate(texts):
+        ids = [vocab.get(w, UNK) for w in split_words(text)][:max_words]
+        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
+@dataclass
+class CompactSpec:
+    """Everything needed to rebuild a `CompactVLA` (written to config.json)."""
+
+    action_dim: int
+    """env action dimensions A"""
+    chunk: int = 1
+    """K actions per policy step (the head outputs K * A)"""
+    proprio_dim: int = 8
+    objects_dim: int = 0
+    """entity-pose size (state encoder)"""
+    image_size: int = 64
+    encoder: str = "cnn"
+    channels: list[int] = field(default_factory=lambda: [32, 64, 64])
+    hidden: int = 256
+    embed_dim: int = 64
+    instruction_encoder: str = "bag"
+    max_words: int = 16
+    init_log_std: float = -0.5
+    words: list[str] = field(default_factory=list)
+    """instruction vocabulary (ids 2...; empty builds it from the registered sim tasks)"""
+
+
+class FiLM(nn.Module):
+    """Feature-wise affine modulation ``x * (1 + gamma(e)) + beta(e)``; starts as the identity."""
+
+    def __init__(self, cond_dim: int, channels: int):
+        super().__init__()
+        self.proj = nn.Linear(cond_dim, 2 * channels)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: Tensor, cond: Tensor) -> Tensor:
+        gamma, beta = self.proj(cond).chunk(2, dim=-1)  # (N, C) each
+        shape = (x.shape[0], -1) + (1,) * (x.dim() - 2)
+        return x * (1 + gamma.view(shape)) + beta.view(shape)
+
+
+class InstructionEncoder(nn.Module):
+    """Word ids [N, L] -> embedding [N, E]: mean of word embeddings, or a GRU's last state."""
+
+    def __init__(self, vocab_size: int, dim: int, kind: str):
+        super().__init__()
+        if kind not in ("bag", "gru"):
+            raise ValueError(f"vla.instruction_encoder={kind!r}; valid: bag | gru")
+        self.kind = kind
+        self.embed = nn.Embedding(vocab_size, dim, padding_idx=PAD)
+        self.gru = nn.GRU(dim, dim, batch_first=True) if kind == "gru" else None
+
+    def forward(self, words: Tensor) -> Tensor:
+        valid = (words != PAD).float()  # (N, L)
+        x = self.embed(words)  # (N, L, E)
+        if self.gru is None:
+            return (x * valid[..., None]).sum(1) / valid.sum(1, keepdim=True).clamp(min=1)
+        lens = valid.sum(1).long().clamp(min=1)
+        out, _ = self.gru(x)  # (N, L, E)
+        return out[torch.arange(len(words), device=words.device), lens - 1]
+
+
+class CompactVLA(nn.Module):
+    """CNN (or state MLP) + FiLM + proprio -> Gaussian action head and value head."""
+
+    def __init__(self, spec: CompactSpec):
+        super().__init__()
+        if spec.encoder not in ("cnn", "state"):
+            raise ValueError(f"vla.encoder={spec.encoder!r}; valid: cnn | state")
+        if not spec.words:
+            spec.words = instruction_words()
+        self.spec = spec
+        self.vocab = {w: i + 2 for i, w in enumerate(spec.words)}
+        E, H = spec.embed_dim, spec.hidden
+        self.instr = InstructionEncoder(len(self.vocab) + 2, E, spec.instruction_encoder)
+        if spec.encoder == "cnn":
+            c1, c2, c3 = spec.channels
+            self.convs = nn.ModuleList(
+                [nn.Conv2d(3, c1, 8, 4), nn.Conv2d(c1, c2, 4, 2), nn.Conv2d(c2, c3, 3, 1)]
+            )
+            self.films = nn.ModuleList([FiLM(E, c) for c in (c1, c2, c3)])
+            with torch.no_grad():
+                n_feat = self._cnn(torch.zeros(1, 3, spec.image_size, spec.image_size), None)
+            self.feat = nn.Linear(n_feat.shape[1], H)
+        else:
+            if spec.objects_dim <= 0:
+                raise ValueError("the state encoder needs objects_dim > 0 (obs_mode=state)")
+            self.feat = nn.Linear(spec.objects_dim + spec.proprio_dim, H)
+            self.films = nn.ModuleList([FiLM(E, H)])
+        self.trunk = nn.Sequential(nn.Linear(H + spec.proprio_dim + E, H), nn.ReLU())
+        self.mean_head = nn.Linear(H, spec.action_dim * spec.chunk)
+        nn.init.normal_(self.mean_head.weight, std=0.01)
+        nn.init.zeros_(self.mean_head.bias)
+        self.value_head = nn.Linear(H, 1)
+        self.log_std = nn.Parameter(torch.full((spec.action_dim * spec.chunk,), spec.init_log_std))
+
+    # ------------------------------------------------------------------ forward
+    @property
+    def device(self) -> torch.device:
+        return self.log_std.device
+
+    def _cnn(self, img: Tensor, cond: Tensor | None) -> Tensor:
+        x = img
+        for i, conv in enumerate(self.convs):
+            x = conv(x)
+            if cond is not None:
+                x = self.films[i](x, cond)
+            x = torch.relu(x)
+        return x.flatten(1)
+
+    def _normalise(self, proprio: Tensor, objects: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Positions (proprio tcp xyz, entity xyz) -> O(1) workspace coordinates; the gripper
+        width in cm. Quaternions are unchanged."""
+        c = proprio.new_tensor(WORKSPACE_CENTRE)
+        p = proprio.clone()
+        p[:, :3] = (p[:, :3] - c) / POS_SCALE
+        if p.shape[1] == 8:
+            p[:, 7] = p[:, 7] * 100.0
+        if objects is not None and objects.shape[1] % 7 == 0:
+            o = objects.reshape(len(objects), -1, 7).clone()  # (N, entities, 7)
+            o[..., :3] = (o[..., :3] - c) / POS_SCALE
+            objects = o.flatten(1)
+        return p, objects
+
+    def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Flat observations (N rows) -> (action mean [N, K*A], value [N])."""
+        cond = self.instr(obs["words"])  # (N, E)
+        objects = obs["objects"].float() if self.spec.encoder == "state" else None
+        proprio, objects = self._normalise(obs["proprio"].float(), objects)  # (N, P), (N, O)
+        if self.spec.encoder == "cnn":
+            img = obs["image"].permute(0, 3, 1, 2).float() / 255.0 - 0.5  # (N, 3, H, W)
+            h = self.feat(self._cnn(img, cond))
+        else:
+            h = self.feat(torch.cat([objects, proprio], dim=-1))
+            h = self.films[0](h, cond)
+        h = self.trunk(torch.cat([torch.relu(h), proprio, cond], dim=-1))  # (N, H)
+        return self.mean_head(h), self.value_head(h).squeeze(-1)
+
+    def distribution(self, mean: Tensor) -> Normal:
+        return Normal(mean, self.log_std.exp().expand_as(mean))
+
+    # ------------------------------------------------------------------ policy protocol
+    def evaluate(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
+        """Re-score the batch's actions: logp, entropy and value, each [B, T] (0 on padding).
+
+        Only the valid steps go through the network (the inputs carry no padding)."""
+        mask = batch.mask > 0  # (B, T)
+        flat = flatten_inputs(batch, self.obs_keys())
+        mean, value = self(flat)  # (N, D), (N,)
+        dist = self.distribution(mean)
+        actions = batch.tokens[mask].to(mean.dtype)  # (N, D): row-major order = concat order
+        out = []
+        for x in (dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value):
+            full = x.new_zeros(mask.shape)
+            full[mask] = x
+            out.append(full)
+        return out[0], out[1], out[2]
+
+    @torch.no_grad()
+    def act(
+        self, obs: dict[str, Tensor], deterministic: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Observations [N, ...] -> (action [N, K*A] raw (unclipped), logp [N], value [N])."""
+        obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
+        mean, value = self(obs)
+        dist = self.distribution(mean)
+        action = mean if deterministic else dist.sample()
+        return action, dist.log_prob(action).sum(-1), value
+
+    def obs_keys(self) -> tuple[str, ...]:
+        return (
+            ("image", "proprio", "words")
+            if self.spec.encoder == "cnn"
+            else ("objects", "proprio", "words")
+        )
+
+    def observe(self, batch) -> dict[str, Tensor]:
+        """A ``sim.vector.Batch`` (numpy, N envs) -> CPU observation tensors for ``act``."""
+        obs = {
+            "proprio": torch.as_tensor(np.asarray(batch.proprio, np.float32)),
+            "words": encode_words(batch.instructions, self.vocab, self.spec.max_words),
+        }
+        if self.spec.encoder == "cnn":
+            if not batch.images:
+                raise ValueError(
+                    "the cnn encoder needs camera images; make the env with env.obs_mode=rgb "
+                    "(or use vla.encoder=state)"
+                )
+            obs["image"] = torch.as_tensor(next(iter(batch.images.values())))
+        else:
+            if batch.objects is None:
+                raise ValueError("vla.encoder=state needs env.obs_mode=state (entity poses)")
+            obs["objects"] = torch.as_tensor(np.asarray(batch.objects, np.float32))
+        return obs
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        """Write ``model.safetensors`` and ``config.json`` (the `CompactSpec`) into ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(path / WEIGHTS))
+        cfg = {"policy": "compact", **asdict(self.spec)}
+        (path / CONFIG).write_text(json.dumps(cfg, indent=1))
+
+    def load(self, path: str | Path) -> None:
+        """Restore in place the weights ``save(path)`` wrote (same tensors: optimizers stay valid)."""
+        state = load_file(str(_checked(path) / WEIGHTS), device=str(self.device))
+        with torch.no_grad():
+            self.load_state_dict(state, strict=True)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> CompactVLA:
+        """Build the policy ``save(path)`` wrote and load its weights."""
+        cfg = json.loads((_checked(path) / CONFIG).read_text())
+        cfg.pop("policy", None)
+        policy = cls(CompactSpec(**cfg)).to(device)
+        policy.load(path)
+        return policy
+
+
+def _checked(path: str | Path) -> Path:
+    path = Path(path)
+    missing = [n for n in (WEIGHTS, CONFIG) if not (path / n).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} is not a CompactVLA checkpoint (missing {', '.join(missing)}); pass the "
+            "`model` folder of a checkpoint written by policy.save"
+        )
+    return path
+
+
+def flatten_inputs(batch: RolloutBatch, keys: Sequence[str]) -> dict[str, Tensor]:
+    """Concatenate the per-sample step lists of ``batch.inputs`` -> [N, ...] per key, where
+    N = number of valid steps; checks that each row's list length matches its mask."""
+    lens = (batch.mask > 0).sum(1).tolist()
+    flat = {}
+    for k in keys:
+        if k not in batch.inputs:
+            raise KeyError(
+                f"RolloutBatch.inputs lacks {k!r} (has {sorted(batch.inputs)}); the batch was "
+                "collected for another observation mode or policy"
+            )
+        rows = batch.inputs[k]
+        got = [int(x.shape[0]) for x in rows]
+        if got != lens:
+            raise ValueError(
+                f"inputs[{k!r}] step counts {got[:8]} do not match the mask's valid steps "
+                f"{lens[:8]}; masks must be right-padded with one input per valid step"
+            )
+        flat[k] = torch.cat(list(rows), dim=0)
+    return flat
+
+
+def spec_from_config(vla, env_spaces: dict, chunk: int, image_size: int) -> CompactSpec:
+    """A `CompactSpec` from the recipe's ``vla`` section and the env's single spaces
+    (``action``: Box (A,), ``observation``: Dict)."""
+    obs = env_spaces["observation"]
+    return CompactSpec(
+        action_dim=int(env_spaces["action"].shape[0]), chunk=chunk,
+        proprio_dim=int(obs["proprio"].shape[0]),
+        objects_dim=int(obs["objects"].shape[0]) if "objects" in obs.spaces else 0,
+        image_size=image_size, encoder=vla.encoder, channels=list(vla.channels),
+        hidden=vla.hidden, embed_dim=vla.embed_dim,
+        instruction_encoder=vla.instruction_encoder, max_words=vla.max_words,
+        init_log_std=vla.init_log_std,
+    )  # fmt: skip

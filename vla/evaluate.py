@@ -1,0 +1,142 @@
+"""Held-out evaluation of a VLA policy: success rate per task over fixed seeds.
+
+Episode ``j`` of a task is reset with seed ``env.eval_seed + j`` (training resets never use
+that range), actions are deterministic (the Gaussian mean / greedy tokens). ``write_report``
+adds a JSON + Markdown table and one mp4 per task (the first ``env.eval_videos`` episodes,
+rendered from the agent-view camera, replayed with the same seeds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from ..trainer.config import EnvConfig
+from .envs import VecRunner, env_kwargs
+
+
+def run_seeded(policy, runner: VecRunner, seeds: list[int], deterministic: bool = True) -> dict:
+    """Run one episode per seed, ``runner.n`` at a time. Returns per-episode lists
+    ``success``, ``return``, ``length`` (env steps), in seed order."""
+    n, queue = runner.n, list(enumerate(seeds))
+    K = getattr(getattr(policy, "spec", None), "chunk", 1)
+    out = {k: [0.0] * len(seeds) for k in ("success", "return", "length")}
+    live: list[int | None] = [None] * n
+
+    def assign(free: np.ndarray) -> None:
+        take, seed_list = np.zeros(n, bool), [None] * n
+        for i in np.flatnonzero(free):
+            if queue:
+                live[i], seed_list[i] = queue.pop(0)
+                take[i] = True
+        if take.any():
+            runner.reset(mask=take, seeds=seed_list)
+
+    assign(np.ones(n, bool))
+    while any(j is not None for j in live):
+        active = np.array([j is not None for j in live])
+        action, _, _ = policy.act(policy.observe(runner.batch), deterministic=deterministic)
+        a = action.float().cpu().numpy().reshape(n, K, runner.action_dim)
+        a[~active] = runner.noop()[~active][:, None, :]
+        res = runner.step(a)
+        ended = np.zeros(n, bool)
+        for i in np.flatnonzero(active):
+            j = live[i]
+            out["return"][j] += float(res.reward[i])
+            out["length"][j] += int(res.env_steps[i])
+            out["success"][j] = max(out["success"][j], float(res.success[i] or res.terminated[i]))
+            if res.terminated[i] or res.truncated[i]:
+                live[i], ended[i] = None, True
+        if ended.any():
+            assign(ended)
+    return out
+
+
+def evaluate_policy(policy, env_cfg: EnvConfig, episodes: int | None = None) -> dict[str, float]:
+    """Success rate per task (``env.eval_tasks``, default ``env.id``) over ``episodes`` held-out
+    seeds. Returns flat metrics ``success/<task>``, ``return/<task>``, ``length/<task>`` and
+    ``success_rate`` (mean over tasks)."""
+    n = episodes or env_cfg.eval_episodes
+    seeds = [env_cfg.eval_seed + j for j in range(n)]
+    metrics: dict[str, float] = {}
+    for env_id in env_cfg.eval_tasks or [env_cfg.id]:
+        cfg = dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, n), async_envs=False)
+        runner = VecRunner(cfg, env_id=env_id)
+        try:
+            res = run_seeded(policy, runner, seeds)
+        finally:
+            runner.close()
+        name = task_name(env_id)
+        for k in ("success", "return", "length"):
+            metrics[f"{k}/{name}"] = float(np.mean(res[k]))
+    succ = [v for k, v in metrics.items() if k.startswith("success/")]
+    metrics["success_rate"] = float(np.mean(succ))
+    return metrics
+
+
+def task_name(env_id: str) -> str:
+    """``perceptrl/PickClutter-v0`` -> ``PickClutter``."""
+    return env_id.split("/")[-1].rsplit("-v", 1)[0]
+
+
+def record_video(policy, env_cfg: EnvConfig, env_id: str, seeds: list[int], path: Path) -> Path:
+    """Replay ``seeds`` on one env with deterministic actions; write the agent view to ``path``."""
+    from ..sim.demos import write_video
+
+    cfg = dataclasses.replace(env_cfg, num_envs=1, async_envs=False)
+    runner = VecRunner(cfg, env_id=env_id)
+    cam = gym.make(env_id, render_mode="rgb_array", **{**env_kwargs(cfg), "obs_mode": "rgb"})
+    frames = []
+    try:
+        K = getattr(getattr(policy, "spec", None), "chunk", 1)
+        for seed in seeds:
+            runner.reset(seeds=[seed])
+            cam.reset(seed=seed)
+            frames.append(cam.render())
+            done = False
+            while not done:
+                action, _, _ = policy.act(policy.observe(runner.batch), deterministic=True)
+                chunk = action.float().cpu().numpy().reshape(K, runner.action_dim)
+                for a in runner.sanitize(chunk[None])[0][0]:
+                    _, _, te, tr, _ = cam.step(a)
+                    frames.append(cam.render())
+                    if te or tr:
+                        break
+                res = runner.step(chunk[None])
+                done = bool(res.terminated[0] or res.truncated[0])
+    finally:
+        runner.close()
+        cam.close()
+    return write_video(path, frames, fps=cam.metadata.get("render_fps", 20))
+
+
+def write_report(policy, env_cfg: EnvConfig, out_dir: str | Path) -> dict:
+    """Evaluate, then write ``eval.json``, ``eval.md`` and ``<task>.mp4`` into ``out_dir``.
+    Returns the JSON record (metrics, per-task rows, video paths)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = evaluate_policy(policy, env_cfg)
+    rows, videos = [], {}
+    for env_id in env_cfg.eval_tasks or [env_cfg.id]:
+        name = task_name(env_id)
+        rows.append(
+            {"task": name, "episodes": env_cfg.eval_episodes, "success": metrics[f"success/{name}"],
+             "return": metrics[f"return/{name}"], "length": metrics[f"length/{name}"]}
+        )  # fmt: skip
+        if env_cfg.eval_videos > 0:
+            seeds = [env_cfg.eval_seed + j for j in range(env_cfg.eval_videos)]
+            videos[name] = str(record_video(policy, env_cfg, env_id, seeds, out / f"{name}.mp4"))
+    record = {"metrics": metrics, "tasks": rows, "videos": videos, "eval_seed": env_cfg.eval_seed}
+    (out / "eval.json").write_text(json.dumps(record, indent=1))
+    lines = ["| task | episodes | success | return | length |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {r['task']} | {r['episodes']} | {r['success']:.3f} | {r['return']:.3f} | "
+        f"{r['length']:.1f} |"
+        for r in rows
+    ]
+    (out / "eval.md").write_text("\n".join(lines) + "\n")
+    return record

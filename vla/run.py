@@ -1,0 +1,83 @@
+"""Builds the VLA side from a `Config`: env runner, policy, rollout source, evaluator, trainer.
+
+``wiring.py`` registers :func:`build_trainer` and :func:`run_sft` under ``side: vla``.
+``algo.adv_estimator=gae`` trains with per-step PPO experience (`PPOCollector`); any group
+estimator (grpo, rloo, ...) with whole-episode groups (`GRPOCollector`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from ..trainer.config import Config, ConfigError
+from ..trainer.loop import Trainer, resolve_device
+from .collect import GRPOCollector, PPOCollector
+from .compact import CompactVLA, spec_from_config
+from .envs import VecRunner
+from .evaluate import evaluate_policy
+
+PER_STEP_ESTIMATORS = ("gae",)
+"""advantage estimators that need per-step rewards and values (PPO collection)"""
+
+
+def build_policy(cfg: Config, runner: VecRunner):
+    """``model.path`` (a saved CompactVLA, e.g. a BC warm start) or a fresh policy sized from
+    the env's spaces, on ``train.device``."""
+    device = resolve_device(cfg.train.device)
+    if cfg.vla.policy != "compact":
+        raise ConfigError(
+            f"vla.policy={cfg.vla.policy!r}: only the compact policy is built so far (TokenVLA "
+            "is not implemented yet); set vla.policy=compact"
+        )
+    if cfg.model.path:
+        policy = CompactVLA.from_pretrained(Path(cfg.model.path).expanduser(), device=device)
+        if policy.spec.chunk != cfg.env.action_chunk:
+            raise ConfigError(
+                f"model.path holds a policy with action chunk {policy.spec.chunk}; the recipe "
+                f"has env.action_chunk={cfg.env.action_chunk}"
+            )
+        return policy
+    spaces = {"action": runner.action_space, "observation": runner.observation_space}
+    spec = spec_from_config(cfg.vla, spaces, cfg.env.action_chunk, cfg.env.image_size)
+    return CompactVLA(spec).to(device)
+
+
+def build_source(cfg: Config, runner: VecRunner):
+    if cfg.algo.adv_estimator in PER_STEP_ESTIMATORS:
+        return PPOCollector(cfg.env, seed=cfg.train.seed, runner=runner)
+    return GRPOCollector(cfg.env, cfg.rollout, seed=cfg.train.seed, runner=runner)
+
+
+def build_evaluator(cfg: Config):
+    """Deterministic success on ``env.eval_episodes`` held-out seeds, or None when 0."""
+    if cfg.env.eval_episodes <= 0:
+        return None
+    return functools.partial(evaluate_policy, env_cfg=cfg.env)
+
+
+def build_trainer(cfg: Config, run_dir: str | Path) -> Trainer:
+    """PPO (GAE) or GRPO-family training of a VLA policy on ``env.id``."""
+    runner = VecRunner(cfg.env, seed=cfg.train.seed)
+    policy = build_policy(cfg, runner)
+    source = build_source(cfg, runner)
+    ref = None
+    if cfg.algo.kl_coef > 0:
+        import copy
+
+        ref = copy.deepcopy(policy).requires_grad_(False)
+    return Trainer(cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg))
+
+
+def run_sft(cfg: Config, run_dir: str | Path) -> dict[str, float]:
+    """Behaviour cloning from the scripted expert through ``trainer.sft``."""
+    from ..trainer.sft import sft
+    from .bc import ExpertSource
+
+    runner = VecRunner(cfg.env, seed=cfg.train.seed)
+    policy = build_policy(cfg, runner)
+    source = ExpertSource(policy, runner, batch_steps=cfg.env.steps_per_rollout)
+    try:
+        return sft(cfg, policy, source, run_dir, evaluator=build_evaluator(cfg))
+    finally:
+        runner.close()
