@@ -115,8 +115,9 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The default job on the embedded default: GRPO on synthetic counting from the shipped SFT
-    base (tiny Qwen2.5-VL, CPU), with a before/after held-out accuracy table."""
+    """The default job on the embedded default (tiny models, synthetic data, CPU): GRPO on
+    synthetic counting from the shipped SFT base with a before/after held-out accuracy table,
+    then PPO on the MuJoCo reach task with its success-rate curve and evaluation videos."""
     from . import wiring
 
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -136,10 +137,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfg = load_config(CONFIGS / "vlm_clevr.yaml", overrides)
     run_dir = _mkdir(out / "vlm_grpo")
     save_config(cfg, run_dir / "config.yaml")
-    print(f"perceptrl demo: GRPO on synthetic counting for up to {args.minutes:g} min -> {run_dir}")
+    print(
+        f"perceptrl demo [1/2]: GRPO on synthetic counting for up to {args.minutes:g} min -> {run_dir}"
+    )
     wiring.vlm_trainer(cfg, run_dir).fit()
     print_summary(run_dir)
+    demo_vla(out / "vla_ppo_reach")
     return 0
+
+
+def demo_vla(run_dir: Path) -> None:
+    """Part 2: PPO trains the compact VLA on the reach task; success-rate curve and videos."""
+    import torch  # noqa: F401  (torch before the first EGL render: measured segfault otherwise)
+
+    from . import wiring
+    from .trainer.metrics import read_metrics
+    from .vla.evaluate import write_report
+
+    cfg = load_config(CONFIGS / "vla_ppo_reach_state.yaml", ["log.progress=false"])
+    save_config(cfg, _mkdir(run_dir) / "config.yaml")
+    print(f"\nperceptrl demo [2/2]: PPO on the reach task ({cfg.train.steps} steps) -> {run_dir}")
+    trainer = wiring.side(wiring.TRAINERS, cfg, "RL trainer")(cfg, run_dir)
+    trainer.fit()
+    print(f"\n{'step':>6}  held-out success ({cfg.env.eval_episodes} episodes, deterministic)")
+    for row in read_metrics(run_dir / "metrics.jsonl"):
+        if "eval/success_rate" in row:
+            print(f"{row['step']:>6}  {row['eval/success_rate']:.3f}")
+    cfg.env.eval_videos = 2
+    report = write_report(trainer.policy, cfg.env, run_dir / "eval")
+    for task, video in report["videos"].items():
+        print(f"evaluation video ({task}): {video}")
+    print(f"evaluation table: {run_dir / 'eval' / 'eval.md'}")
 
 
 def _mkdir(path: Path) -> Path:

@@ -69,6 +69,8 @@ class AlgoConfig:
     """truncated importance sampling cap for rollout/trainer log-prob mismatch; 0 disables"""
     passk_k: int = 0
     """grpo_passk: k of pass@k (0 uses half the group size; k must be below the group size to learn)"""
+    whiten_advantages: bool = False
+    """normalise advantages to zero mean / unit std over the batch's valid tokens (PPO's norm_adv)"""
     eps: float = 1e-6
     """numerical floor for std normalisation"""
 

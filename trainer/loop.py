@@ -192,6 +192,8 @@ class Trainer:
             rewards, batch.mask, batch.group_id, algo,
             values=batch.values_old, bootstrap_value=batch.bootstrap_value,
         )  # fmt: skip
+        if algo.whiten_advantages:
+            adv = algos.masked_whiten(adv, batch.mask, algo.eps)
         batch.advantages, batch.returns = adv, ret
         valid = batch.mask.bool()
         m = {f"adv/{k}": v for k, v in m.items()}

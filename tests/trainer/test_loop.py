@@ -188,3 +188,19 @@ def test_sft_fits_targets_through_evaluate(toy, tmp_path):
     losses = [r["sft/loss"] for r in read_metrics(tmp_path / "metrics.jsonl") if "sft/loss" in r]
     assert losses[-1] < 0.1 * losses[0]
     assert list_checkpoints(tmp_path / "checkpoints")[-1].name == "step_000030"
+
+
+def test_whiten_advantages_normalises_over_valid_tokens(toy, tmp_path):
+    Policy, Source, config = toy
+    cfg = config()
+    cfg.algo.adv_estimator, cfg.algo.whiten_advantages = "gae", True
+    policy = Policy(value_head=True)
+    torch.manual_seed(0)
+    trainer = Trainer(cfg, policy, Source(ragged=True), tmp_path)
+    batch, _ = trainer.source.collect(policy, 0)
+    batch.rewards = torch.rand_like(batch.mask) * 3 + 5  # per-step rewards far from zero mean
+    trainer._score_old(batch)
+    trainer._advantages(batch)
+    valid = batch.advantages[batch.mask.bool()]
+    assert abs(float(valid.mean())) < 1e-5 and abs(float(valid.std()) - 1) < 1e-3
+    assert float(batch.advantages[~batch.mask.bool()].abs().max()) == 0.0
