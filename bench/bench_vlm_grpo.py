@@ -49,12 +49,15 @@ def metrics(run_dir: Path) -> list[dict]:
     ]
 
 
-def score(model: Path, splits: dict[str, list[dict]]) -> dict:
+def score(model: Path, splits: dict[str, list[dict]], out: Path) -> dict:
+    """Greedy accuracy per split, prompted exactly as in training (the recipe's system prompt)."""
+    from perceptrl.cli import CONFIGS
     from perceptrl.rewards import build_reward
-    from perceptrl.vlm.policy import VLMPolicy
+    from perceptrl.trainer.config import load_config
     from perceptrl.vlm.source import evaluate_accuracy
+    from perceptrl.wiring import vlm_policy
 
-    policy = VLMPolicy.from_pretrained(model)
+    policy = vlm_policy(load_config(CONFIGS / "vlm_clevr.yaml", [f"model.path={model}"]), out)
     reward = build_reward({"accuracy": 1.0})
     return {
         name: evaluate_accuracy(policy, samples, reward, batch_size=64, max_new_tokens=64)
@@ -105,9 +108,9 @@ def main() -> None:
         "sft": run_arm(["sft", "vlm_sft", *common, "data.seed=1"], out / "sft"),
     }
     results = {
-        "base": score(base, splits),
-        "grpo": score(last_model(out / "grpo"), splits),
-        "sft": score(last_model(out / "sft"), splits),
+        "base": score(base, splits, out),
+        "grpo": score(last_model(out / "grpo"), splits, out),
+        "sft": score(last_model(out / "sft"), splits, out),
     }
     grpo_rows, sft_rows = metrics(out / "grpo"), metrics(out / "sft")
     data = {
