@@ -41,8 +41,11 @@ test: setup
 test-all: setup
 	$(BIN)/python -m pytest -q -m 'not gpu' $(PYTEST_ARGS)
 
+# Long: about 30 min (sim) + 30 min (VLA pixels PPO) + 30 min (VLM GRPO vs SFT) on 2 cores.
 bench: setup
-	$(BIN)/python -m perceptrl.bench.run_all
+	$(BIN)/python bench/bench_sim.py
+	$(BIN)/python bench/bench_vla.py
+	$(BIN)/python bench/bench_vlm_grpo.py
 
 lint: setup
 	$(BIN)/ruff check .
