@@ -41,7 +41,7 @@ test: setup
 test-all: setup
 	$(BIN)/python -m pytest -q -m 'not gpu' $(PYTEST_ARGS)
 
-# Long: about 30 min (sim) + 30 min (VLA pixels PPO) + 30 min (VLM GRPO vs SFT) on 2 cores.
+# Long: a few minutes (sim) + 30 min (VLA pixel PPO) + about 30 min (VLM GRPO vs SFT) on 2 cores.
 bench: setup
 	$(BIN)/python bench/bench_sim.py
 	$(BIN)/python bench/bench_vla.py
