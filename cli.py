@@ -101,6 +101,20 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate a saved model on the recipe's held-out data (vlm) or tasks (vla)."""
+    from . import wiring
+
+    recipe, overrides = split_recipe(args.recipe, args.overrides)
+    cfg = load_config(recipe, [*overrides, f"model.path={args.model}"])
+    out = _mkdir(Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"))
+    result = wiring.side(wiring.EVALS, cfg, "evaluation")(cfg, out)
+    print(result["table"])
+    for path in result["files"]:
+        print(f"wrote {path}")
+    return 0
+
+
 def cmd_data_generate(args: argparse.Namespace) -> int:
     from .datasets.clevr import generate
 
@@ -249,6 +263,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default: runs/demo-<time>)")
     p.add_argument("--minutes", type=float, default=6.0, help="GRPO wall-time budget")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a saved model: accuracy per family (vlm), success per task + mp4 (vla)",
+    )
+    p.add_argument("recipe", help="recipe whose data/env settings define the evaluation")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.eval_episodes=100")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="saved model directory (HF dir for vlm, VLA checkpoint for vla)",
+    )
+    p.add_argument("--out", help="output directory (default: runs/eval-<time>)")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("sim", help="MuJoCo manipulation suite")
     sim = p.add_subparsers(dest="sim_command", metavar="ACTION", required=True)

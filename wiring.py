@@ -7,6 +7,7 @@ vlm/, rewards/ and the trainer together; cli.py only parses arguments and prints
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 from .trainer.config import Config, ConfigError
@@ -139,8 +140,57 @@ def vlm_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
     return sft(cfg, policy, source, run_dir, evaluator=vlm_evaluator(cfg, val))
 
 
+def vlm_eval(cfg: Config, out_dir: Path) -> dict:
+    """Greedy held-out accuracy of ``model.path`` per question family (``data.val``, or the
+    synthetic validation split); writes ``eval.json`` and ``eval.md`` into ``out_dir``."""
+    if not cfg.data.train:
+        cfg.data.n_train = 1  # only the validation split is needed
+    _, val = vlm_samples(cfg, out_dir)
+    evaluator = vlm_evaluator(cfg, val)
+    if evaluator is None:
+        raise ConfigError(
+            "nothing to evaluate: set data.val (or leave it empty for synthetic) and train.eval_samples > 0"
+        )
+    metrics = evaluator(vlm_policy(cfg, out_dir))
+    families = sorted(k.split("/", 1)[1] for k in metrics if k.startswith("accuracy/"))
+    lines = ["| family | questions | accuracy |", "|---|---|---|"]
+    lines += [
+        f"| {f} | {metrics[f'count/{f}']:.0f} | {metrics[f'accuracy/{f}']:.3f} |" for f in families
+    ]
+    lines.append(f"| all | {metrics['count']:.0f} | {metrics['accuracy']:.3f} |")
+    (out_dir / "eval.json").write_text(
+        json.dumps({"model": cfg.model.path, "metrics": metrics}, indent=1)
+    )
+    (out_dir / "eval.md").write_text("\n".join(lines) + "\n")
+    return {"table": "\n".join(lines), "files": [out_dir / "eval.json", out_dir / "eval.md"]}
+
+
+def vla_eval(cfg: Config, out_dir: Path) -> dict:
+    """Deterministic success per task over ``env.eval_episodes`` fixed seeds, with a table and an
+    mp4 per task (``env.eval_videos`` episodes)."""
+    import torch  # noqa: F401  (torch before the first EGL render: measured segfault otherwise)
+
+    from .vla.compact import CompactVLA
+    from .vla.evaluate import write_report
+
+    if not cfg.model.path:
+        raise ConfigError(
+            "perceptrl eval needs --model (a saved VLA, e.g. <run>/checkpoints/step_N/model)"
+        )
+    policy = CompactVLA.from_pretrained(
+        resolve_path(cfg.model.path), device=resolve_device(cfg.train.device)
+    )
+    report = write_report(policy, cfg.env, out_dir)
+    table = (out_dir / "eval.md").read_text().rstrip()
+    return {
+        "table": table,
+        "files": [out_dir / "eval.json", out_dir / "eval.md", *report["videos"].values()],
+    }
+
+
 TRAINERS = {"vlm": vlm_trainer}
 SFT = {"vlm": vlm_sft}
+EVALS = {"vlm": vlm_eval, "vla": vla_eval}
 
 
 def side(table: dict, cfg: Config, what: str):

@@ -1,5 +1,6 @@
 """End to end through the `perceptrl` command on the tiny model: SFT, GRPO, kill and resume."""
 
+import json
 import os
 import signal
 import subprocess
@@ -18,8 +19,10 @@ TINY = [
 ]  # fmt: skip
 
 
-def perceptrl(*args: str, cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def perceptrl(
+    *args: str, cwd: Path, check: bool = True, env_extra=None, **kw
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     cmd = [sys.executable, "-m", "perceptrl.cli", *args]
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, **kw)
     if check:
@@ -113,3 +116,22 @@ def test_data_generate_writes_every_split(tmp_path):
                     cwd=tmp_path)  # fmt: skip
     for split in ("train", "val", "test", "ood"):
         assert (tmp_path / "d" / f"{split}.jsonl").exists() and split in out.stdout
+
+
+def test_eval_vlm_writes_a_per_family_table(tmp_path):
+    out = perceptrl("eval", "vlm_clevr", "--model", "assets/vlm_base", "--out", "ev", "train.eval_samples=6",
+                    "data.n_val=6", cwd=tmp_path)  # fmt: skip
+    assert "| all | 6 |" in out.stdout
+    metrics = json.loads((tmp_path / "ev" / "eval.json").read_text())["metrics"]
+    assert metrics["count"] == 6 and 0.0 <= metrics["accuracy"] <= 1.0
+
+
+def test_vla_train_then_eval_writes_table_and_video(tmp_path):
+    env = {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    perceptrl("train", "vla_ppo_reach_state", "train.steps=2", "env.eval_episodes=0", "env.num_envs=2",
+              "env.steps_per_rollout=8", "log.progress=false", "--run-dir", "run", cwd=tmp_path, env_extra=env)  # fmt: skip
+    model = tmp_path / "run" / "checkpoints" / "step_000002" / "model"
+    out = perceptrl("eval", "vla_ppo_reach_state", "--model", str(model), "--out", "ev", "env.eval_episodes=2",
+                    "env.eval_videos=1", cwd=tmp_path, env_extra=env)  # fmt: skip
+    assert "| Reach | 2 |" in out.stdout
+    assert (tmp_path / "ev" / "Reach.mp4").stat().st_size > 0
