@@ -108,6 +108,7 @@ def vlm_trainer(cfg: Config, run_dir: Path) -> Trainer:
 
     train, val = vlm_samples(cfg, run_dir)
     policy = vlm_policy(cfg, run_dir)
+    policy.temperature = cfg.rollout.temperature  # score the distribution the rollouts sample
     reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
     source = VLMRolloutSource(
         train, reward, cfg.rollout, seed=cfg.train.seed, strict=cfg.data.strict,

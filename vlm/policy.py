@@ -51,6 +51,9 @@ class VLMPolicy:
         self.stop_ids = rollout.stop_token_ids(model, processor)
         self.pad_id = rollout.pad_token_id(processor, self.stop_ids)
         self.banned_ids = vision_token_ids(processor)
+        self.temperature = 1.0
+        """sampling temperature of the rollouts: ``evaluate`` scores the same tempered
+        distribution, so PPO ratios compare like with like (as verl does)"""
         params = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in params
         disable_dropout(model)
@@ -81,7 +84,7 @@ class VLMPolicy:
             None (no value head).
         """
         logits = self.completion_logits(batch)  # [B, T, V]
-        logp_all = logits.float().log_softmax(-1)
+        logp_all = (logits.float() / self.temperature).log_softmax(-1)
         tokens = batch.tokens.to(logp_all.device)
         mask = batch.mask.to(logp_all.device, torch.float32)
         logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]

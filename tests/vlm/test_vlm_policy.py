@@ -68,9 +68,18 @@ def test_evaluate_is_independent_of_minibatch_composition(policy, batch):
     torch.testing.assert_close(part, full[perm, :T], atol=1e-4, rtol=0)
 
 
-def test_evaluate_matches_generation_scores_at_temperature_one(policy, samples):
-    """Unprocessed sampling (temperature 1, top_p 1, top_k 0): the scores generate sampled
-    from are the policy's distribution, so their log-softmax equals ``evaluate``."""
+@pytest.mark.parametrize("temperature", [1.0, 1.5])
+def test_evaluate_matches_generation_scores(policy, samples, temperature):
+    """Sampling with top_p 1, top_k 0 at the policy's temperature: the scores generate sampled
+    from are the policy's (tempered) distribution, so their log-softmax equals ``evaluate``."""
+    policy.temperature = temperature
+    try:
+        _check_evaluate_matches_generation(policy, samples, temperature)
+    finally:
+        policy.temperature = 1.0
+
+
+def _check_evaluate_matches_generation(policy, samples, temperature):
     prompts, _ = policy.encode(samples[:4])
     rows = rollout.prompt_inputs(prompts, 2)
     kwargs = rollout.collate(rows, policy.pad_id, policy.device)
@@ -78,7 +87,7 @@ def test_evaluate_matches_generation_scores_at_temperature_one(policy, samples):
     with torch.no_grad():
         out = policy.model.generate(
             **kwargs,
-            do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16,
+            do_sample=True, temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=16,
             eos_token_id=policy.stop_ids, pad_token_id=policy.pad_id,
             suppress_tokens=policy.banned_ids, output_scores=True, return_dict_in_generate=True,
         )  # fmt: skip
