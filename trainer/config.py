@@ -64,7 +64,9 @@ class AlgoConfig:
     value_clip: float = 0.2
     """clip range of the value update around values_old; 0 disables clipping"""
     dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal (no learning signal)"""
+    """DAPO: drop groups whose rewards are all equal (no learning signal) and collect more"""
+    max_collects: int = 3
+    """dynamic sampling: collections per step at most while refilling the batch with signal"""
     tis_cap: float = 0.0
     """truncated importance sampling cap for rollout/trainer log-prob mismatch; 0 disables"""
     passk_k: int = 0

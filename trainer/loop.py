@@ -153,15 +153,35 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
     def _filter_groups(self, batch: RolloutBatch, metrics: dict) -> RolloutBatch | None:
-        keep = algos.filter_groups(
-            batch.rewards.float().reshape(len(batch), -1).sum(1), batch.group_id
-        )
-        metrics["dynamic_sampling/kept_frac"] = float(keep.float().mean())
-        if not bool(keep.any()):
+        """DAPO dynamic sampling: keep only groups whose rewards differ, collecting again (up to
+        ``algo.max_collects`` collections per step) until as many groups as the first collection
+        had are kept. Returns None when no group carries a signal."""
+        target = int(batch.group_id.unique().numel())
+        kept: list[RolloutBatch] = []
+        n_kept = seen = kept_rows = 0
+        for collect in range(1, self.cfg.algo.max_collects + 1):
+            if collect > 1:
+                batch, _ = self.source.collect(self.policy, self.step)
+            keep = algos.filter_groups(
+                batch.rewards.float().reshape(len(batch), -1).sum(1), batch.group_id
+            )
+            seen += len(batch)
+            kept_rows += int(keep.sum())
+            if keep.any():
+                part = batch.select(torch.nonzero(keep).flatten())
+                part.group_id = torch.unique(part.group_id, return_inverse=True)[1] + n_kept
+                n_kept = int(part.group_id.max()) + 1
+                kept.append(part)
+            if n_kept >= target:
+                break
+        metrics["dynamic_sampling/kept_frac"] = kept_rows / max(seen, 1)
+        metrics["dynamic_sampling/collects"] = float(collect)
+        if not kept:
             self.counters["steps_without_signal"] += 1
             metrics["dynamic_sampling/skipped_step"] = 1.0
             return None
-        return batch.select(torch.nonzero(keep).flatten())
+        batch = RolloutBatch.concat(kept)
+        return batch.select(torch.nonzero(batch.group_id < target).flatten())
 
     @torch.no_grad()
     def _score_old(self, batch: RolloutBatch) -> None:

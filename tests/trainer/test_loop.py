@@ -204,3 +204,52 @@ def test_whiten_advantages_normalises_over_valid_tokens(toy, tmp_path):
     valid = batch.advantages[batch.mask.bool()]
     assert abs(float(valid.mean())) < 1e-5 and abs(float(valid.std()) - 1) < 1e-3
     assert float(batch.advantages[~batch.mask.bool()].abs().max()) == 0.0
+
+
+class HalfFlatSource:
+    """Every other group gets identical rewards (no signal); group ids restart at 0 per collect."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def collect(self, policy, step):
+        self.calls += 1
+        batch, m = self.inner.collect(policy, step)
+        flat = (batch.group_id % 2 == 0).float()
+        batch.rewards = batch.rewards * (1 - flat) + flat * 0.5
+        return batch, m
+
+
+def test_dynamic_sampling_refills_the_batch_with_signal_groups(toy, tmp_path):
+    Policy, Source, config = toy
+    torch.manual_seed(0)
+    cfg = config(steps=1)
+    cfg.algo.dynamic_sampling, cfg.algo.max_collects = True, 3
+    source = HalfFlatSource(Source(groups=4, group_size=4))
+    trainer = Trainer(cfg, Policy(), source, tmp_path)
+    batch, metrics = source.collect(trainer.policy, 0)
+    out = trainer._filter_groups(batch, metrics)
+    assert source.calls == 2 and metrics["dynamic_sampling/collects"] == 2.0
+    assert metrics["dynamic_sampling/kept_frac"] == pytest.approx(0.5)
+    assert sorted(out.group_id.unique().tolist()) == [0, 1, 2, 3] and len(out) == 16
+    for g in range(4):  # every kept group has distinct rewards and its own id
+        assert out.rewards[out.group_id == g].std() > 0
+
+
+def test_dynamic_sampling_gives_up_after_max_collects(toy, tmp_path):
+    Policy, Source, config = toy
+    cfg = config(steps=1)
+    cfg.algo.dynamic_sampling, cfg.algo.max_collects = True, 2
+
+    class Flat(Source):
+        def collect(self, policy, step):
+            batch, m = super().collect(policy, step)
+            batch.rewards = torch.ones_like(batch.rewards)
+            return batch, m
+
+    trainer = Trainer(cfg, Policy(), Flat(), tmp_path)
+    metrics = trainer.train_step()
+    assert (
+        metrics["dynamic_sampling/skipped_step"] == 1.0
+        and metrics["dynamic_sampling/collects"] == 2.0
+    )
