@@ -171,16 +171,14 @@ def vla_eval(cfg: Config, out_dir: Path) -> dict:
     mp4 per task (``env.eval_videos`` episodes)."""
     import torch  # noqa: F401  (torch before the first EGL render: measured segfault otherwise)
 
-    from .vla.compact import CompactVLA
     from .vla.evaluate import write_report
+    from .vla.run import load_policy
 
     if not cfg.model.path:
         raise ConfigError(
             "perceptrl eval needs --model (a saved VLA, e.g. <run>/checkpoints/step_N/model)"
         )
-    policy = CompactVLA.from_pretrained(
-        resolve_path(cfg.model.path), device=resolve_device(cfg.train.device)
-    )
+    policy = load_policy(resolve_path(cfg.model.path), resolve_device(cfg.train.device))
     report = write_report(policy, cfg.env, out_dir)
     table = (out_dir / "eval.md").read_text().rstrip()
     return {

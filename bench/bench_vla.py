@@ -97,6 +97,10 @@ def write(result: dict, name: str = "vla_ppo_reach") -> None:
         f"Machine: {m['cpu']}, {m['cores_visible']} cores visible, torch {m['torch']} "
         f"({m['torch_threads']} threads), {m['device']}.",
         "",
+        f"Recipe: `{result['recipe']}`"
+        + (f" with `{' '.join(result['overrides'])}`" if result["overrides"] else "")
+        + ".",
+        "",
         f"- training: {result['train_seconds'] / 60:.1f} min, {result['train_steps']} PPO steps, "
         f"{result['env_steps']} env steps",
         f"- final held-out success ({result['final_episodes']} episodes, deterministic): "
@@ -110,6 +114,8 @@ def write(result: dict, name: str = "vla_ppo_reach") -> None:
         "|---|---|---|",
     ]
     lines += [f"| {c['step']} | {c['minutes']} | {c['success']:.3f} |" for c in result["curve"]]
+    if result.get("note"):
+        lines += ["", f"Note: {result['note']}"]
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
@@ -118,9 +124,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--final-episodes", type=int, default=200)
     ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument(
+        "--note", default="", help="free text added to the Markdown (e.g. machine load)"
+    )
+    ap.add_argument("--rewrite", action="store_true", help="only rewrite the .md from the .json")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = ap.parse_args(argv)
+    if args.rewrite:
+        result = json.loads((RESULTS / "vla_ppo_reach.json").read_text())
+        result["note"] = args.note or result.get("note", "")
+        write(result)
+        return
     result = run(args.minutes, args.final_episodes, args.eval_every, args.overrides)
+    result["note"] = args.note
     write(result)
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}, indent=1))
 

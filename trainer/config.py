@@ -238,7 +238,7 @@ class VLAConfig:
     policy: str = "compact"
     """VLA policy: compact (CNN/MLP + FiLM, Gaussian and value heads) | token (VLM action tokens)"""
     encoder: str = "cnn"
-    """compact policy observation encoder: cnn (camera image) | state (entity poses, MLP)"""
+    """compact policy observation encoder: cnn (camera images) | keypoint (CNN + spatial softmax) | state (entity poses, MLP)"""
     channels: list[int] = field(default_factory=lambda: [32, 64, 64])
     """CNN channels of the three conv layers (8x8/4, 4x4/2, 3x3/1), each FiLM-conditioned"""
     hidden: int = 256

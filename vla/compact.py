@@ -2,9 +2,13 @@
 
 Image (or entity-pose) encoder FiLM-conditioned on the instruction, proprio input, a diagonal
 Gaussian action head with a state-independent log-std, and a value head on a shared trunk.
+Image encoders: ``cnn`` (Nature-CNN, flattened features) or ``keypoint`` (three convolutions
+at 32x32 / 16x16 followed by a spatial softmax: each channel becomes the expected (x, y) image
+position of its activation, which makes "where is the named object" a direct input).
 
-Observations travel as a dict of tensors (see :meth:`CompactVLA.observe`): ``image`` [N, H, W, 3]
-uint8 (kept uint8 until the forward), ``proprio`` [N, P] float, ``objects`` [N, O] float (state
+Observations travel as a dict of tensors (see :meth:`CompactVLA.observe`): ``image``
+[N, H, W, 3 * cameras] uint8 (the env's cameras stacked on channels, kept uint8 until the forward;
+one conv tower shared by the cameras, features concatenated), ``proprio`` [N, P] float, ``objects`` [N, O] float (state
 encoder), ``words`` [N, L] long instruction word ids (0 = padding, 1 = unknown word).
 
 In a `RolloutBatch`, each of these is a per-sample list of [T_i, ...] tensors (one entry per
@@ -34,6 +38,8 @@ WORKSPACE_CENTRE = (0.5, 0.0, 0.2)
 """metres; positions enter the network as (p - centre) / POS_SCALE so that they are O(1)"""
 POS_SCALE = 0.1
 OBS_KEYS = ("image", "proprio", "objects", "words")
+IMAGE_ENCODERS = ("cnn", "keypoint")
+ENCODERS = (*IMAGE_ENCODERS, "state")
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
@@ -75,7 +81,10 @@ class CompactSpec:
     objects_dim: int = 0
     """entity-pose size (state encoder)"""
     image_size: int = 64
+    cameras: int = 1
+    """camera images per observation (each goes through the same conv tower)"""
     encoder: str = "cnn"
+    """cnn | keypoint (spatial-softmax CNN) | state (entity-pose MLP)"""
     channels: list[int] = field(default_factory=lambda: [32, 64, 64])
     hidden: int = 256
     embed_dim: int = 64
@@ -99,6 +108,30 @@ class FiLM(nn.Module):
         gamma, beta = self.proj(cond).chunk(2, dim=-1)  # (N, C) each
         shape = (x.shape[0], -1) + (1,) * (x.dim() - 2)
         return x * (1 + gamma.view(shape)) + beta.view(shape)
+
+
+class SpatialSoftmax(nn.Module):
+    """Feature maps [N, C, H, W] -> expected (x, y) position of each channel's softmax over the
+    map, in [-1, 1]: [N, 2C] (Levine et al. 2016), with a learned temperature."""
+
+    def __init__(self, height: int, width: int):
+        super().__init__()
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij"
+        )
+        grid = torch.stack([xs.flatten(), ys.flatten()], dim=-1)  # (H*W, 2)
+        self.register_buffer("grid", grid, persistent=False)
+        self.log_temp = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: Tensor) -> Tensor:
+        N, C, H, W = x.shape
+        if H * W != self.grid.shape[0]:
+            raise ValueError(
+                f"SpatialSoftmax built for {self.grid.shape[0]} cells got maps {H}x{W}; the "
+                "image size differs from the policy's spec.image_size"
+            )
+        attn = torch.softmax(x.flatten(2) / self.log_temp.exp(), dim=-1)  # (N, C, H*W)
+        return (attn @ self.grid).flatten(1)  # (N, C, 2) -> (N, 2C)
 
 
 class InstructionEncoder(nn.Module):
@@ -127,23 +160,29 @@ class CompactVLA(nn.Module):
 
     def __init__(self, spec: CompactSpec):
         super().__init__()
-        if spec.encoder not in ("cnn", "state"):
-            raise ValueError(f"vla.encoder={spec.encoder!r}; valid: cnn | state")
+        if spec.encoder not in ENCODERS:
+            raise ValueError(f"vla.encoder={spec.encoder!r}; valid: {' | '.join(ENCODERS)}")
         if not spec.words:
             spec.words = instruction_words()
         self.spec = spec
         self.vocab = {w: i + 2 for i, w in enumerate(spec.words)}
         E, H = spec.embed_dim, spec.hidden
         self.instr = InstructionEncoder(len(self.vocab) + 2, E, spec.instruction_encoder)
-        if spec.encoder == "cnn":
+        self.keypoints = None
+        if spec.encoder in IMAGE_ENCODERS:
             c1, c2, c3 = spec.channels
-            self.convs = nn.ModuleList(
-                [nn.Conv2d(3, c1, 8, 4), nn.Conv2d(c1, c2, 4, 2), nn.Conv2d(c2, c3, 3, 1)]
-            )
+            if spec.encoder == "cnn":
+                convs = [nn.Conv2d(3, c1, 8, 4), nn.Conv2d(c1, c2, 4, 2), nn.Conv2d(c2, c3, 3, 1)]
+            else:
+                convs = [nn.Conv2d(3, c1, 5, 2, 2), nn.Conv2d(c1, c2, 3, 2, 1),
+                         nn.Conv2d(c2, c3, 3, 1, 1)]  # fmt: skip
+                side = (spec.image_size + 3) // 4
+                self.keypoints = SpatialSoftmax(side, side)
+            self.convs = nn.ModuleList(convs)
             self.films = nn.ModuleList([FiLM(E, c) for c in (c1, c2, c3)])
             with torch.no_grad():
                 n_feat = self._cnn(torch.zeros(1, 3, spec.image_size, spec.image_size), None)
-            self.feat = nn.Linear(n_feat.shape[1], H)
+            self.feat = nn.Linear(n_feat.shape[1] * spec.cameras, H)
         else:
             if spec.objects_dim <= 0:
                 raise ValueError("the state encoder needs objects_dim > 0 (obs_mode=state)")
@@ -162,13 +201,15 @@ class CompactVLA(nn.Module):
         return self.log_std.device
 
     def _cnn(self, img: Tensor, cond: Tensor | None) -> Tensor:
+        """Images [N, 3, H, W] -> features [N, F] (flattened maps, or 2 * C3 keypoints)."""
         x = img
         for i, conv in enumerate(self.convs):
             x = conv(x)
             if cond is not None:
                 x = self.films[i](x, cond)
-            x = torch.relu(x)
-        return x.flatten(1)
+            if self.keypoints is None or i < len(self.convs) - 1:
+                x = torch.relu(x)
+        return x.flatten(1) if self.keypoints is None else self.keypoints(x)
 
     def _normalise(self, proprio: Tensor, objects: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Positions (proprio tcp xyz, entity xyz) -> O(1) workspace coordinates; the gripper
@@ -189,9 +230,11 @@ class CompactVLA(nn.Module):
         cond = self.instr(obs["words"])  # (N, E)
         objects = obs["objects"].float() if self.spec.encoder == "state" else None
         proprio, objects = self._normalise(obs["proprio"].float(), objects)  # (N, P), (N, O)
-        if self.spec.encoder == "cnn":
-            img = obs["image"].permute(0, 3, 1, 2).float() / 255.0 - 0.5  # (N, 3, H, W)
-            h = self.feat(self._cnn(img, cond))
+        if self.spec.encoder in IMAGE_ENCODERS:
+            N, S, C = len(cond), self.spec.image_size, self.spec.cameras
+            img = obs["image"].permute(0, 3, 1, 2).float() / 255.0 - 0.5  # (N, 3C, H, W)
+            feats = self._cnn(img.reshape(N * C, 3, S, S), cond.repeat_interleave(C, 0))
+            h = self.feat(feats.reshape(N, -1))  # (N*C, F) -> (N, C*F) -> (N, H)
         else:
             h = self.feat(torch.cat([objects, proprio], dim=-1))
             h = self.films[0](h, cond)
@@ -232,7 +275,7 @@ class CompactVLA(nn.Module):
     def obs_keys(self) -> tuple[str, ...]:
         return (
             ("image", "proprio", "words")
-            if self.spec.encoder == "cnn"
+            if self.spec.encoder in IMAGE_ENCODERS
             else ("objects", "proprio", "words")
         )
 
@@ -242,13 +285,18 @@ class CompactVLA(nn.Module):
             "proprio": torch.as_tensor(np.asarray(batch.proprio, np.float32)),
             "words": encode_words(batch.instructions, self.vocab, self.spec.max_words),
         }
-        if self.spec.encoder == "cnn":
+        if self.spec.encoder in IMAGE_ENCODERS:
             if not batch.images:
                 raise ValueError(
                     "the cnn encoder needs camera images; make the env with env.obs_mode=rgb "
                     "(or use vla.encoder=state)"
                 )
-            obs["image"] = torch.as_tensor(next(iter(batch.images.values())))
+            if len(batch.images) != self.spec.cameras:
+                raise ValueError(
+                    f"the policy reads {self.spec.cameras} camera(s) but the env renders "
+                    f"{sorted(batch.images)}; set env.cameras to match the policy"
+                )
+            obs["image"] = torch.as_tensor(np.concatenate(list(batch.images.values()), axis=-1))
         else:
             if batch.objects is None:
                 raise ValueError("vla.encoder=state needs env.obs_mode=state (entity poses)")
@@ -314,6 +362,11 @@ def flatten_inputs(batch: RolloutBatch, keys: Sequence[str]) -> dict[str, Tensor
     return flat
 
 
+def camera_keys(obs_space) -> list[str]:
+    """Names of the image entries ([H, W, 3] boxes) of an env's Dict observation space."""
+    return [k for k, sp in obs_space.spaces.items() if len(getattr(sp, "shape", None) or ()) == 3]
+
+
 def spec_from_config(vla, env_spaces: dict, chunk: int, image_size: int) -> CompactSpec:
     """A `CompactSpec` from the recipe's ``vla`` section and the env's single spaces
     (``action``: Box (A,), ``observation``: Dict)."""
@@ -322,7 +375,7 @@ def spec_from_config(vla, env_spaces: dict, chunk: int, image_size: int) -> Comp
         action_dim=int(env_spaces["action"].shape[0]), chunk=chunk,
         proprio_dim=int(obs["proprio"].shape[0]),
         objects_dim=int(obs["objects"].shape[0]) if "objects" in obs.spaces else 0,
-        image_size=image_size, encoder=vla.encoder, channels=list(vla.channels),
+        image_size=image_size, cameras=max(1, len(camera_keys(obs))), encoder=vla.encoder, channels=list(vla.channels),
         hidden=vla.hidden, embed_dim=vla.embed_dim,
         instruction_encoder=vla.instruction_encoder, max_words=vla.max_words,
         init_log_std=vla.init_log_std,

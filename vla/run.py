@@ -21,15 +21,14 @@ PER_STEP_ESTIMATORS = ("gae",)
 """advantage estimators that need per-step rewards and values (PPO collection)"""
 
 
-def build_policy(cfg: Config, runner: VecRunner):
+def build_policy(cfg: Config, runner: VecRunner, run_dir: str | Path | None = None):
     """``model.path`` (a saved CompactVLA, e.g. a BC warm start) or a fresh policy sized from
-    the env's spaces, on ``train.device``."""
+    the env's spaces, on ``train.device``; ``vla.policy=token``: see `build_token_policy`."""
     device = resolve_device(cfg.train.device)
+    if cfg.vla.policy == "token":
+        return build_token_policy(cfg, runner, device, run_dir)
     if cfg.vla.policy != "compact":
-        raise ConfigError(
-            f"vla.policy={cfg.vla.policy!r}: only the compact policy is built so far (TokenVLA "
-            "is not implemented yet); set vla.policy=compact"
-        )
+        raise ConfigError(f"vla.policy={cfg.vla.policy!r}; valid: compact | token")
     if cfg.model.path:
         policy = CompactVLA.from_pretrained(Path(cfg.model.path).expanduser(), device=device)
         if policy.spec.chunk != cfg.env.action_chunk:
@@ -41,6 +40,51 @@ def build_policy(cfg: Config, runner: VecRunner):
     spaces = {"action": runner.action_space, "observation": runner.observation_space}
     spec = spec_from_config(cfg.vla, spaces, cfg.env.action_chunk, cfg.env.image_size)
     return CompactVLA(spec).to(device)
+
+
+def build_token_policy(cfg: Config, runner: VecRunner, device, run_dir=None):
+    """A `TokenVLA` on the local VLM directory ``model.path``, or on a tiny random-initialised
+    ``model.tiny_arch`` built under ``run_dir/init_model`` when the path is empty."""
+    from ..vlm.tiny import build_tiny
+    from .token_vla import TokenSpec, TokenVLA
+
+    if cfg.algo.adv_estimator in PER_STEP_ESTIMATORS:
+        raise ConfigError(
+            f"vla.policy=token has no value head; algo.adv_estimator={cfg.algo.adv_estimator!r} "
+            "needs one. Use a group estimator (grpo, rloo, ...)"
+        )
+    m = cfg.model
+    if m.path:
+        path = Path(m.path).expanduser()
+    elif run_dir is not None:
+        path = build_tiny(m.tiny_arch, Path(run_dir) / "init_model", seed=cfg.train.seed)
+    else:
+        raise ConfigError("vla.policy=token needs model.path (a local image-text-to-text model)")
+    spec = TokenSpec(action_dim=runner.action_dim, chunk=cfg.env.action_chunk)
+    policy = TokenVLA.from_pretrained(
+        path, spec, dtype=m.dtype, device=device, gradient_checkpointing=m.gradient_checkpointing,
+        trust_remote_code=m.trust_remote_code, min_pixels=m.min_pixels or None,
+        max_pixels=m.max_pixels or None,
+    )  # fmt: skip
+    if policy.spec.chunk != cfg.env.action_chunk:
+        raise ConfigError(
+            f"model.path holds a TokenVLA with action chunk {policy.spec.chunk}; the recipe has "
+            f"env.action_chunk={cfg.env.action_chunk}"
+        )
+    return policy
+
+
+def load_policy(path: str | Path, device: str = "cpu"):
+    """A VLA policy written by ``policy.save``: a `TokenVLA` directory (``token_vla.json``) or
+    a `CompactVLA` one (``config.json`` + ``model.safetensors``)."""
+    from .token_vla import SPEC
+
+    path = Path(path).expanduser()
+    if (path / SPEC).exists():
+        from .token_vla import TokenVLA
+
+        return TokenVLA.from_pretrained(path, device=device)
+    return CompactVLA.from_pretrained(path, device=device)
 
 
 def build_source(cfg: Config, runner: VecRunner):
@@ -59,7 +103,7 @@ def build_evaluator(cfg: Config):
 def build_trainer(cfg: Config, run_dir: str | Path) -> Trainer:
     """PPO (GAE) or GRPO-family training of a VLA policy on ``env.id``."""
     runner = VecRunner(cfg.env, seed=cfg.train.seed)
-    policy = build_policy(cfg, runner)
+    policy = build_policy(cfg, runner, run_dir)
     source = build_source(cfg, runner)
     ref = None
     if cfg.algo.kl_coef > 0:

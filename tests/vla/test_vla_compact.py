@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402  (import torch before any rendering)
 
 from perceptrl.trainer.batch import RolloutBatch  # noqa: E402
@@ -14,9 +15,11 @@ from perceptrl.vla.compact import (  # noqa: E402
     UNK,
     CompactSpec,
     CompactVLA,
+    SpatialSoftmax,
     encode_words,
     instruction_words,
 )
+from perceptrl.vla.run import load_policy  # noqa: E402
 
 
 def _obs(policy: CompactVLA, n: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -26,10 +29,9 @@ def _obs(policy: CompactVLA, n: int, seed: int = 0) -> dict[str, torch.Tensor]:
         "proprio": torch.randn(n, s.proprio_dim, generator=g),
         "words": encode_words(["reach the red target"] * n, policy.vocab, s.max_words),
     }
-    if s.encoder == "cnn":
-        obs["image"] = torch.randint(0, 256, (n, s.image_size, s.image_size, 3), generator=g).to(
-            torch.uint8
-        )
+    if s.encoder in ("cnn", "keypoint"):
+        shape = (n, s.image_size, s.image_size, 3 * s.cameras)
+        obs["image"] = torch.randint(0, 256, shape, generator=g).to(torch.uint8)
     else:
         obs["objects"] = torch.randn(n, s.objects_dim, generator=g)
     return obs
@@ -57,9 +59,12 @@ def state_policy(chunk: int = 1) -> CompactVLA:
     )
 
 
-def cnn_policy() -> CompactVLA:
+def cnn_policy(encoder: str = "cnn") -> CompactVLA:
     torch.manual_seed(0)
-    return CompactVLA(CompactSpec(action_dim=5, image_size=64, channels=[8, 16, 16], hidden=32))
+    spec = CompactSpec(
+        action_dim=5, image_size=64, encoder=encoder, channels=[8, 16, 16], hidden=32
+    )
+    return CompactVLA(spec)
 
 
 def test_policy_protocol():
@@ -67,7 +72,11 @@ def test_policy_protocol():
 
 
 def test_act_logp_equals_evaluate():
-    for policy, chunk in ((state_policy(chunk=2), 2), (cnn_policy(), 1)):
+    for policy, chunk in (
+        (state_policy(chunk=2), 2),
+        (cnn_policy(), 1),
+        (cnn_policy("keypoint"), 1),
+    ):
         obs = _obs(policy, 7)
         action, logp, value = policy.act(obs)
         assert action.shape == (7, 5 * chunk) and logp.shape == value.shape == (7,)
@@ -93,8 +102,9 @@ def test_evaluate_has_gradients_for_all_heads():
         assert grad is not None and grad.abs().sum() > 0, name
 
 
-def test_cnn_output_depends_on_image_and_instruction():
-    policy = cnn_policy()
+@pytest.mark.parametrize("encoder", ["cnn", "keypoint"])
+def test_cnn_output_depends_on_image_and_instruction(encoder):
+    policy = cnn_policy(encoder)
     with torch.no_grad():  # make FiLM non-trivial so the instruction matters
         for film in policy.films:
             film.proj.weight.normal_(0, 0.5)
@@ -111,6 +121,38 @@ def test_cnn_output_depends_on_image_and_instruction():
     assert not torch.allclose(*policy(dict(obs, words=words))[0])
 
 
+def test_two_cameras_share_the_tower_and_both_matter():
+    torch.manual_seed(0)
+    spec = CompactSpec(action_dim=5, cameras=2, encoder="keypoint", channels=[8, 16, 16], hidden=32)
+    policy = CompactVLA(spec)
+    obs = _obs(policy, 3)
+    action, logp, _ = policy.act(obs)
+    lp, _, _ = policy.evaluate(_rows(obs, action, [2, 1]))
+    torch.testing.assert_close(lp[_rows(obs, action, [2, 1]).mask.bool()], logp)
+    for cam in (slice(0, 3), slice(3, 6)):  # changing either camera changes the action mean
+        other = dict(obs, image=obs["image"].clone())
+        other["image"][..., cam] = 255 - other["image"][..., cam]
+        assert not torch.allclose(policy(other)[0], policy(obs)[0])
+
+
+def test_spatial_softmax_returns_peak_positions():
+    ssm = SpatialSoftmax(16, 16)
+    maps = torch.zeros(2, 3, 16, 16)
+    maps[0, 0, 3, 12] = maps[0, 1, 0, 0] = maps[1, 2, 15, 15] = 50.0  # sharp peaks
+    kp = ssm(maps).view(2, 3, 2)  # (N, C, (x, y))
+    grid = torch.linspace(-1, 1, 16)
+    torch.testing.assert_close(kp[0, 0], torch.stack([grid[12], grid[3]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(kp[0, 1], torch.tensor([-1.0, -1.0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(kp[1, 2], torch.tensor([1.0, 1.0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(kp[0, 2], torch.zeros(2), atol=1e-6, rtol=0)  # flat map: centre
+    try:
+        ssm(torch.zeros(1, 3, 8, 8))
+    except ValueError as e:
+        assert "image size" in str(e)
+    else:
+        raise AssertionError("expected ValueError for a map of the wrong size")
+
+
 def test_instruction_vocabulary_and_unknown_words():
     words = instruction_words()
     assert {"reach", "red", "bowl", "stack"} <= set(words)
@@ -124,7 +166,8 @@ def test_save_load_round_trip(tmp_path):
     policy = state_policy()
     obs = _obs(policy, 3)
     policy.save(tmp_path / "m")
-    loaded = CompactVLA.from_pretrained(tmp_path / "m")
+    loaded = load_policy(tmp_path / "m")
+    assert isinstance(loaded, CompactVLA)
     torch.testing.assert_close(loaded.act(obs, True)[0], policy.act(obs, True)[0])
     other = state_policy()
     with torch.no_grad():
