@@ -11,7 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .parse import answer_or_text, box_iou, extract_letter, is_formatted, parse_box, parse_number
+from .parse import (
+    answer_or_text,
+    box_iou,
+    extract_letter,
+    is_boxed_formatted,
+    is_formatted,
+    parse_box,
+    parse_number,
+)
 from .registry import get_reward, register_reward
 
 
@@ -28,13 +36,20 @@ def _sid(sample: dict) -> str:
 
 
 @register_reward("format")
-def format_reward(completions: list[str], samples: list[dict]) -> list[float]:
-    """1 if the completion is exactly ``<think>…</think>\\s*<answer>…</answer>``, else 0.
+def format_reward(completions: list[str], samples: list[dict], style: str = "tags") -> list[float]:
+    """1 if the completion has the required layout, else 0.
 
-    See :func:`~perceptrl.rewards.parse.is_formatted` (one tag of each kind, no nesting).
+    Args:
+        style: ``"tags"``: exactly ``<think>…</think>\\s*<answer>…</answer>`` (one tag of each
+            kind, no nesting, see :func:`~perceptrl.rewards.parse.is_formatted`); ``"boxed"``:
+            ``<think>…</think>`` then a final part holding a closed, non-empty ``\\boxed{…}``
+            (see :func:`~perceptrl.rewards.parse.is_boxed_formatted`).
     """
     _check(completions, samples)
-    return [1.0 if is_formatted(c) else 0.0 for c in completions]
+    checks = {"tags": is_formatted, "boxed": is_boxed_formatted}
+    if style not in checks:
+        raise ValueError(f"format: unknown style {style!r}; valid: {', '.join(checks)}")
+    return [1.0 if checks[style](c) else 0.0 for c in completions]
 
 
 @register_reward("mcq")

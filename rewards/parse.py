@@ -1,4 +1,4 @@
-"""Parsing of model completions: answer tags, option letters, numbers, boxes.
+"""Parsing of model completions: answer tags, ``\\boxed{}``, option letters, numbers, boxes.
 
 Every parser returns None on anything it cannot read; none raises on any string input.
 """
@@ -14,6 +14,8 @@ _TAGS = r"<think>|</think>|<answer>|</answer>"
 _FORMAT = re.compile(
     rf"<think>(?:(?!{_TAGS}).)*</think>\s*<answer>(?:(?!{_TAGS}).)*</answer>", re.DOTALL
 )
+
+_BOXED_FORMAT = re.compile(rf"<think>(?:(?!{_TAGS}).)*</think>((?:(?!{_TAGS}).)*)", re.DOTALL)
 
 _NUMBER_WORDS = {
     w: i
@@ -44,11 +46,33 @@ def extract_answer(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+def extract_boxed(text: str) -> str | None:
+    """Stripped content of the last ``\\boxed{…}`` (braces balanced), or None.
+
+    ``"so \\boxed{\\frac{1}{2}}"`` gives ``"\\frac{1}{2}"``; an unclosed box gives None.
+    """
+    if not isinstance(text, str):
+        return None
+    start = text.rfind("\\boxed{")
+    while start >= 0:
+        i, depth = start + len("\\boxed{"), 1
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            return text[start + len("\\boxed{") : i - 1].strip()
+        start = text.rfind("\\boxed{", 0, start)
+    return None
+
+
 def answer_or_text(text: str) -> str:
-    """The answer tag's content if present, else the whole completion, stripped."""
+    """The answer tag's content if present, else the last ``\\boxed{}`` content, else the whole
+    completion, stripped."""
     if not isinstance(text, str):
         return ""
     ans = extract_answer(text)
+    if ans is None:
+        ans = extract_boxed(text)
     return ans if ans is not None else text.strip()
 
 
@@ -58,6 +82,17 @@ def is_formatted(text: str) -> bool:
     Each tag appears exactly once; the contents may not contain any of the four tags.
     """
     return isinstance(text, str) and _FORMAT.fullmatch(text.strip()) is not None
+
+
+def is_boxed_formatted(text: str) -> bool:
+    """``<think>…</think>`` then a final part holding a closed, non-empty ``\\boxed{…}``.
+
+    Neither part may contain a think or answer tag; the reasoning tag opens the completion.
+    """
+    if not isinstance(text, str):
+        return False
+    m = _BOXED_FORMAT.fullmatch(text.strip())
+    return m is not None and bool(extract_boxed(m.group(1)))
 
 
 def extract_letter(text: str, options: Sequence[str] | None = None) -> str | None:
