@@ -1,8 +1,26 @@
 """Weighted composition of rewards, with failure isolation and a per-call time limit.
 
 ``build_reward({"format": 0.5, "accuracy": 1.0})`` gives a :class:`CompositeReward`; calling it
-returns the weighted totals, every component's raw scores (logged as ``reward/<name>``) and
+returns the weighted totals, every component's scores (logged as ``reward/<name>``) and
 statistics. A term may carry keyword parameters: ``{"numeric": {"weight": 1.0, "abs_tol": 0.5}}``.
+
+Gating: a term's mapping may hold ``"gate"``, so that the term counts only on completions where
+other terms score at least a threshold — e.g. a length bonus paid only for correct answers::
+
+    {"accuracy": 1.0,
+     "format": {"weight": 0.5, "gate": "accuracy"},          # accuracy >= 1
+     "rouge_l": {"weight": 0.2, "gate": {"accuracy": 0.5, "format": 1.0}}}  # all must hold
+
+A gate compares the *ungated* scores of the named terms, which must be terms of the same
+composite (give one weight 0 to use it only as a gate). A closed gate sets the term's component
+to 0 for that completion; ``reward/<name>/gate_open`` logs the fraction of open gates and
+``reward/<name>/ungated`` the mean score before gating.
+
+Per-completion context: besides ``completions`` and ``samples`` the composite may be called with
+``lengths`` (completion lengths in tokens, [B]) and ``group_ids`` ([B], equal for the completions
+of one prompt). It hands each to the terms whose function has a parameter of that name (e.g.
+``overlong`` takes ``lengths``, ``majority`` takes ``group_ids``) and to no other, so plain
+``fn(completions, samples)`` rewards are unaffected. Callers check ``accepts_context``.
 
 Failures never stop a run:
 
@@ -28,7 +46,7 @@ import math
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .registry import RewardFn, get_reward
@@ -83,6 +101,19 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: An
     return box["out"]
 
 
+CONTEXT_KEYS = ("lengths", "group_ids")
+"""Per-completion context a composite passes to the terms that name it as a parameter."""
+
+
+def context_params(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The context keywords (see :data:`CONTEXT_KEYS`) that ``fn`` names as parameters."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(k for k in CONTEXT_KEYS if k in params)
+
+
 @dataclass
 class RewardTerm:
     name: str
@@ -91,6 +122,14 @@ class RewardTerm:
     """fn(completions, samples) -> list[float], parameters already bound"""
     weight: float = 1.0
     """weight of this component in the total"""
+    gate: dict[str, float] = field(default_factory=dict)
+    """term name -> minimum (ungated) score of that term for this one to count; all must hold"""
+    context: tuple[str, ...] = ()
+    """context keywords fn accepts (lengths, group_ids); filled from fn's signature if empty"""
+
+    def __post_init__(self):
+        if not self.context:
+            self.context = context_params(self.fn)
 
 
 def _valid_scores(out: Any, n: int) -> list[float | None]:
@@ -108,8 +147,16 @@ def _valid_scores(out: Any, n: int) -> list[float | None]:
     return vals
 
 
+def _bind(term: RewardTerm, ctx: dict[str, list]) -> Callable[..., Any]:
+    kw = {k: ctx[k] for k in term.context if ctx.get(k) is not None}
+    return functools.partial(term.fn, **kw) if kw else term.fn
+
+
 class CompositeReward:
-    """Weighted sum of reward terms; see the module docstring for failure handling."""
+    """Weighted sum of reward terms, with gates; see the module docstring."""
+
+    accepts_context = True
+    """callers may pass ``lengths=`` and ``group_ids=`` (see the module docstring)"""
 
     def __init__(self, terms: Sequence[RewardTerm], timeout_s: float | None = 10.0):
         if not terms:
@@ -117,6 +164,14 @@ class CompositeReward:
         names = [t.name for t in terms]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate reward terms in {names}")
+        for t in terms:
+            for g in t.gate:
+                if g == t.name or g not in names:
+                    raise ValueError(
+                        f"reward {t.name!r}: gate {g!r} must name another term of this reward "
+                        f"({', '.join(n for n in names if n != t.name) or 'none'}); add it, with "
+                        "weight 0 if it should only gate"
+                    )
         self.terms = list(terms)
         self.timeout_s = timeout_s
 
@@ -125,13 +180,13 @@ class CompositeReward:
         return [t.name for t in self.terms]
 
     def _score(
-        self, term: RewardTerm, completions: list[str], samples: list[dict]
+        self, term: RewardTerm, completions: list[str], samples: list[dict], ctx: dict[str, list]
     ) -> tuple[list[float], int, int]:
         """(scores [B], errors, timeouts) for one term."""
         n = len(completions)
         try:
             vals = _valid_scores(
-                call_with_timeout(term.fn, self.timeout_s, completions, samples), n
+                call_with_timeout(_bind(term, ctx), self.timeout_s, completions, samples), n
             )
         except RewardTimeout:
             log.warning(
@@ -145,20 +200,22 @@ class CompositeReward:
             log.warning(
                 "reward %r raised %s: %s; retrying sample by sample", term.name, type(e).__name__, e
             )
-            return self._score_each(term, completions, samples)
+            return self._score_each(term, completions, samples, ctx)
         errors = sum(v is None for v in vals)
         return [0.0 if v is None else v for v in vals], errors, 0
 
     def _score_each(
-        self, term: RewardTerm, completions: list[str], samples: list[dict]
+        self, term: RewardTerm, completions: list[str], samples: list[dict], ctx: dict[str, list]
     ) -> tuple[list[float], int, int]:
         scores, errors, timeouts = [0.0] * len(completions), 0, 0
         for i, (c, s) in enumerate(zip(completions, samples)):
             if timeouts:  # one slow sample already cost a full limit: skip the rest
                 timeouts += 1
                 continue
+            one = {k: None if v is None else [v[i]] for k, v in ctx.items()}
             try:
-                v = _valid_scores(call_with_timeout(term.fn, self.timeout_s, [c], [s]), 1)[0]
+                fn = _bind(term, one)
+                v = _valid_scores(call_with_timeout(fn, self.timeout_s, [c], [s]), 1)[0]
             except RewardTimeout:
                 timeouts += 1
                 continue
@@ -176,45 +233,94 @@ class CompositeReward:
         return scores, errors, timeouts
 
     def __call__(
-        self, completions: list[str], samples: list[dict]
+        self,
+        completions: list[str],
+        samples: list[dict],
+        *,
+        lengths: Sequence[int] | None = None,
+        group_ids: Sequence[Any] | None = None,
     ) -> tuple[list[float], dict[str, list[float]], dict[str, float]]:
         """Score a batch.
 
         Args:
             completions: [B] generated texts.
             samples: [B] dataset samples, one per completion.
+            lengths: [B] completion lengths in tokens (for ``overlong``), optional.
+            group_ids: [B] prompt group of each completion (for ``majority``), optional.
         Returns:
-            totals [B] (weighted sums), components name -> [B] raw scores, and stats:
-            ``reward/total``, ``reward/<name>`` (means), ``reward/errors[/<name>]`` and
-            ``reward/timeouts[/<name>]`` (counts of failed samples).
+            totals [B] (weighted sums), components name -> [B] scores (after gating), and
+            stats: ``reward/total``, ``reward/<name>`` (means), ``reward/errors[/<name>]`` and
+            ``reward/timeouts[/<name>]`` (counts of failed samples), and for gated terms
+            ``reward/<name>/gate_open`` and ``reward/<name>/ungated``.
         """
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions for {len(samples)} samples")
         n = len(completions)
-        components: dict[str, list[float]] = {}
+        ctx = {"lengths": lengths, "group_ids": group_ids}
+        for k, v in ctx.items():
+            if v is not None:
+                ctx[k] = list(v)
+                if len(ctx[k]) != n:
+                    raise ValueError(f"got {len(ctx[k])} {k} for {n} completions")
+        raw: dict[str, list[float]] = {}
         stats: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
-        totals = [0.0] * n
         for term in self.terms:
-            scores, errors, timeouts = self._score(term, list(completions), list(samples))
-            components[term.name] = scores
-            totals = [t + term.weight * v for t, v in zip(totals, scores)]
-            stats[f"reward/{term.name}"] = sum(scores) / n if n else 0.0
+            scores, errors, timeouts = self._score(term, list(completions), list(samples), ctx)
+            raw[term.name] = scores
             stats[f"reward/errors/{term.name}"] = float(errors)
             stats[f"reward/timeouts/{term.name}"] = float(timeouts)
             stats["reward/errors"] += errors
             stats["reward/timeouts"] += timeouts
+        components: dict[str, list[float]] = {}
+        totals = [0.0] * n
+        for term in self.terms:
+            scores = raw[term.name]
+            if term.gate:
+                open_ = [all(raw[g][i] >= thr for g, thr in term.gate.items()) for i in range(n)]
+                stats[f"reward/{term.name}/gate_open"] = sum(open_) / n if n else 0.0
+                stats[f"reward/{term.name}/ungated"] = sum(scores) / n if n else 0.0
+                scores = [v if o else 0.0 for v, o in zip(scores, open_)]
+            components[term.name] = scores
+            totals = [t + term.weight * v for t, v in zip(totals, scores)]
+            stats[f"reward/{term.name}"] = sum(scores) / n if n else 0.0
         stats["reward/total"] = sum(totals) / n if n else 0.0
         return totals, components, stats
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{t.name}={t.weight:g}" for t in self.terms)
+        def one(t: RewardTerm) -> str:
+            gate = ("|gate:" + ",".join(f"{g}>={v:g}" for g, v in t.gate.items())) if t.gate else ""
+            return f"{t.name}={t.weight:g}{gate}"
+
+        inner = ", ".join(one(t) for t in self.terms)
         return f"CompositeReward({inner}, timeout_s={self.timeout_s})"
 
 
+def _gate(name: str, gate: Any) -> dict[str, float]:
+    """``"term"`` -> {term: 1.0}; {term: threshold, ...} -> as floats."""
+    if isinstance(gate, str):
+        gate = {gate: 1.0}
+    if not isinstance(gate, Mapping) or not gate:
+        raise ValueError(
+            f"reward {name!r}: gate must be a term name or a mapping term -> minimum score, "
+            f"got {gate!r}; e.g. gate: accuracy or gate: {{accuracy: 0.5}}"
+        )
+    out = {}
+    for k, v in gate.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(
+                f"reward {name!r}: gate threshold for {k!r} must be a number, got {v!r}"
+            )
+        out[str(k)] = float(v)
+    return out
+
+
 def _term(name: str, value: Any) -> RewardTerm:
+    gate: dict[str, float] = {}
     if isinstance(value, Mapping):
         params = dict(value)
         weight = params.pop("weight", 1.0)
+        if "gate" in params:
+            gate = _gate(name, params.pop("gate"))
     else:
         weight, params = value, {}
     if (
@@ -224,17 +330,23 @@ def _term(name: str, value: Any) -> RewardTerm:
     ):
         raise ValueError(f"reward {name!r}: weight must be a finite number, got {weight!r}")
     fn = get_reward(name)
+    context = context_params(fn)
     if params:
+        bad = sorted(set(params) & set(CONTEXT_KEYS))
+        if bad:
+            raise ValueError(
+                f"reward {name!r}: {bad} come from the rollout at each call, not from the recipe"
+            )
         try:
             inspect.signature(fn).bind([], [], **params)
         except TypeError as e:
-            sig = ", ".join(list(inspect.signature(fn).parameters)[2:]) or "none"
+            names = [p for p in list(inspect.signature(fn).parameters)[2:] if p not in CONTEXT_KEYS]
             raise ValueError(
                 f"reward {name!r} does not take parameters {sorted(params)} ({e}); "
-                f"its parameters: {sig}"
+                f"its parameters: {', '.join(names) or 'none'}"
             ) from e
         fn = functools.partial(fn, **params)
-    return RewardTerm(name=name, fn=fn, weight=float(weight))
+    return RewardTerm(name=name, fn=fn, weight=float(weight), gate=gate, context=context)
 
 
 def build_reward(
@@ -244,10 +356,11 @@ def build_reward(
 
     Args:
         spec: a name or ``"module:function"`` (comma-separated names allowed), a list of them
-            (weight 1 each), a mapping name -> weight, or name -> {"weight": w, **params}.
+            (weight 1 each), a mapping name -> weight, or name -> {"weight": w, "gate": g,
+            **params} (gates: see the module docstring).
         timeout_s: time limit per reward call in seconds; None or 0 disables it.
     Raises:
-        ValueError: unknown reward (listing valid names), bad weight or parameters.
+        ValueError: unknown reward (listing valid names), bad weight, parameters or gate.
     """
     if isinstance(spec, CompositeReward):
         return spec
