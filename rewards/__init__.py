@@ -10,7 +10,7 @@ Registered: ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy`` (dispatches 
 
 from __future__ import annotations
 
-from . import boxes, builtin, group, measure, shaping, text  # noqa: F401  (registers them)
+from . import boxes, builtin, group, judge, measure, shaping, text  # noqa: F401  (registers them)
 from .compose import CompositeReward, RewardTerm, RewardTimeout, build_reward, call_with_timeout
 from .parse import extract_answer, extract_letter, is_formatted, parse_box, parse_number
 from .registry import get_reward, list_rewards, register_reward

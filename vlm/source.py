@@ -144,8 +144,12 @@ class VLMRolloutSource:
             batch = policy.sample(prompts, self.cfg.group_size, self.sampling)
         t1 = time.perf_counter()
         completions = [m["completion"] for m in batch.meta]
+        ctx = {}
+        if getattr(self.reward, "accepts_context", False):  # e.g. overlong, majority
+            lengths = batch.mask.sum(1).long().tolist()
+            ctx = {"lengths": lengths, "group_ids": batch.group_id.tolist()}
         totals, comps, stats = _check_reward(
-            self.reward(completions, [m["sample"] for m in batch.meta]), len(batch)
+            self.reward(completions, [m["sample"] for m in batch.meta], **ctx), len(batch)
         )
         t2 = time.perf_counter()
         batch.rewards = torch.tensor(totals, dtype=torch.float32, device=batch.tokens.device)
