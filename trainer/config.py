@@ -138,8 +138,11 @@ class RolloutConfig:
         "then give the final answer inside <answer> </answer>."
     )
     """system prompt of the chat template"""
-    reward: dict[str, float] = field(default_factory=lambda: {"format": 0.2, "accuracy": 1.0})
-    """reward components and their weights (registered names or module:function)"""
+    reward: dict[str, float | dict[str, Any]] = field(
+        default_factory=lambda: {"format": 0.2, "accuracy": 1.0}
+    )
+    """reward components (registered names or module:function): name -> weight, or name ->
+    {weight, gate, parameters}, e.g. {accuracy: 1, overlong: {max_len: 256, cache_len: 64}}"""
     reward_timeout_s: float = 10.0
     """time limit of one reward call; a timeout scores 0 and is counted"""
 
@@ -413,6 +416,8 @@ def _check_type(value: Any, kind: Any, dotted: str) -> Any:
     bad = ConfigError(
         f"{dotted}: expected {_type_name(kind)}, got {type(value).__name__} {value!r}"
     )
+    if kind is Any:
+        return value
     if origin in (typing.Union, types.UnionType):
         for arg in args:
             try:
