@@ -52,6 +52,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         for part in key.split("."):
             value = getattr(value, part)
         print(f"{key} = {value!r}  ({kind}) {help_}")
+    from .rewards import list_rewards
+
+    print(f"# rewards for rollout.reward: {', '.join(list_rewards())} (or module:function)")
     return 0
 
 
