@@ -4,15 +4,27 @@
 >>> reward = build_reward({"format": 0.5, "accuracy": 1.0})
 >>> totals, components, stats = reward(completions, samples)
 
-Registered: ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy`` (dispatches on
-``sample["reward"]``). Add one with ``@register_reward("name")`` or name ``"module:function"``.
+Registered (module): ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy`` (dispatches on
+``sample["reward"]``) (builtin); ``mra``, ``tiou``, ``count`` (measure); ``giou``, ``det`` (boxes);
+``math``, ``ocr``, ``rouge_l`` (text); ``overlong``, ``repetition`` (shaping); ``majority``
+(group); ``judge`` (judge). Add one with ``@register_reward("name")`` or name
+``"module:function"``. Weighted sums, gates and the per-completion context (token lengths, group
+ids) are described in :mod:`~perceptrl.rewards.compose`.
 """
 
 from __future__ import annotations
 
 from . import boxes, builtin, group, judge, measure, shaping, text  # noqa: F401  (registers them)
 from .compose import CompositeReward, RewardTerm, RewardTimeout, build_reward, call_with_timeout
-from .parse import extract_answer, extract_letter, is_formatted, parse_box, parse_number
+from .parse import (
+    extract_answer,
+    extract_boxed,
+    extract_letter,
+    is_boxed_formatted,
+    is_formatted,
+    parse_box,
+    parse_number,
+)
 from .registry import get_reward, list_rewards, register_reward
 
 __all__ = [
@@ -22,8 +34,10 @@ __all__ = [
     "build_reward",
     "call_with_timeout",
     "extract_answer",
+    "extract_boxed",
     "extract_letter",
     "get_reward",
+    "is_boxed_formatted",
     "is_formatted",
     "list_rewards",
     "parse_box",
