@@ -49,9 +49,30 @@ def vlm_samples(cfg: Config, run_dir: Path) -> tuple[list[dict], list[dict]]:
         return train, val
     from .datasets.clevr import generate
 
+    if d.generator == "video":
+        return _video_samples(cfg, run_dir)
     paths = generate(
         run_dir / "data", splits={"train": d.n_train, "val": d.n_val}, families=d.families,
         seed=d.seed, image_size=d.image_size,
+    )  # fmt: skip
+    return (load_samples(paths["train"])[0], load_samples(paths["val"])[0])
+
+
+def _video_samples(cfg: Config, run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """The synthetic moving-shapes video questions (mp4 files under ``run_dir/data``)."""
+    from .datasets.loader import load_samples
+    from .datasets.video import FAMILIES, generate
+
+    d = cfg.data
+    families = [f for f in d.families if f in FAMILIES]
+    if not families:
+        raise ConfigError(
+            f"data.generator=video needs video families in data.families (got {d.families}); "
+            f"valid: {list(FAMILIES)}"
+        )
+    paths = generate(
+        run_dir / "data", splits={"train": d.n_train, "val": d.n_val}, families=families,
+        seed=d.seed, size=d.image_size, seconds=d.video_seconds, fps=d.video_fps,
     )  # fmt: skip
     return (load_samples(paths["train"])[0], load_samples(paths["val"])[0])
 
@@ -78,6 +99,7 @@ def vlm_policy(cfg: Config, run_dir: Path):
         max_prompt_length=cfg.rollout.max_prompt_length,
         min_pixels=m.min_pixels or None,
         max_pixels=m.max_pixels or None,
+        video=cfg.video,
     )
     return VLMPolicy.from_pretrained(
         path, prompt=prompt, dtype=m.dtype, device=resolve_device(cfg.train.device),
@@ -113,7 +135,7 @@ def vlm_trainer(cfg: Config, run_dir: Path) -> Trainer:
     source = VLMRolloutSource(
         train, reward, cfg.rollout, seed=cfg.train.seed, strict=cfg.data.strict,
         min_pixels=cfg.model.min_pixels or None, max_pixels=cfg.model.max_pixels or None,
-        return_logprobs=cfg.algo.tis_cap > 0,
+        video=cfg.video, return_logprobs=cfg.algo.tis_cap > 0,
     )  # fmt: skip
     ref = policy.reference() if cfg.algo.kl_coef > 0 else None
     return Trainer(cfg, policy, source, run_dir, ref_policy=ref, evaluator=vlm_evaluator(cfg, val))
@@ -123,6 +145,9 @@ def vlm_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
     """Supervised warm start on templated reasoning traces of the synthetic tasks."""
     from .datasets.clevr import reasoning_trace
     from .trainer.sft import sft
+
+    if cfg.data.generator == "video":
+        from .datasets.video import reasoning_trace
     from .vlm.sft import VLMSFTSource
 
     train, val = vlm_samples(cfg, run_dir)

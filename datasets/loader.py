@@ -3,6 +3,7 @@
 Schema of one sample (what every generator writes and every consumer reads)::
 
     {"id": str, "images": [absolute paths], "question": str, "answer": str,
+     "videos": [absolute paths],                 # only for video questions
      "reward": "numeric" | "mcq" | "iou" | ...,   # accuracy reward for this sample
      "family": str,                              # question family, for per-family metrics
      "meta": dict}                               # e.g. "options", "image_size" for boxes
@@ -11,7 +12,8 @@ Input files:
 
 - ``.jsonl``: one JSON object per line (blank lines are skipped); ``.json``: a list of objects;
   ``.parquet``: one row per sample (``meta`` may be a struct or a JSON string).
-- Image paths are absolute or relative to the file's directory.
+- Image and video paths are absolute or relative to the file's directory; a record needs images,
+  videos or both (``video``/``video_path`` name one video).
 - Accepted alternative keys, normalised to the schema:
   ``image``/``image_path`` (one path) for ``images``; ``problem``/``prompt``/``query`` for
   ``question``; ``solution`` for ``answer``, where an ``<answer>…</answer>`` inside is extracted
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 REQUIRED = ("images", "question", "answer")
 _ALIASES = {
     "images": ("images", "image", "image_path", "image_paths"),
+    "videos": ("videos", "video", "video_path", "video_paths"),
     "question": ("question", "problem", "prompt", "query"),
     "answer": ("answer", "solution", "ground_truth"),
     "family": ("family", "task", "type"),
@@ -77,17 +80,17 @@ def _pick(rec: dict, field: str) -> tuple[str | None, Any]:
     return None, None
 
 
-def _as_paths(value: Any) -> list[str]:
+def _as_paths(value: Any, what: str = "images") -> list[str]:
     items = value if isinstance(value, (list, tuple)) else [value]
     out = []
     for it in items:
         if isinstance(it, dict) and isinstance(it.get("path"), str):  # HF datasets Image struct
             it = it["path"]
         if not isinstance(it, str) or not it:
-            raise ValueError(f"image entries must be path strings, got {type(it).__name__}")
+            raise ValueError(f"{what} entries must be path strings, got {type(it).__name__}")
         out.append(it)
     if not out:
-        raise ValueError("'images' is empty")
+        raise ValueError(f"'{what}' is empty")
     return out
 
 
@@ -95,13 +98,14 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
     """One raw record -> a schema sample (image paths resolved). Raises ValueError on problems."""
     if not isinstance(rec, dict):
         raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-    missing = [f for f in REQUIRED if _pick(rec, f)[0] is None]
+    has_video = _pick(rec, "videos")[0] is not None
+    missing = [f for f in REQUIRED if _pick(rec, f)[0] is None and not (f == "images" and has_video)]
     if missing:
         alts = "; ".join(f"{f}: one of {list(_ALIASES[f])}" for f in missing)
         raise ValueError(f"missing required keys ({alts}); present keys: {sorted(rec)}")
     used = set()
     vals = {}
-    for f in ("images", "question", "answer", "family"):
+    for f in ("images", "videos", "question", "answer", "family"):
         key, vals[f] = _pick(rec, f)
         used.add(key)
     answer = vals["answer"]
@@ -133,8 +137,14 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
     }
     images = [
         p if Path(p).is_absolute() else os.path.normpath(base_dir / p)
-        for p in _as_paths(vals["images"])
+        for p in (_as_paths(vals["images"]) if vals["images"] is not None else [])
     ]
+    videos = {}
+    if vals["videos"] is not None:
+        videos["videos"] = [
+            p if Path(p).is_absolute() else os.path.normpath(base_dir / p)
+            for p in _as_paths(vals["videos"], "videos")
+        ]
     return {
         "id": str(rec.get("id") or default_id),
         "images": images,
@@ -143,6 +153,7 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
         "reward": reward,
         "family": str(vals["family"] or "default"),
         "meta": {**meta, **extra},
+        **videos,
     }
 
 
@@ -205,7 +216,8 @@ def load_samples(
         strict: raise :class:`DataError` on the first bad line or image (default); else skip it.
         check_images: open and fully decode every image (once per distinct path).
     Returns:
-        (samples, stats) with stats ``{"loaded", "skipped_malformed", "skipped_images"}``.
+        (samples, stats) with stats ``{"loaded", "skipped_malformed", "skipped_images"}`` (and
+        ``"skipped_videos"`` once a video sample was skipped).
     """
     path = Path(path)
     if not path.is_file():
@@ -230,15 +242,18 @@ def load_samples(
             continue
         if check_images:
             err = _check_sample_images(sample, sizes)
+            kind = "image"
+            if err is None and sample.get("videos"):
+                err, kind = _check_sample_videos(sample, sizes), "video"
             if err is not None:
                 msg = (
-                    f"{path}, sample {idx} ({where}, id {sample['id']!r}): image {err}. "
-                    "Fix or remove the image, or load with strict=False to skip such samples."
+                    f"{path}, sample {idx} ({where}, id {sample['id']!r}): {kind} {err}. "
+                    f"Fix or remove the {kind}, or load with strict=False to skip such samples."
                 )
                 if strict:
                     raise DataError(msg)
                 log.warning("skipping: %s", msg)
-                stats["skipped_images"] += 1
+                stats[f"skipped_{kind}s"] = stats.get(f"skipped_{kind}s", 0) + 1
                 continue
         samples.append(sample)
     stats["loaded"] = len(samples)
@@ -263,6 +278,21 @@ def _check_sample_images(sample: dict, sizes: dict) -> str | None:
     return None
 
 
+def _check_sample_videos(sample: dict, checked: dict) -> str | None:
+    """None when every video opens and its first and last frames decode, else a description."""
+    from .video import check_video
+
+    for p in sample["videos"]:
+        if p not in checked:
+            try:
+                checked[p] = check_video(p)
+            except ValueError as e:
+                checked[p] = e
+        if isinstance(checked[p], Exception):
+            return f"{p} cannot be read ({checked[p]})"
+    return None
+
+
 def save_samples(samples: list[dict], path: str | Path) -> Path:
     """Write samples as ``.jsonl`` or ``.parquet`` (meta as a JSON string), with image paths
     relative to the file's directory where they lie under it."""
@@ -276,7 +306,11 @@ def save_samples(samples: list[dict], path: str | Path) -> Path:
         except ValueError:
             return p
 
-    rows = [{**s, "images": [rel(p) for p in s["images"]]} for s in samples]
+    rows = [
+        {**s, "images": [rel(p) for p in s["images"]]}
+        | ({"videos": [rel(p) for p in s["videos"]]} if "videos" in s else {})
+        for s in samples
+    ]
     if path.suffix.lower() == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq

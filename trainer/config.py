@@ -113,6 +113,12 @@ class DataConfig:
     """strict: a bad sample (malformed line, corrupt image) is an error; False skips and counts"""
     seed: int = 0
     """seed of the synthetic generator"""
+    generator: str = "clevr"
+    """synthetic set when data.train is empty: clevr (images) | video (moving shapes, mp4)"""
+    video_seconds: float = 4.0
+    """video generator: clip length in seconds"""
+    video_fps: int = 4
+    """video generator: frames per second written to the mp4"""
 
 
 @dataclass
@@ -145,6 +151,34 @@ class RolloutConfig:
     {weight, gate, parameters}, e.g. {accuracy: 1, overlong: {max_len: 256, cache_len: 64}}"""
     reward_timeout_s: float = 10.0
     """time limit of one reward call; a timeout scores 0 and is counted"""
+    tgrpo_alpha: float = 0.0
+    """T-GRPO (Video-R1): bonus added to correct rollouts of a video prompt whose group is at least
+    tgrpo_mu times as accurate on ordered frames as on shuffled ones; 0 turns T-GRPO off"""
+    tgrpo_mu: float = 1.0
+    """T-GRPO: the bonus needs accuracy(ordered) >= tgrpo_mu * accuracy(shuffled)"""
+    tgrpo_shuffled: int = 0
+    """T-GRPO: extra rollouts per video prompt on shuffled frames (generated, never trained on);
+    0 uses group_size"""
+    tgrpo_threshold: float = 0.5
+    """T-GRPO: a rollout is correct when its accuracy reward is at least this"""
+
+
+@dataclass
+class VideoConfig:
+    fps: float = 2.0
+    """frames sampled per second of video (qwen-vl-utils' FPS)"""
+    min_frames: int = 4
+    """fewest frames sampled from one video (rounded up to frame_factor)"""
+    max_frames: int = 16
+    """most frames sampled from one video (rounded down to frame_factor)"""
+    frame_factor: int = 2
+    """the frame count is a multiple of this (the vision tower's temporal patch)"""
+    min_pixels: int = 0
+    """smallest frame area after resizing (0: one merged patch)"""
+    max_pixels: int = 768 * 28 * 28
+    """largest area of one frame after resizing"""
+    total_pixels: int = 24576 * 28 * 28
+    """pixel budget of one video: frames shrink so (frames / frame_factor) * area stays within it"""
 
 
 @dataclass
@@ -264,6 +298,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -1,7 +1,8 @@
-"""Chat-template prompts with images: messages, image loading, processing and the length check.
+"""Chat-template prompts with images and videos: messages, loading, processing, length check.
 
-A sample is ``{"id", "images": [paths], "question", "answer", "reward", "family", "meta"}``. Its
-prompt is one user turn (the images, then the question) after a system turn that asks for
+A sample is ``{"id", "images": [paths], "question", "answer", "reward", "family", "meta"}``, with
+``"videos": [paths]`` for video questions (see ``vlm/video.py`` for frame sampling). Its
+prompt is one user turn (the images, the videos, then the question) after a system turn that asks for
 ``<think>…</think><answer>…</answer>``. The processor expands each image placeholder into its
 vision tokens; a prompt longer than ``max_prompt_length`` is an error, never truncated, because
 cutting vision tokens breaks the model ("image features and image tokens do not match").
@@ -9,13 +10,18 @@ cutting vision tokens breaks the model ("image features and image tokens do not 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
+
+from ..trainer.config import VideoConfig
+from .video import Video, VideoLoadError, load_video, shuffle_frames, spatial_factor
 
 DEFAULT_SYSTEM_PROMPT = (
     "A conversation between User and Assistant. The user asks a question about the image, and the "
@@ -26,8 +32,16 @@ DEFAULT_SYSTEM_PROMPT = (
 
 IMAGE_PLACEHOLDER = "<image>"
 """Where a question writes this string, the next image goes there; otherwise images come first."""
+VIDEO_PLACEHOLDER = "<video>"
+"""Where a question writes this string, the next video goes there; otherwise videos come first."""
 
-_PER_IMAGE_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+_PER_IMAGE_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
 
 
 class ImageLoadError(RuntimeError):
@@ -56,6 +70,8 @@ class PromptConfig:
     """smallest image area after resizing (None keeps the processor's setting)"""
     max_pixels: int | None = None
     """largest image area after resizing; lower it to get fewer vision tokens per image"""
+    video: VideoConfig = field(default_factory=VideoConfig)
+    """video frame sampling (fps, frame counts) and frame pixel bounds"""
 
 
 @dataclass
@@ -88,22 +104,54 @@ def load_images(sample: dict, index: int | None = None) -> list[Image.Image]:
     return out
 
 
+def load_videos(
+    sample: dict,
+    cfg: VideoConfig,
+    factor: int,
+    index: int | None = None,
+    shuffle_seed: int | None = None,
+) -> list[Video]:
+    """Decode and sample the sample's videos; VideoLoadError names the file and the sample.
+    With ``shuffle_seed`` each video's frames come in a seeded random order (T-GRPO)."""
+    out = []
+    for k, path in enumerate(sample.get("videos") or []):
+        v = load_video(path, cfg, factor, sample_id=sample.get("id"), index=index)
+        if shuffle_seed is not None:
+            v = shuffle_frames(v, np.random.default_rng([shuffle_seed, k]))
+        out.append(v)
+    return out
+
+
 def build_messages(sample: dict, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT) -> list[dict]:
-    """Chat messages: [system], user (images + question). ``<image>`` in the question places
-    images inline; otherwise all images precede the text."""
+    """Chat messages: [system], user (images + videos + question). ``<image>``/``<video>`` in
+    the question place images/videos inline (when their count matches); otherwise all images,
+    then all videos, precede the text."""
     n_images = len(sample.get("images") or [])
+    n_videos = len(sample.get("videos") or [])
     question = str(sample.get("question", ""))
-    parts = question.split(IMAGE_PLACEHOLDER)
-    content: list[dict] = []
-    if len(parts) - 1 == n_images and n_images > 0:
-        for i, text in enumerate(parts):
-            if text:
-                content.append({"type": "text", "text": text})
-            if i < n_images:
-                content.append({"type": "image"})
-    else:
-        content = [{"type": "image"} for _ in range(n_images)]
+    inline = {
+        kind: n > 0 and question.count(mark) == n
+        for kind, mark, n in (
+            ("image", IMAGE_PLACEHOLDER, n_images),
+            ("video", VIDEO_PLACEHOLDER, n_videos),
+        )
+    }
+    content: list[dict] = [{"type": "image"} for _ in range(n_images * (not inline["image"]))]
+    content += [{"type": "video"} for _ in range(n_videos * (not inline["video"]))]
+    marks = [
+        m for k, m in (("image", IMAGE_PLACEHOLDER), ("video", VIDEO_PLACEHOLDER)) if inline[k]
+    ]
+    if not marks:
         content.append({"type": "text", "text": question})
+    else:
+        pattern = "(" + "|".join(re.escape(m) for m in marks) + ")"
+        for piece in re.split(pattern, question):
+            if piece == IMAGE_PLACEHOLDER and inline["image"]:
+                content.append({"type": "image"})
+            elif piece == VIDEO_PLACEHOLDER and inline["video"]:
+                content.append({"type": "video"})
+            elif piece:
+                content.append({"type": "text", "text": piece})
     messages = []
     if system_prompt:
         messages.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
@@ -136,6 +184,20 @@ def _model_image_sizes(processor, vision: dict[str, Tensor]) -> list[list[int]]:
     return []
 
 
+def _with_video_meta(sample: dict, videos: list[Video]) -> dict:
+    """meta: seconds and frame count of each video, the model's frame size and timestamps."""
+    if not videos:
+        return sample
+    meta = dict(sample.get("meta") or {})
+    meta["video_seconds"] = [round(v.duration, 4) for v in videos]
+    meta["video_frames"] = [len(v.indices) for v in videos]
+    meta["video_timestamps"] = [[round(t, 4) for t in v.timestamps] for v in videos]
+    meta["model_video_size"] = [int(videos[0].frames.shape[2]), int(videos[0].frames.shape[1])]
+    if any(v.order is not None for v in videos):
+        meta["frame_order"] = [v.order for v in videos]
+    return {**sample, "meta": meta}
+
+
 def _with_sizes(sample: dict, images: list[Image.Image], model_sizes: list[list[int]]) -> dict:
     if not images:
         return sample
@@ -149,15 +211,29 @@ def _with_sizes(sample: dict, images: list[Image.Image], model_sizes: list[list[
 
 
 def encode_prompt(
-    processor, sample: dict, cfg: PromptConfig, *, index: int | None = None
+    processor,
+    sample: dict,
+    cfg: PromptConfig,
+    *,
+    index: int | None = None,
+    shuffle_seed: int | None = None,
 ) -> EncodedPrompt:
-    """Render, load the images and process one sample.
+    """Render, load the images and videos and process one sample.
+
+    Args:
+        shuffle_seed: shuffle each video's frames with this seed (T-GRPO's shuffled prompts);
+            the frame positions keep their timestamps.
 
     Raises:
         ImageLoadError: an image is missing or corrupt (names the file, sample id and index).
+        VideoLoadError: a video is missing, empty, corrupt or too short (names file and sample).
         PromptTooLongError: the prompt exceeds ``cfg.max_prompt_length`` (names it and max_pixels).
     """
     images = load_images(sample, index)
+    videos = []
+    if sample.get("videos"):
+        factor = spatial_factor(processor)
+        videos = load_videos(sample, cfg.video, factor, index, shuffle_seed)
     text = processor.apply_chat_template(
         build_messages(sample, cfg.system_prompt), tokenize=False, add_generation_prompt=True
     )
@@ -169,6 +245,13 @@ def encode_prompt(
         if cfg.max_pixels is not None:
             size["longest_edge"] = cfg.max_pixels
         kwargs["images_kwargs"] = {"size": size}
+    if videos:  # frames are sampled and sized already (vlm/video.py): the processor keeps them
+        kwargs["videos"] = [v.frames for v in videos]
+        kwargs["videos_kwargs"] = {
+            "video_metadata": [v.metadata() for v in videos],
+            "do_sample_frames": False,
+            "do_resize": False,
+        }
     enc = processor(text=[text], images=images or None, return_tensors="pt", **kwargs)
     input_ids = enc["input_ids"][0]
     token_extras, vision = {}, {}
@@ -181,6 +264,7 @@ def encode_prompt(
             vision[k] = v
     n_vis = int(torch.isin(input_ids, torch.tensor(vision_token_ids(processor))).sum())
     sample_out = _with_sizes(sample, images, _model_image_sizes(processor, vision))
+    sample_out = _with_video_meta(sample_out, videos)
     if cfg.max_prompt_length and input_ids.numel() > cfg.max_prompt_length:
         raise PromptTooLongError(
             f"prompt of sample {sample.get('id')!r}"
@@ -189,7 +273,14 @@ def encode_prompt(
             f"max_prompt_length={cfg.max_prompt_length}: truncating it would cut vision tokens "
             "(the 'image features and image tokens do not match' failure). Raise "
             f"max_prompt_length or lower max_pixels (now {current_max_pixels(processor, cfg)}) "
-            "so each image yields fewer vision tokens."
+            "so each image yields fewer vision tokens"
+            + (
+                f"; for videos lower video.max_frames (now {cfg.video.max_frames}), "
+                f"video.max_pixels ({cfg.video.max_pixels}) or video.total_pixels "
+                f"({cfg.video.total_pixels})."
+                if videos
+                else "."
+            )
         )
     return EncodedPrompt(sample_out, input_ids, token_extras, vision, n_vis)
 
@@ -202,18 +293,19 @@ def encode_prompts(
     strict: bool = True,
     indices: list[int] | None = None,
 ) -> tuple[list[EncodedPrompt], list[dict]]:
-    """Encode many samples. Strict raises on the first unreadable image; lenient skips it.
+    """Encode many samples. Strict raises on the first unreadable image or video; lenient
+    skips it.
 
     Returns:
         (encoded prompts, skipped) where skipped holds ``{"index", "id", "error"}`` per sample
-        whose image failed to load (always empty when strict). Over-long prompts always raise.
+        whose image or video failed to load (always empty when strict). Over-long prompts always raise.
     """
     encoded, skipped = [], []
     for j, s in enumerate(samples):
         idx = indices[j] if indices is not None else j
         try:
             encoded.append(encode_prompt(processor, s, cfg, index=idx))
-        except ImageLoadError as e:
+        except (ImageLoadError, VideoLoadError) as e:
             if strict:
                 raise
             skipped.append({"index": idx, "id": s.get("id"), "error": str(e)})

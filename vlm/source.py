@@ -3,6 +3,11 @@
 It walks the samples in a seeded shuffled order, epoch after epoch; each step's sampling RNG is
 derived from ``(seed, step)`` (forked, so the global RNG is untouched), hence a run resumed from
 ``state_dict()`` draws exactly the batches an uninterrupted run would have drawn.
+
+T-GRPO (Video-R1, ``rollout.tgrpo_alpha > 0``): each video prompt is also sampled
+``tgrpo_shuffled`` times with its frames shuffled (same timestamps, content out of order). Those
+rollouts are scored but never trained on; they only decide, per group, whether the correct
+ordered rollouts earn the bonus ``alpha`` (see :func:`tgrpo_bonus`).
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ import numpy as np
 import torch
 
 from ..trainer.batch import RolloutBatch
-from ..trainer.config import RolloutConfig
+from ..trainer.config import RolloutConfig, VideoConfig
 from . import rollout
-from .prompts import PromptConfig, encode_prompts
+from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
 from .rollout import SamplingParams
 
 RewardFn = Callable[[list[str], list[dict]], tuple[list[float], dict[str, list[float]], dict]]
@@ -50,6 +55,69 @@ def _mean(xs) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
+def tgrpo_bonus(
+    correct: torch.Tensor,
+    group_id: torch.Tensor,
+    correct_shuffled: torch.Tensor,
+    group_id_shuffled: torch.Tensor,
+    alpha: float,
+    mu: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """T-GRPO's temporal bonus, computed group by group (any number of groups per batch).
+
+    A group that has shuffled-frame rollouts gets ``alpha`` on each of its correct ordered
+    rollouts when ``p >= mu * p_shuffled``, p being the group's fraction of correct ordered
+    rollouts and p_shuffled that of its shuffled rollouts. Groups without shuffled rollouts
+    (e.g. image prompts) get nothing.
+
+    Args:
+        correct: [B] 1/0 (or bool) per ordered rollout; group_id: [B] its prompt group.
+        correct_shuffled: [S] 1/0 per shuffled rollout; group_id_shuffled: [S] its prompt group.
+
+    Returns:
+        bonus [B] float, and metrics ``tgrpo_bonus_rate`` (share of T-GRPO groups whose correct
+        rollouts got the bonus),
+        ``tgrpo_acc_ordered`` / ``tgrpo_acc_shuffled`` (accuracy over those groups' rollouts) and
+        ``tgrpo_groups``.
+    """
+    c = correct.float()
+    cs = correct_shuffled.float().to(c.device)
+    gs = group_id_shuffled.to(group_id.device)
+    ids, inv = torch.unique(torch.cat([group_id, gs]), return_inverse=True)
+    inv_o, inv_s = inv[: len(group_id)], inv[len(group_id) :]
+    G = len(ids)
+    n_o = torch.zeros(G).index_add_(0, inv_o, torch.ones_like(c))
+    k_o = torch.zeros(G).index_add_(0, inv_o, c)
+    n_s = torch.zeros(G).index_add_(0, inv_s, torch.ones_like(cs))
+    k_s = torch.zeros(G).index_add_(0, inv_s, cs)
+    has = (n_s > 0) & (n_o > 0)  # groups that T-GRPO applies to
+    p = k_o / n_o.clamp(min=1)
+    p_s = k_s / n_s.clamp(min=1)
+    earned = has & (k_o > 0) & (p >= mu * p_s)  # [G]: groups whose correct rollouts get alpha
+    bonus = alpha * (earned[inv_o] & (c > 0)).float()  # [B]
+    m = {
+        "tgrpo_groups": float(has.sum()),
+        "tgrpo_bonus_rate": float(earned.sum() / has.sum()) if has.any() else 0.0,
+        "tgrpo_acc_ordered": float(k_o[has].sum() / n_o[has].sum()) if has.any() else 0.0,
+        "tgrpo_acc_shuffled": float(k_s[has].sum() / n_s[has].sum()) if has.any() else 0.0,
+    }
+    return bonus, m
+
+
+def tgrpo_correct_key(reward_weights: dict[str, float]) -> str:
+    """The reward component that decides correctness for T-GRPO: ``accuracy`` when the recipe
+    has it, else its one component other than ``format``."""
+    if "accuracy" in reward_weights:
+        return "accuracy"
+    others = [k for k in reward_weights if k != "format"]
+    if len(others) != 1:
+        raise ValueError(
+            f"T-GRPO needs one correctness reward in rollout.reward, got {list(reward_weights)}; "
+            "add `accuracy` (it dispatches on each sample's reward) or keep one besides `format`"
+        )
+    return others[0]
+
+
 class VLMRolloutSource:
     """Implements ``trainer.policy.RolloutSource`` for a ``VLMPolicy``.
 
@@ -60,6 +128,7 @@ class VLMRolloutSource:
         seed: seed of the data order and of each step's sampling.
         strict: an unreadable image raises (naming file and sample); False skips and counts it.
         min_pixels, max_pixels: image resize bounds (None keeps the processor's).
+        video: video frame sampling and frame pixel bounds (None: the defaults).
         top_k: top-k sampling (0 disables it).
         return_logprobs: keep the engine's log-probs as ``logp_rollout`` (for TIS).
     """
@@ -74,6 +143,7 @@ class VLMRolloutSource:
         strict: bool = True,
         min_pixels: int | None = None,
         max_pixels: int | None = None,
+        video: VideoConfig | None = None,
         top_k: int = 0,
         return_logprobs: bool = False,
     ):
@@ -95,7 +165,9 @@ class VLMRolloutSource:
             max_prompt_length=cfg.max_prompt_length,
             min_pixels=min_pixels,
             max_pixels=max_pixels,
+            video=video or VideoConfig(),
         )
+        self.tgrpo_key = tgrpo_correct_key(cfg.reward) if cfg.tgrpo_alpha > 0 else None
         self.epoch, self.pos, self.skipped_total = 0, 0, 0
         self._order: np.ndarray | None = None
         self._order_epoch = -1
@@ -142,6 +214,7 @@ class VLMRolloutSource:
         prompts, skipped = self._next_prompts(policy.processor)
         with _step_rng(self.seed, step, policy.device):
             batch = policy.sample(prompts, self.cfg.group_size, self.sampling)
+            shuffled = self._shuffled_rollouts(policy, prompts, step) if self.tgrpo_key else None
         t1 = time.perf_counter()
         completions = [m["completion"] for m in batch.meta]
         ctx = {}
@@ -151,6 +224,9 @@ class VLMRolloutSource:
         totals, comps, stats = _check_reward(
             self.reward(completions, [m["sample"] for m in batch.meta], **ctx), len(batch)
         )
+        if shuffled is not None:
+            totals, tstats = self._apply_tgrpo(batch, totals, comps, shuffled)
+            stats = {**stats, **tstats}
         t2 = time.perf_counter()
         batch.rewards = torch.tensor(totals, dtype=torch.float32, device=batch.tokens.device)
         metrics = self._metrics(batch, totals, comps, stats)
@@ -164,6 +240,48 @@ class VLMRolloutSource:
             }
         )
         return batch, metrics
+
+    # ---- T-GRPO -------------------------------------------------------------------------------
+
+    def _shuffled_rollouts(self, policy, prompts: list[EncodedPrompt], step: int):
+        """(batch, group ids [S]) of rollouts on shuffled frames for the video prompts, or None."""
+        shuf, groups = [], []
+        for j, p in enumerate(prompts):
+            if not p.sample.get("videos"):
+                continue
+            seed = int(np.random.SeedSequence([self.seed, step, j, 7]).generate_state(1)[0])
+            shuf.append(encode_prompt(policy.processor, p.sample, self.prompt, shuffle_seed=seed))
+            groups.append(j)
+        if not shuf:
+            return None
+        n = self.cfg.tgrpo_shuffled or self.cfg.group_size
+        b = policy.sample(shuf, n, self.sampling)
+        gid = torch.tensor(groups).repeat_interleave(n)
+        return b, gid
+
+    def _apply_tgrpo(self, batch: RolloutBatch, totals: list[float], comps, shuffled):
+        """Totals with T-GRPO's bonus on the ordered rollouts, and its metrics."""
+        sb, sgid = shuffled
+        key = self.tgrpo_key
+        ctx = {}
+        if getattr(self.reward, "accepts_context", False):
+            ctx = {"lengths": sb.mask.sum(1).long().tolist(), "group_ids": sgid.tolist()}
+        _, scomps, _ = _check_reward(
+            self.reward([m["completion"] for m in sb.meta], [m["sample"] for m in sb.meta], **ctx),
+            len(sb),
+        )
+        if key not in comps or key not in scomps:
+            raise KeyError(f"T-GRPO: the reward returned no {key!r} component ({list(comps)})")
+        thr = self.cfg.tgrpo_threshold
+        correct = torch.tensor([v >= thr for v in comps[key]])
+        correct_s = torch.tensor([v >= thr for v in scomps[key]])
+        bonus, m = tgrpo_bonus(
+            correct, batch.group_id.cpu(), correct_s, sgid, self.cfg.tgrpo_alpha, self.cfg.tgrpo_mu
+        )
+        stats = {f"reward/{k}": v for k, v in m.items()}
+        stats["reward/tgrpo_bonus"] = float(bonus.mean())
+        stats["reward/tgrpo_shuffled_samples"] = float(len(sb))
+        return [t + float(b) for t, b in zip(totals, bonus.tolist())], stats
 
     def _metrics(self, batch: RolloutBatch, totals, comps, stats) -> dict[str, float]:
         lengths = batch.mask.sum(1)
