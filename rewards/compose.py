@@ -22,6 +22,10 @@ of one prompt). It hands each to the terms whose function has a parameter of tha
 ``overlong`` takes ``lengths``, ``majority`` takes ``group_ids``) and to no other, so plain
 ``fn(completions, samples)`` rewards are unaffected. Callers check ``accepts_context``.
 
+Preparation: a reward function may carry a ``prepare(**params)`` attribute; building the
+composite calls it once with the term's parameters, outside any time limit — the ``judge``
+loads its model there, so a wrong path fails at start-up and loading never eats a call's limit.
+
 Failures never stop a run:
 
 - a component that raises is retried sample by sample, so only the samples it fails on score 0
@@ -345,6 +349,10 @@ def _term(name: str, value: Any) -> RewardTerm:
                 f"reward {name!r} does not take parameters {sorted(params)} ({e}); "
                 f"its parameters: {', '.join(names) or 'none'}"
             ) from e
+    prepare = getattr(fn, "prepare", None)
+    if callable(prepare):
+        prepare(**params)
+    if params:
         fn = functools.partial(fn, **params)
     return RewardTerm(name=name, fn=fn, weight=float(weight), gate=gate, context=context)
 

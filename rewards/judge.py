@@ -7,9 +7,10 @@ images), decodes greedily with our HF rollout engine, and its verdict ``<score>N
 stated 0..``scale`` scale becomes ``N / scale`` in [0, 1]. A verdict that is missing, unreadable
 or off the scale scores 0; an empty or non-text completion scores 0 without asking the judge.
 
-This is the one reward that runs a model. It imports ``perceptrl.vlm`` only when first called,
-so importing the reward registry still loads nothing of the model side. The composite's
-``reward_timeout_s`` bounds each judge call: raise it for a large judge.
+This is the one reward that runs a model. It imports ``perceptrl.vlm`` only when first used, so
+importing the reward registry still loads nothing of the model side. ``build_reward`` loads the
+judge once, when the composite is built (a wrong path fails there); the composite's
+``reward_timeout_s`` then bounds each judging call: raise it for a large judge.
 
 Recipe::
 
@@ -88,6 +89,12 @@ def load_judge(path: str, device: str = "cpu", dtype: str = "float32"):
     return load_vlm(path, dtype=dtype, device=device)
 
 
+def _judge_model(model: str, device: str, dtype: str):
+    if not model:
+        raise ValueError("judge needs model=<local model directory> in its recipe entry")
+    return load_judge(str(Path(model).expanduser().resolve()), str(device), str(dtype))
+
+
 @register_reward("judge")
 def judge(
     completions: list[str],
@@ -122,11 +129,9 @@ def judge(
     from ..vlm.prompts import PromptConfig, encode_prompts
 
     _check(completions, samples)
-    if not model:
-        raise ValueError("judge needs model=<local model directory> in its recipe entry")
     if not scale > 0:
         raise ValueError(f"judge: scale must be > 0, got {scale}")
-    jm, proc = load_judge(str(Path(model).expanduser().resolve()), str(device), str(dtype))
+    jm, proc = _judge_model(model, device, dtype)
     cfg = PromptConfig(system_prompt=JUDGE_SYSTEM_PROMPT, max_prompt_length=max_prompt_length)
     out = [0.0] * len(completions)
     todo = [i for i, c in enumerate(completions) if isinstance(c, str) and c.strip()]
@@ -143,3 +148,11 @@ def judge(
         for i, m in zip(idx, verdicts):
             out[i] = parse_score(m["completion"], scale)
     return out
+
+
+def _prepare(model: str = "", device: str = "cpu", dtype: str = "float32", **_) -> None:
+    """Load the judge when the composite is built, outside the per-call time limit."""
+    _judge_model(model, device, dtype)
+
+
+judge.prepare = _prepare  # called once by build_reward (see rewards/compose.py)

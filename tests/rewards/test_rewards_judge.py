@@ -104,11 +104,17 @@ def test_judge_in_composite_counts_errors_and_never_raises(judge_dir, samples):
     reward = build_reward({"judge": {"model": str(judge_dir), "max_new_tokens": 4}})
     totals, parts, stats = reward(["<answer>red</answer>", "x"], samples)
     assert len(totals) == 2 and stats["reward/errors"] == 0
-    missing = build_reward({"judge": {"model": str(judge_dir / "nope")}})
-    totals, _, stats = missing(["a"], samples[:1])
-    assert totals == [0.0] and stats["reward/errors/judge"] == 1
+    # a judge that cannot load fails when the reward is built, naming the directory
+    with pytest.raises(ValueError, match="model directory .*nope.* does not exist"):
+        build_reward({"judge": {"model": str(judge_dir / "nope")}})
+    with pytest.raises(ValueError, match="judge needs model="):
+        build_reward(["judge"])
     with pytest.raises(ValueError, match="judge needs model="):
         get_reward("judge")(["a"], samples[:1])
+    # an error at call time (an unreadable image) is counted, not raised
+    bad = {**samples[0], "images": [str(judge_dir / "missing.png")]}
+    totals, _, stats = reward(["<answer>red</answer>"], [bad])
+    assert totals == [0.0] and stats["reward/errors/judge"] == 1
 
 
 def test_rollout_source_passes_lengths_and_group_ids(judge_dir, samples):

@@ -168,3 +168,20 @@ def test_gate_errors():
         build_reward({"accuracy": 1.0, "format": {"gate": {"accuracy": "high"}}})
     with pytest.raises(ValueError, match="gate must be a term name or a mapping"):
         build_reward({"accuracy": 1.0, "format": {"gate": 1}})
+
+
+@register_reward("test_shaping_prepared")
+def prepared(completions, samples, level: int = 0):
+    return [float(level)] * len(completions)
+
+
+prepared.prepare = lambda **params: prepared.calls.append(params)
+prepared.calls = []
+
+
+def test_prepare_runs_once_at_build_with_the_term_parameters():
+    reward = build_reward({"test_shaping_prepared": {"weight": 2.0, "level": 3, "gate": "format"},
+                           "format": 0.0})  # fmt: skip
+    assert prepared.calls == [{"level": 3}]
+    reward(["<think>a</think><answer>1</answer>"] * 2, [S()] * 2)
+    assert prepared.calls == [{"level": 3}]  # not again per call
