@@ -61,3 +61,27 @@ def test_malformed_completions_score_zero_without_errors(name):
     totals, parts, stats = build_reward([name])(MALFORMED, [sample] * len(MALFORMED))
     assert parts[name] == [0.0] * len(MALFORMED)
     assert stats["reward/errors"] == 0 and stats["reward/timeouts"] == 0
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("**Answer:** B", 1.0),
+        ("The correct option is (B) blue", 1.0),
+        ("<answer>B: blue</answer>", 1.0),
+        ("<answer>[B]</answer>", 1.0),
+        ('<answer>"B"</answer>', 1.0),
+        ("Final Answer: b", 1.0),
+        ("The answer is B, not A", 1.0),
+        ("<think>A and C are wrong</think> \\boxed{B}", 1.0),
+        ("The final answer is $\\boxed{\\text{B}}$", 1.0),
+        ("<answer>blue.</answer>", 1.0),
+        ("<answer>A or B</answer>", 0.0),  # hedging earns nothing
+        ("Between A and B, I pick B.", 0.0),  # no cue: ambiguous
+        ("<answer>\\boxed{}</answer>", 0.0),
+        ("<answer>D</answer>", 0.0),  # not an option
+    ],
+)
+def test_mcq_letter_extraction_is_robust(text, expected):
+    sample = {"id": "m", "answer": "B", "reward": "mcq", "meta": {"options": ["red", "blue", "c"]}}
+    assert build_reward(["mcq"])([text], [sample])[0] == [expected]
