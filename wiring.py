@@ -123,14 +123,38 @@ def vlm_evaluator(cfg: Config, val: list[dict]):
     )  # fmt: skip
 
 
+def vllm_policy(cfg: Config, policy, run_dir: Path):
+    """The policy with its rollouts on a colocated vLLM engine (``rollout.engine=vllm``); the
+    engine starts from the policy's weights, written to ``run_dir/rollout_init``, and receives the
+    trainer's weights before every rollout."""
+    from .vlm.vllm_rollout import VLLMEngine, VLLMRolloutPolicy
+
+    if getattr(cfg.model, "lora_rank", 0):
+        raise ConfigError("rollout.engine=vllm does not sync LoRA adapters yet; use model.lora_rank=0")
+    r, m = cfg.rollout, cfg.model
+    init = run_dir / "rollout_init"
+    policy.save(init)
+    pixels = {"min_pixels": m.min_pixels, "max_pixels": m.max_pixels}
+    engine = VLLMEngine(
+        init, policy.processor, r.vllm, dtype=m.dtype, stop_ids=policy.stop_ids,
+        max_model_len=r.vllm.max_model_len or r.max_prompt_length + r.max_new_tokens,
+        mm_processor_kwargs={k: v for k, v in pixels.items() if v} or None,
+    )  # fmt: skip
+    return VLLMRolloutPolicy.colocate(policy, engine)
+
+
 def vlm_trainer(cfg: Config, run_dir: Path) -> Trainer:
     """GRPO (or any registered estimator/loss) on the VLM side."""
     from .rewards import build_reward
     from .vlm.source import VLMRolloutSource
 
+    if cfg.rollout.engine not in ("hf", "vllm"):
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: valid engines are hf, vllm")
     train, val = vlm_samples(cfg, run_dir)
     policy = vlm_policy(cfg, run_dir)
     policy.temperature = cfg.rollout.temperature  # score the distribution the rollouts sample
+    if cfg.rollout.engine == "vllm":
+        policy = vllm_policy(cfg, policy, run_dir)
     reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
     source = VLMRolloutSource(
         train, reward, cfg.rollout, seed=cfg.train.seed, strict=cfg.data.strict,

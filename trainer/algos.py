@@ -629,6 +629,38 @@ def truncated_is_weights(
     return torch.where(mask > 0, torch.exp(lw), 1.0)
 
 
+def rollout_gap_metrics(
+    logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, cap: float = 0.0
+) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the trainer's on the sampled tokens.
+
+    Args:
+        logp_old, logp_rollout, mask: [B, T] (trainer's, engine's, valid tokens).
+        cap: TIS cap (``algo.tis_cap``); > 0 adds the fraction of tokens whose weight it caps.
+
+    Returns:
+        ``rollout_gap/abs_mean`` and ``/abs_max`` (|logp_old - logp_rollout| over valid tokens),
+        ``/kl_k3`` (k3 estimate of KL(rollout || trainer)), ``/seq_abs_max`` (largest per-sequence
+        sum), and ``tis/capped_frac``, ``tis/weight_mean`` when ``cap > 0``.
+    """
+    valid = mask > 0
+    if not valid.any():
+        return {}
+    d = (logp_old.detach() - logp_rollout.detach()).float()  # [B, T]
+    diff = d[valid]
+    out = {
+        "rollout_gap/abs_mean": float(diff.abs().mean()),
+        "rollout_gap/abs_max": float(diff.abs().max()),
+        "rollout_gap/kl_k3": float((torch.exp(diff) - 1 - diff).mean()),
+        "rollout_gap/seq_abs_max": float((d * valid).sum(1).abs().max()),
+    }
+    if cap > 0:
+        w = torch.exp(diff)
+        out["tis/capped_frac"] = float((w > cap).float().mean())
+        out["tis/weight_mean"] = float(w.clamp(max=cap).mean())
+    return out
+
+
 def kl_to_reward(
     rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, kl_coef: float, estimator: str
 ) -> Tensor:

