@@ -119,12 +119,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_data_generate(args: argparse.Namespace) -> int:
-    from .datasets.clevr import generate
+    from .datasets.clevr import FAMILIES, generate
 
+    if args.kind == "video":
+        return _data_generate_video(args)
     splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test, "ood": args.n_ood}
     paths = generate(
         args.out, splits={k: v for k, v in splits.items() if v > 0},
-        families=args.families.split(","), seed=args.seed, image_size=args.image_size,
+        families=args.families.split(",") if args.families else FAMILIES, seed=args.seed,
+        image_size=args.image_size,
+    )  # fmt: skip
+    for split, path in paths.items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def _data_generate_video(args: argparse.Namespace) -> int:
+    """Moving-shape mp4 clips with temporal questions (no "ood" split)."""
+    from .datasets.video import FAMILIES, generate
+
+    families = args.families.split(",") if args.families else list(FAMILIES)
+    splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test}
+    paths = generate(
+        args.out, splits={k: v for k, v in splits.items() if v > 0}, families=families,
+        seed=args.seed, size=args.image_size, seconds=args.seconds, fps=args.fps,
     )  # fmt: skip
     for split, path in paths.items():
         print(f"{split}: {path}")
@@ -293,17 +311,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="synthetic data sets")
     data = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
-    g = data.add_parser("generate", help="write CLEVR-like image questions as JSONL + PNG")
+    g = data.add_parser(
+        "generate",
+        help="write synthetic questions: CLEVR-like images (PNG) or videos (mp4) + JSONL",
+    )
+    g.add_argument(
+        "--kind", choices=["clevr", "video"], default="clevr",
+        help="clevr: image questions; video: moving-shape clips (temporal order, direction, "
+        "event count, temporal grounding)",
+    )  # fmt: skip
     g.add_argument("--out", required=True, help="output directory")
     g.add_argument("--n-train", type=int, default=2000)
     g.add_argument("--n-val", type=int, default=200)
     g.add_argument("--n-test", type=int, default=500)
     g.add_argument("--n-ood", type=int, default=500, help="held-out colour-shape pairs and counts")
     g.add_argument(
-        "--families", default="count_all,count_color,count_shape,attr_mcq,spatial,grounding"
+        "--families",
+        default=None,
+        help="comma-separated families (default: all of the kind; clevr: count_all,count_color,"
+        "count_shape,attr_mcq,spatial,grounding; video: temporal_order,direction,event_count,"
+        "grounding)",
     )
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--image-size", type=int, default=112)
+    g.add_argument("--image-size", type=int, default=112, help="image side / video frame side")
+    g.add_argument("--seconds", type=float, default=4.0, help="video clip length (video)")
+    g.add_argument("--fps", type=int, default=4, help="frames per second written (video)")
     g.set_defaults(func=cmd_data_generate)
     return parser
 

@@ -137,7 +137,7 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
     }
     images = [
         p if Path(p).is_absolute() else os.path.normpath(base_dir / p)
-        for p in (_as_paths(vals["images"]) if vals["images"] is not None else [])
+        for p in ([] if has_video and not vals["images"] else _as_paths(vals["images"]))
     ]
     videos = {}
     if vals["videos"] is not None:
