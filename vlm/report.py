@@ -1,0 +1,173 @@
+"""Evaluation report of a VLM: accuracy per question family, grouped by modality (image, video,
+3D), written as a table (Markdown), JSON and a bar chart (PNG).
+
+A sample's modality is ``meta["modality"]`` when the generator set it (``"3d"`` for
+datasets/spatial.py), else ``"video"`` when it carries ``videos``, else ``"image"``. Rows are
+keyed by (modality, family), so two modalities may share a family name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+MODALITIES: tuple[str, ...] = ("image", "video", "3d")
+"""Display order; other modality names follow alphabetically."""
+_COLORS = {"image": "#4C72B0", "video": "#DD8452", "3d": "#55A868"}
+
+
+def modality(sample: dict) -> str:
+    """The modality of one sample: ``meta["modality"]``, else video (has ``videos``), else image."""
+    meta = sample.get("meta") or {}
+    if meta.get("modality"):
+        return str(meta["modality"])
+    return "video" if sample.get("videos") else "image"
+
+
+def _order(m: str) -> tuple[int, str]:
+    return (MODALITIES.index(m) if m in MODALITIES else len(MODALITIES), m)
+
+
+def family_rows(metrics: dict[str, float], samples: Sequence[dict]) -> list[dict]:
+    """Rows ``{"modality", "family", "questions", "accuracy"}`` of one evaluation.
+
+    Args:
+        metrics: what ``vlm.source.evaluate_accuracy`` returned for ``samples``
+            (``accuracy/<family>``, ``count/<family>``).
+        samples: the evaluated samples (their modality names each family's group).
+    Raises:
+        ValueError: a family holds samples of two modalities (a family's accuracy is one number).
+    """
+    mods: dict[str, set[str]] = {}
+    for s in samples:
+        mods.setdefault(str(s.get("family", "all")), set()).add(modality(s))
+    rows = []
+    for key, acc in metrics.items():
+        if not key.startswith("accuracy/"):
+            continue
+        fam = key.split("/", 1)[1]
+        found = mods.get(fam, {"image"})
+        if len(found) > 1:
+            raise ValueError(
+                f"family {fam!r} mixes modalities {sorted(found)}; give each modality its own "
+                "family name (or evaluate them as separate task sets)"
+            )
+        rows.append(
+            {
+                "modality": found.pop(),
+                "family": fam,
+                "questions": int(metrics[f"count/{fam}"]),
+                "accuracy": float(acc),
+            }
+        )
+    return rows
+
+
+def merge(rows: Sequence[dict]) -> list[dict]:
+    """Combine rows of several evaluations: same (modality, family) -> question-weighted mean.
+    Sorted by modality (MODALITIES order) then family."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        n, s = acc.get((r["modality"], r["family"]), [0.0, 0.0])
+        acc[(r["modality"], r["family"])] = [n + r["questions"], s + r["accuracy"] * r["questions"]]
+    out = [
+        {"modality": m, "family": f, "questions": int(n), "accuracy": s / n if n else 0.0}
+        for (m, f), (n, s) in acc.items()
+    ]
+    return sorted(out, key=lambda r: (_order(r["modality"]), r["family"]))
+
+
+def summarize(rows: Sequence[dict]) -> dict:
+    """{"modalities": {m: {"questions", "accuracy"}}, "overall": {"questions", "accuracy"}}:
+    question-weighted means (a family with more questions weighs more)."""
+
+    def mean(rs: list[dict]) -> dict:
+        n = sum(r["questions"] for r in rs)
+        s = sum(r["accuracy"] * r["questions"] for r in rs)
+        return {"questions": n, "accuracy": s / n if n else 0.0}
+
+    mods = sorted({r["modality"] for r in rows}, key=_order)
+    return {
+        "modalities": {m: mean([r for r in rows if r["modality"] == m]) for m in mods},
+        "overall": mean(list(rows)),
+    }
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """The table: one row per family, a subtotal row per modality, then the overall row."""
+    summary = summarize(rows)
+    lines = ["| modality | family | questions | accuracy |", "|---|---|---|---|"]
+    for m, tot in summary["modalities"].items():
+        lines += [
+            f"| {m} | {r['family']} | {r['questions']} | {r['accuracy']:.3f} |"
+            for r in rows
+            if r["modality"] == m
+        ]
+        lines.append(f"| {m} | all | {tot['questions']} | {tot['accuracy']:.3f} |")
+    o = summary["overall"]
+    lines.append(f"| all | all | {o['questions']} | {o['accuracy']:.3f} |")
+    return "\n".join(lines)
+
+
+def bar_chart(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
+    """Bars of accuracy per family, grouped and coloured by modality; writes a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mods = sorted({r["modality"] for r in rows}, key=_order)
+    xs, labels, x = [], [], 0.0
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.55 * len(rows) + 1.5 * len(mods)), 3.6))
+    for m in mods:
+        group = [r for r in rows if r["modality"] == m]
+        pos = [x + i for i in range(len(group))]
+        ax.bar(
+            pos, [r["accuracy"] for r in group], color=_COLORS.get(m, "#8172B3"), label=m,
+            width=0.8,
+        )  # fmt: skip
+        for p, r in zip(pos, group):
+            ax.text(p, r["accuracy"] + 0.01, f"{r['accuracy']:.2f}", ha="center", fontsize=7)
+        xs += pos
+        labels += [r["family"] for r in group]
+        x += len(group) + 1  # a gap between modalities
+    ax.set_xticks(xs, labels, rotation=35, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("accuracy")
+    ax.legend(title="modality", fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    rows: Sequence[dict], out_dir: str | Path, *, model: str = "", extra: dict | None = None
+) -> dict:
+    """Write ``eval.json``, ``eval.md`` and ``eval.png`` into out_dir.
+
+    ``eval.json`` holds ``rows``, the per-modality and overall means, and ``metrics`` (flat:
+    ``accuracy``, ``count``, ``accuracy/<modality>/<family>``, ``count/<modality>/<family>``).
+    Returns {"table": Markdown text, "files": [paths]}.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = merge(rows)
+    summary = summarize(rows)
+    metrics = {
+        "accuracy": summary["overall"]["accuracy"],
+        "count": float(summary["overall"]["questions"]),
+    }
+    for r in rows:
+        metrics[f"accuracy/{r['modality']}/{r['family']}"] = r["accuracy"]
+        metrics[f"count/{r['modality']}/{r['family']}"] = float(r["questions"])
+    table = markdown(rows)
+    record = {"model": model, "rows": rows, **summary, "metrics": metrics, **(extra or {})}
+    (out / "eval.json").write_text(json.dumps(record, indent=1))
+    (out / "eval.md").write_text(table + "\n")
+    png = bar_chart(rows, out / "eval.png", title=f"held-out accuracy: {Path(model).name or model}")
+    return {"table": table, "files": [out / "eval.json", out / "eval.md", png]}
