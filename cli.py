@@ -108,10 +108,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a saved model on the recipe's held-out data (vlm) or tasks (vla)."""
     from . import wiring
 
-    recipe, overrides = split_recipe(args.recipe, args.overrides)
+    more = [a for a in args.overrides if "=" not in a]  # further recipes: more task sets (vlm)
+    recipe, overrides = split_recipe(args.recipe, [a for a in args.overrides if "=" in a])
     cfg = load_config(recipe, [*overrides, f"model.path={args.model}"])
     out = _mkdir(Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"))
-    result = wiring.side(wiring.EVALS, cfg, "evaluation")(cfg, out)
+    if more:
+        if cfg.side != "vlm":
+            raise ConfigError(f"several recipes ({', '.join(more)}) evaluate only on side vlm")
+        sets = [load_config(resolve_recipe(r), [*overrides, f"model.path={args.model}"]) for r in more]
+        result = wiring.vlm_eval(cfg, out, more=sets)
+    else:
+        result = wiring.side(wiring.EVALS, cfg, "evaluation")(cfg, out)
     print(result["table"])
     for path in result["files"]:
         print(f"wrote {path}")
@@ -123,6 +130,8 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
 
     if args.kind == "video":
         return _data_generate_video(args)
+    if args.kind == "spatial":
+        return _data_generate_spatial(args)
     splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test, "ood": args.n_ood}
     paths = generate(
         args.out, splits={k: v for k, v in splits.items() if v > 0},
@@ -143,6 +152,21 @@ def _data_generate_video(args: argparse.Namespace) -> int:
     paths = generate(
         args.out, splits={k: v for k, v in splits.items() if v > 0}, families=families,
         seed=args.seed, size=args.image_size, seconds=args.seconds, fps=args.fps,
+    )  # fmt: skip
+    for split, path in paths.items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def _data_generate_spatial(args: argparse.Namespace) -> int:
+    """MuJoCo rooms in several views with VSI-style 3D questions (no "ood" split)."""
+    from .datasets.spatial import FAMILIES, generate
+
+    families = args.families.split(",") if args.families else list(FAMILIES)
+    splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test}
+    paths = generate(
+        args.out, splits={k: v for k, v in splits.items() if v > 0}, families=families,
+        seed=args.seed, image_size=args.image_size, n_views=args.views, depth=args.depth,
     )  # fmt: skip
     for split, path in paths.items():
         print(f"{split}: {path}")
@@ -287,10 +311,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "eval",
-        help="evaluate a saved model: accuracy per family (vlm), success per task + mp4 (vla)",
+        help="evaluate a saved model: accuracy per modality and family + bar chart (vlm), "
+        "success per task + mp4 (vla)",
     )
     p.add_argument("recipe", help="recipe whose data/env settings define the evaluation")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.eval_episodes=100")
+    p.add_argument(
+        "overrides", nargs="*",
+        help="dotted overrides (e.g. env.eval_episodes=100) and, for vlm, more recipes whose task "
+        "sets join the table (e.g. vlm_spatial vlm_video)",
+    )  # fmt: skip
     p.add_argument(
         "--model",
         required=True,
@@ -316,9 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="write synthetic questions: CLEVR-like images (PNG) or videos (mp4) + JSONL",
     )
     g.add_argument(
-        "--kind", choices=["clevr", "video"], default="clevr",
+        "--kind", choices=["clevr", "video", "spatial"], default="clevr",
         help="clevr: image questions; video: moving-shape clips (temporal order, direction, "
-        "event count, temporal grounding)",
+        "event count, temporal grounding); spatial: MuJoCo rooms in several views (VSI-style "
+        "count, distance, size, relative direction/distance, appearance order)",
     )  # fmt: skip
     g.add_argument("--out", required=True, help="output directory")
     g.add_argument("--n-train", type=int, default=2000)
@@ -330,12 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated families (default: all of the kind; clevr: count_all,count_color,"
         "count_shape,attr_mcq,spatial,grounding; video: temporal_order,direction,event_count,"
-        "grounding)",
+        "grounding; spatial: obj_count,abs_distance,obj_size,rel_direction,rel_distance,"
+        "appearance_order)",
     )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--image-size", type=int, default=112, help="image side / video frame side")
     g.add_argument("--seconds", type=float, default=4.0, help="video clip length (video)")
     g.add_argument("--fps", type=int, default=4, help="frames per second written (video)")
+    g.add_argument("--views", type=int, default=4, help="views along the camera path (spatial)")
+    g.add_argument("--depth", action="store_true", help="also write depth PNGs in mm (spatial)")
     g.set_defaults(func=cmd_data_generate)
     return parser
 

@@ -6,8 +6,9 @@ vlm/, rewards/ and the trainer together; cli.py only parses arguments and prints
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from .trainer.config import Config, ConfigError
@@ -51,6 +52,8 @@ def vlm_samples(cfg: Config, run_dir: Path) -> tuple[list[dict], list[dict]]:
 
     if d.generator == "video":
         return _video_samples(cfg, run_dir)
+    if d.generator == "spatial":
+        from .datasets.spatial import generate
     paths = generate(
         run_dir / "data", splits={"train": d.n_train, "val": d.n_val}, families=d.families,
         seed=d.seed, image_size=d.image_size,
@@ -170,6 +173,8 @@ def vlm_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
     from .datasets.clevr import reasoning_trace
     from .trainer.sft import sft
 
+    if cfg.data.generator == "spatial":
+        from .datasets.spatial import reasoning_trace
     if cfg.data.generator == "video":
         from .datasets.video import reasoning_trace
     from .vlm.sft import VLMSFTSource
@@ -190,29 +195,34 @@ def vlm_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
     return sft(cfg, policy, source, run_dir, evaluator=vlm_evaluator(cfg, val))
 
 
-def vlm_eval(cfg: Config, out_dir: Path) -> dict:
-    """Greedy held-out accuracy of ``model.path`` per question family (``data.val``, or the
-    synthetic validation split); writes ``eval.json`` and ``eval.md`` into ``out_dir``."""
-    if not cfg.data.train:
-        cfg.data.n_train = 1  # only the validation split is needed
-    _, val = vlm_samples(cfg, out_dir)
-    evaluator = vlm_evaluator(cfg, val)
-    if evaluator is None:
-        raise ConfigError(
-            "nothing to evaluate: set data.val (or leave it empty for synthetic) and train.eval_samples > 0"
-        )
-    metrics = evaluator(vlm_policy(cfg, out_dir))
-    families = sorted(k.split("/", 1)[1] for k in metrics if k.startswith("accuracy/"))
-    lines = ["| family | questions | accuracy |", "|---|---|---|"]
-    lines += [
-        f"| {f} | {metrics[f'count/{f}']:.0f} | {metrics[f'accuracy/{f}']:.3f} |" for f in families
-    ]
-    lines.append(f"| all | {metrics['count']:.0f} | {metrics['accuracy']:.3f} |")
-    (out_dir / "eval.json").write_text(
-        json.dumps({"model": cfg.model.path, "metrics": metrics}, indent=1)
-    )
-    (out_dir / "eval.md").write_text("\n".join(lines) + "\n")
-    return {"table": "\n".join(lines), "files": [out_dir / "eval.json", out_dir / "eval.md"]}
+def vlm_eval(cfg: Config, out_dir: Path, more: Sequence[Config] = ()) -> dict:
+    """Greedy held-out accuracy of ``model.path`` per question family, grouped by modality
+    (image, video, 3D), on the recipe's task set and on each of ``more`` (other recipes, each with
+    its own data and prompt settings; the model is the first recipe's). Writes ``eval.json``,
+    ``eval.md`` and the bar chart ``eval.png`` into ``out_dir`` (see vlm/report.py)."""
+    from .vlm.report import family_rows, write_report
+
+    policy, rows, sets = None, [], []
+    for i, c in enumerate([cfg, *more]):
+        if not c.data.train:
+            c.data.n_train = 1  # only the validation split is needed
+        _, val = vlm_samples(c, out_dir if i == 0 else out_dir / f"taskset_{i}")
+        evaluator = vlm_evaluator(c, val)
+        if evaluator is None:
+            raise ConfigError(
+                "nothing to evaluate: set data.val (or leave it empty for synthetic) and "
+                "train.eval_samples > 0"
+            )
+        policy = policy or vlm_policy(cfg, out_dir)
+        prompt = dataclasses.replace(
+            policy.prompt, system_prompt=c.rollout.system_prompt,
+            max_prompt_length=c.rollout.max_prompt_length,
+            min_pixels=c.model.min_pixels or None, max_pixels=c.model.max_pixels or None,
+        )  # fmt: skip
+        metrics = evaluator(policy, prompt=prompt)
+        rows += family_rows(metrics, val[: c.train.eval_samples])
+        sets.append({"data": c.data.val or f"synthetic {c.data.generator}", "metrics": metrics})
+    return write_report(rows, out_dir, model=cfg.model.path, extra={"task_sets": sets})
 
 
 def vla_eval(cfg: Config, out_dir: Path) -> dict:

@@ -114,7 +114,8 @@ class DataConfig:
     seed: int = 0
     """seed of the synthetic generator"""
     generator: str = "clevr"
-    """synthetic set when data.train is empty: clevr (images) | video (moving shapes, mp4)"""
+    """synthetic set when data.train is empty: clevr (images) | video (moving shapes, mp4) |
+    spatial (MuJoCo rooms, several views per question)"""
     video_seconds: float = 4.0
     """video generator: clip length in seconds"""
     video_fps: int = 4
