@@ -84,14 +84,45 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """RL training (GRPO, PPO, ...) of the recipe's side."""
+    """RL training (GRPO, PPO, ...) of the recipe's side; one rank of several under torchrun or
+    the deepspeed launcher (train.backend=deepspeed)."""
     from . import wiring
 
-    cfg, run_dir = prepare_run(args)
+    cfg, run_dir, main = prepare_distributed_run(args)
     trainer = wiring.side(wiring.TRAINERS, cfg, "RL trainer")(cfg, run_dir)
     trainer.fit(resume=bool(args.resume))
-    print_summary(run_dir)
+    if main:
+        print_summary(run_dir)
     return 0
+
+
+def prepare_distributed_run(args: argparse.Namespace) -> tuple[Config, Path, bool]:
+    """``prepare_run`` once, on rank 0, its config and run directory shared with every rank (a
+    timestamped directory name must not differ between ranks). Returns (cfg, run_dir, is_main)."""
+    from .trainer.deepspeed_engine import launched_distributed
+
+    if not launched_distributed():
+        return (*prepare_run(args), True)
+    from .trainer.deepspeed_engine import broadcast_object, init_distributed, rank_and_world
+
+    init_distributed()
+    rank, world = rank_and_world()
+    result = None
+    if rank == 0:
+        try:
+            result = prepare_run(args)
+        except ConfigError as e:
+            result = e
+    result = broadcast_object(result)
+    if isinstance(result, ConfigError):
+        raise result
+    cfg, run_dir = result
+    if cfg.train.backend != "deepspeed":
+        raise ConfigError(
+            f"{world} processes were launched but train.backend={cfg.train.backend!r} trains in "
+            "one process; add train.backend=deepspeed (train.zero_stage=2|3)"
+        )
+    return cfg, run_dir, rank == 0
 
 
 def cmd_sft(args: argparse.Namespace) -> int:

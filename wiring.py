@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .trainer.config import Config, ConfigError
+from .trainer.engine import build_engine
 from .trainer.loop import Trainer, resolve_device
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
@@ -104,10 +105,18 @@ def vlm_policy(cfg: Config, run_dir: Path):
         max_pixels=m.max_pixels or None,
         video=cfg.video,
     )
-    return VLMPolicy.from_pretrained(
+    policy = VLMPolicy.from_pretrained(
         path, prompt=prompt, dtype=m.dtype, device=resolve_device(cfg.train.device),
         gradient_checkpointing=m.gradient_checkpointing, trust_remote_code=m.trust_remote_code,
     )  # fmt: skip
+    if m.lora_rank > 0:
+        from .vlm.lora import apply_lora
+
+        policy = apply_lora(
+            policy, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
+            targets=m.lora_target_modules, vision=m.lora_vision,
+        )  # fmt: skip
+    return policy
 
 
 def vlm_evaluator(cfg: Config, val: list[dict]):
@@ -153,19 +162,61 @@ def vlm_trainer(cfg: Config, run_dir: Path) -> Trainer:
 
     if cfg.rollout.engine not in ("hf", "vllm"):
         raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: valid engines are hf, vllm")
-    train, val = vlm_samples(cfg, run_dir)
+    train, val = on_rank0(vlm_samples, cfg, run_dir)
     policy = vlm_policy(cfg, run_dir)
     policy.temperature = cfg.rollout.temperature  # score the distribution the rollouts sample
     if cfg.rollout.engine == "vllm":
         policy = vllm_policy(cfg, policy, run_dir)
     reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
+    # LoRA: the base with adapters disabled (no copy); full fine-tuning: a frozen copy, taken
+    # before a DeepSpeed engine partitions the weights
+    ref = policy.reference() if cfg.algo.kl_coef > 0 else None
+    engine = build_engine(policy, cfg.train)
+    train, rollout_cfg, seed = data_shard(cfg, train, engine.rank, engine.world_size)
     source = VLMRolloutSource(
-        train, reward, cfg.rollout, seed=cfg.train.seed, strict=cfg.data.strict,
+        train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict,
         min_pixels=cfg.model.min_pixels or None, max_pixels=cfg.model.max_pixels or None,
         video=cfg.video, return_logprobs=cfg.algo.tis_cap > 0,
     )  # fmt: skip
-    ref = policy.reference() if cfg.algo.kl_coef > 0 else None
-    return Trainer(cfg, policy, source, run_dir, ref_policy=ref, evaluator=vlm_evaluator(cfg, val))
+    return Trainer(
+        cfg, policy, source, run_dir, ref_policy=ref, evaluator=vlm_evaluator(cfg, val),
+        engine=engine,
+    )  # fmt: skip
+
+
+def on_rank0(fn, *args):
+    """``fn(*args)`` computed once, by rank 0, and its result sent to every rank (a single
+    writer for synthetic data under data parallelism); a plain call in one process."""
+    from .trainer.deepspeed_engine import (
+        broadcast_object,
+        init_distributed,
+        launched_distributed,
+        rank_and_world,
+    )
+
+    if not launched_distributed():
+        return fn(*args)
+    init_distributed()
+    return broadcast_object(fn(*args) if rank_and_world()[0] == 0 else None)
+
+
+def data_shard(cfg: Config, train: list[dict], rank: int, world: int):
+    """This rank's (samples, rollout config, seed) under data parallelism: samples
+    ``rank::world``, ``prompts_per_step / world`` prompts a step (the global batch stays
+    ``rollout.prompts_per_step`` prompts) and its own sampling seed. Identity in one process."""
+    if world == 1:
+        return train, cfg.rollout, cfg.train.seed
+    if cfg.rollout.prompts_per_step % world:
+        raise ConfigError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over {world} "
+            "ranks; make it a multiple of the number of processes"
+        )
+    if len(train) < world:
+        raise ConfigError(f"{len(train)} training samples cannot be split over {world} ranks")
+    per_rank = dataclasses.replace(
+        cfg.rollout, prompts_per_step=cfg.rollout.prompts_per_step // world
+    )
+    return train[rank::world], per_rank, cfg.train.seed + 1_000_003 * rank
 
 
 def vlm_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
@@ -218,6 +269,7 @@ def vlm_eval(cfg: Config, out_dir: Path, more: Sequence[Config] = ()) -> dict:
             policy.prompt, system_prompt=c.rollout.system_prompt,
             max_prompt_length=c.rollout.max_prompt_length,
             min_pixels=c.model.min_pixels or None, max_pixels=c.model.max_pixels or None,
+            video=c.video,
             video=c.video,
         )  # fmt: skip
         metrics = evaluator(policy, prompt=prompt)

@@ -4,10 +4,19 @@ data position and loop counters, written to a temporary directory and renamed in
 Layout::
 
     <run>/checkpoints/step_000010/
-        model/               policy.save(...)  (HF directory for a VLM)
+        model/               policy.save(...)  (HF directory for a VLM); under ZeRO the
+                             consolidated weights (gathered, written by rank 0)
         trainer_state.pt     optimizer + scheduler + RNG + source state  (torch.save, loaded
-                             with weights_only=True)
+                             with weights_only=True); under DeepSpeed rank 0's RNG and source
+        trainer_state.rank<r>.pt   the same for rank r > 0 (its data shard position, RNG)
+        zero/                DeepSpeed only: each rank's optimizer (and ZeRO-3 parameter)
+                             partitions, what a resume loads; DeepSpeed's ``zero_to_fp32.py``
+                             in it rebuilds fp32 weights offline
         state.json           step, counters (human-readable)
+
+Under data parallelism every rank calls ``save_checkpoint`` (the gathers and DeepSpeed's save are
+collective); rank 0 owns the directory, the rename and the pruning. Multi-node runs need the run
+directory on a file system every node sees.
 """
 
 from __future__ import annotations
@@ -55,30 +64,57 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def trainer_state_name(rank: int) -> str:
+    return "trainer_state.pt" if rank == 0 else f"trainer_state.rank{rank}.pt"
+
+
 def save_checkpoint(
-    root: Path, step: int, policy, trainer_state: dict[str, Any], counters: dict, keep_last: int
+    root: Path,
+    step: int,
+    policy,
+    trainer_state: dict[str, Any],
+    counters: dict,
+    keep_last: int,
+    engine=None,
 ) -> Path:
     """Write checkpoint ``step`` under ``root`` atomically and prune to ``keep_last``.
 
-    Returns the final directory. A crash at any point leaves either the previous set of
-    complete checkpoints or the new one, never a half-written ``step_*`` directory.
+    ``engine`` (the loop's) writes the weights: ``engine.export`` gathers ZeRO-3 partitions into
+    consolidated HF weights, ``engine.save_sharded`` writes DeepSpeed's per-rank state; without
+    one, ``policy.save`` alone. Returns the final directory. A crash at any point leaves either
+    the previous set of complete checkpoints or the new one, never a half-written ``step_*``.
     """
-    root.mkdir(parents=True, exist_ok=True)
+    rank = engine.rank if engine is not None else 0
+    distributed = engine is not None and engine.world_size > 1
     final = root / f"{STEP_PREFIX}{step:06d}"
-    tmp = root / f".tmp-{STEP_PREFIX}{step:06d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    policy.save(tmp / "model")
-    torch.save(trainer_state, tmp / "trainer_state.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **counters}, indent=2))
-    _fsync_dir(tmp)
-    if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    # every rank writes into the same temporary directory, so its name is not per-process
+    tmp = root / f".tmp-{STEP_PREFIX}{step:06d}-{'dist' if distributed else os.getpid()}"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    if distributed:
+        engine.barrier()
+    if engine is not None:
+        engine.export(policy, tmp / "model")
+        engine.save_sharded(tmp)
+    else:
+        policy.save(tmp / "model")
+    torch.save(trainer_state, tmp / trainer_state_name(rank))
+    if distributed:
+        engine.barrier()
+    if rank == 0:
+        (tmp / "state.json").write_text(json.dumps({"step": step, **counters}, indent=2))
+        _fsync_dir(tmp)
+        if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    if distributed:
+        engine.barrier()
     return final
 
 
@@ -90,8 +126,15 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
 
-def load_trainer_state(ckpt: Path) -> tuple[dict[str, Any], dict]:
-    state = torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=True)
+def load_trainer_state(ckpt: Path, rank: int = 0) -> tuple[dict[str, Any], dict]:
+    """(trainer state of ``rank``, counters) of checkpoint ``ckpt``."""
+    path = ckpt / trainer_state_name(rank)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: checkpoint {ckpt.name} was written by fewer ranks than this "
+            "launch has; resume with the same number of processes"
+        )
+    state = torch.load(path, map_location="cpu", weights_only=True)
     counters = json.loads((ckpt / "state.json").read_text())
     return state, counters
 

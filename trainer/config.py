@@ -93,6 +93,19 @@ class ModelConfig:
     """processor min_pixels per image (0 keeps the processor's setting)"""
     max_pixels: int = 0
     """processor max_pixels per image (0 keeps the processor's setting)"""
+    lora_rank: int = 0
+    """LoRA rank of peft adapters on the language model (0: full fine-tuning); the reference
+    policy is then the same model with its adapters disabled (no second copy)"""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)"""
+    lora_dropout: float = 0.0
+    """dropout on the LoRA input (keep 0 for RL: logp_old and logp must match)"""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """names of the language model's linear layers that get adapters"""
+    lora_vision: bool = False
+    """also put adapters on the vision tower (its attention qkv/proj and MLP projections)"""
 
 
 @dataclass
@@ -235,6 +248,12 @@ class TrainConfig:
     """evaluate on held-out data every N steps (0: only before and after training)"""
     eval_samples: int = 200
     """held-out questions per evaluation"""
+    backend: str = "torch"
+    """optimisation engine: torch (one process) | deepspeed (ZeRO, data parallel under torchrun
+    or the deepspeed launcher; bf16 on GPU, fp32 on CPU)"""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage when backend=deepspeed: 2 (optimizer state + gradients partitioned)
+    | 3 (parameters too; rollouts gather the full weights)"""
 
 
 @dataclass

@@ -1,12 +1,18 @@
 """Optimisation engines behind the loop: gradients in, a parameter update out.
 
-`TorchEngine` is the single-process engine (AdamW, warm-up, global-norm clipping). A DeepSpeed
-ZeRO engine exposes the same five methods, so the loop never knows which one it drives.
+`TorchEngine` is the single-process engine (AdamW, warm-up, global-norm clipping).
+`DeepSpeedEngine` (deepspeed_engine.py, ZeRO-2/3, data parallel) exposes the same methods, so
+the loop never knows which one it drives: ``backward``, ``step``, ``zero_grad``, ``lr``,
+``state_dict``/``load_state_dict``, plus the data-parallel seam (``world_size``, ``is_main``,
+``all_reduce_sum``, ``all_true``, ``barrier``, ``rollout_context``) and the checkpoint seam
+(``save_sharded``/``load_sharded``, ``export``), which are identities in a single process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -15,6 +21,8 @@ from .config import TrainConfig
 
 
 class TorchEngine:
+    rank, world_size, is_main = 0, 1, True
+
     def __init__(self, params, cfg: TrainConfig):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
@@ -57,5 +65,59 @@ class TorchEngine:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        if "optimizer" not in state:
+            raise ValueError(
+                f"this checkpoint was written by the {state.get('backend', '?')} backend; resume "
+                "it with the same train.backend and launch, or start a new run from its model/ "
+                "directory (model.path=<checkpoint>/model)"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+    # ---- data-parallel and checkpoint seam (single process: identities) ----------------------
+
+    def all_reduce_sum(self, x: Tensor | float) -> Tensor:
+        return torch.as_tensor(x)
+
+    def all_true(self, flag: bool) -> bool:
+        return flag
+
+    def barrier(self) -> None:
+        pass
+
+    def rollout_context(self):
+        return contextlib.nullcontext()
+
+    def gathered_params(self):
+        return contextlib.nullcontext()
+
+    def save_sharded(self, ckpt_dir: Path) -> None:
+        pass  # everything is in state_dict()
+
+    def load_sharded(self, ckpt_dir: Path) -> None:
+        pass
+
+    def export(self, policy, path: Path) -> None:
+        policy.save(path)
+
+
+def policy_module(policy) -> nn.Module:
+    """The ``nn.Module`` that holds a policy's weights: ``policy.model`` (VLM) or the policy."""
+    module = getattr(policy, "model", policy)
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"{type(policy).__name__} exposes no nn.Module (neither a .model attribute nor a "
+            "module itself); the DeepSpeed backend needs one to partition"
+        )
+    return module
+
+
+def build_engine(policy, cfg: TrainConfig):
+    """``train.backend``: ``torch`` (one process) or ``deepspeed`` (ZeRO ``train.zero_stage``)."""
+    if cfg.backend == "torch":
+        return TorchEngine(policy.parameters(), cfg)
+    if cfg.backend == "deepspeed":
+        from .deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(policy_module(policy), cfg)
+    raise ValueError(f"unknown train.backend {cfg.backend!r}; valid: torch, deepspeed")

@@ -9,6 +9,7 @@ and a `RolloutSource`; it never imports a model, a dataset or a simulator.
 
 from __future__ import annotations
 
+import os
 import random
 import resource
 import time
@@ -30,13 +31,31 @@ from .checkpoint import (
     set_rng_state,
 )
 from .config import Config
-from .engine import TorchEngine
+from .engine import build_engine
 from .metrics import MetricsLogger
 from .policy import Policy, RolloutSource
 
 
 class TrainingDiverged(RuntimeError):
     """Raised after ``train.max_bad_steps`` consecutive steps with a non-finite loss/gradient."""
+
+
+SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl", "actor/entropy"})
+"""metrics that are losses under the minibatch's global normalisers: micro-batches and ranks
+each hold a share of the value, so they are summed rather than token-weighted"""
+
+
+class _NullLogger:
+    """The metrics sink of ranks other than 0 (one writer per run directory)."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def peak_rss_mb() -> float:
@@ -51,9 +70,14 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto | cpu | cuda | cuda:N``; a bare ``cuda`` under a launcher is this process's GPU
+    (``LOCAL_RANK``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
 
 
 class Trainer:
@@ -79,8 +103,18 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(cfg.train.device)
-        self.engine = engine or TorchEngine(policy.parameters(), cfg.train)
-        self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard)
+        self.engine = engine or build_engine(policy, cfg.train)
+        if self.engine.world_size > 1 and cfg.algo.dynamic_sampling:
+            raise ValueError(
+                "algo.dynamic_sampling with several ranks would give the ranks different batch "
+                "sizes (and a different number of collective steps); run it in one process"
+            )
+        # one writer per run directory: rank 0 logs, the other ranks only compute
+        self.logger = (
+            MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard)
+            if self.engine.is_main
+            else _NullLogger()
+        )
         self.policy_loss = algos.get_policy_loss(cfg.algo.policy_loss)
         self.advantage = algos.get_advantage(cfg.algo.adv_estimator)
         self.kl = algos.get_kl(cfg.algo.kl_estimator)
@@ -98,12 +132,13 @@ class Trainer:
             seed_everything(self.cfg.train.seed)
             self._evaluate(0)
         total = self.cfg.train.steps
-        bar = progress_bar(total, self.step, enabled=self.cfg.log.progress)
+        bar = progress_bar(total, self.step, enabled=self.cfg.log.progress and self.engine.is_main)
         limit = self.cfg.train.time_limit_min * 60
         t_start = time.perf_counter()
         try:
             while self.step < total:
-                if limit and time.perf_counter() - t_start > limit:
+                out_of_time = bool(limit) and time.perf_counter() - t_start > limit
+                if limit and not self.engine.all_true(not out_of_time):  # ranks stop together
                     total = self.step  # out of time: finish as if the run had this many steps
                     break
                 metrics = self.train_step()
@@ -128,7 +163,8 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One rollout + update. Returns the step's metrics."""
         t0 = time.perf_counter()
-        batch, metrics = self.source.collect(self.policy, self.step)
+        with self.engine.rollout_context():  # ZeRO-3: full weights for sampling
+            batch, metrics = self.source.collect(self.policy, self.step)
         metrics = dict(metrics)
         metrics["time/collect"] = time.perf_counter() - t0  # rollout + reward (+ env steps)
         metrics["reward/mean"] = (
@@ -167,7 +203,8 @@ class Trainer:
         n_kept = seen = kept_rows = 0
         for collect in range(1, self.cfg.algo.max_collects + 1):
             if collect > 1:
-                batch, _ = self.source.collect(self.policy, self.step)
+                with self.engine.rollout_context():
+                    batch, _ = self.source.collect(self.policy, self.step)
             keep = algos.filter_groups(
                 batch.rewards.float().reshape(len(batch), -1).sum(1), batch.group_id
             )
@@ -230,7 +267,8 @@ class Trainer:
     def _update(self, batch: RolloutBatch) -> dict[str, float]:
         tcfg = self.cfg.train
         n = len(batch)
-        mb_size = tcfg.minibatch_size if 0 < tcfg.minibatch_size < n else n
+        mb_global = tcfg.minibatch_size // self.engine.world_size  # this rank's share
+        mb_size = mb_global if 0 < mb_global < n else n
         gen = torch.Generator().manual_seed(tcfg.seed * 100_003 + self.step)
         sums: dict[str, float] = defaultdict(float)
         opt_steps = skipped = 0
@@ -263,19 +301,28 @@ class Trainer:
 
     def _accumulate(self, mb: RolloutBatch) -> tuple[bool, dict[str, float]]:
         """Forward/backward over the micro-batches of one minibatch; gradients accumulate so
-        that the result equals one pass over the whole minibatch (global normalisers)."""
-        num_tokens = mb.mask.sum()
-        num_seqs = len(mb)
+        that the result equals one pass over the whole minibatch (global normalisers).
+
+        With data parallelism the normalisers are summed over ranks, so each rank's loss is its
+        share of the global minibatch loss; so are the metrics (all-reduced before returning).
+        Share metrics (losses normalised by the global counts) add up; the others are token-
+        weighted means."""
+        num_tokens = self.engine.all_reduce_sum(mb.mask.sum())
+        num_seqs = int(self.engine.all_reduce_sum(len(mb)))
         sums: dict[str, float] = defaultdict(float)
         for micro in mb.split(self.cfg.train.micro_batch_size):
             loss, m = self._loss(micro, num_tokens, num_seqs)
-            if not torch.isfinite(loss):
+            if not self.engine.all_true(bool(torch.isfinite(loss))):
                 self.counters["nonfinite_loss"] += 1
                 return False, {}
             self.engine.backward(loss)
             weight = float(micro.mask.sum() / num_tokens.clamp(min=1))
             for k, v in m.items():
-                sums[k] += v * weight
+                sums[k] += v if k in SHARE_METRICS else v * weight
+        if self.engine.world_size > 1:
+            keys = sorted(sums)
+            total = self.engine.all_reduce_sum(torch.tensor([sums[k] for k in keys]))
+            sums = dict(zip(keys, total.tolist()))
         return True, dict(sums)
 
     def _loss(self, micro: RolloutBatch, num_tokens: Tensor, num_seqs: int) -> tuple[Tensor, dict]:
@@ -327,7 +374,8 @@ class Trainer:
         if self.evaluator is None:
             return
         t = time.perf_counter()
-        metrics = {f"eval/{k}": v for k, v in self.evaluator(self.policy).items()}
+        with self.engine.rollout_context():  # every rank evaluates (ZeRO-3 needs them all)
+            metrics = {f"eval/{k}": v for k, v in self.evaluator(self.policy).items()}
         metrics["time/eval"] = time.perf_counter() - t
         self.last_eval = metrics
         self.logger.log(step, metrics)
@@ -341,7 +389,7 @@ class Trainer:
         counters = {"counters": dict(self.counters), "bad_streak": self.bad_streak}
         return save_checkpoint(
             self.run_dir / "checkpoints", self.step, self.policy, state, counters,
-            self.cfg.checkpoint.keep_last,
+            self.cfg.checkpoint.keep_last, engine=self.engine,
         )  # fmt: skip
 
     def _checkpoint_exists(self, step: int) -> bool:
@@ -354,9 +402,11 @@ class Trainer:
         if not ckpts:
             return False
         last = ckpts[-1]
-        state, counters = load_trainer_state(last)
-        self.policy.load(last / "model")
-        self.engine.load_state_dict(state["engine"])
+        state, counters = load_trainer_state(last, rank=self.engine.rank)
+        self.engine.load_state_dict(state["engine"])  # checks the backend and the launch first
+        if state["engine"].get("backend") != "deepspeed":
+            self.policy.load(last / "model")
+        self.engine.load_sharded(last)  # DeepSpeed: weights + optimizer partitions
         if hasattr(self.source, "load_state_dict"):
             self.source.load_state_dict(state["source"])
         set_rng_state(state["rng"])
