@@ -270,7 +270,6 @@ def vlm_eval(cfg: Config, out_dir: Path, more: Sequence[Config] = ()) -> dict:
             max_prompt_length=c.rollout.max_prompt_length,
             min_pixels=c.model.min_pixels or None, max_pixels=c.model.max_pixels or None,
             video=c.video,
-            video=c.video,
         )  # fmt: skip
         metrics = evaluator(policy, prompt=prompt)
         rows += family_rows(metrics, val[: c.train.eval_samples])
