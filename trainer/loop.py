@@ -123,6 +123,8 @@ class Trainer:
         self.bad_streak = 0
         self.counters: dict[str, int] = defaultdict(int)
         self.last_eval: dict[str, float] = {}
+        self.value_free: bool | None = None
+        """whether the policy's evaluate returns no value (learnt from the first scoring pass)"""
 
     # ------------------------------------------------------------------ run
     def fit(self, resume: bool = False) -> dict[str, float]:
@@ -167,10 +169,13 @@ class Trainer:
             batch, metrics = self.source.collect(self.policy, self.step)
         metrics = dict(metrics)
         metrics["time/collect"] = time.perf_counter() - t0  # rollout + reward (+ env steps)
-        metrics["reward/mean"] = (
-            float(batch.rewards.float().mean())
+        seq_reward = (
+            batch.rewards.float()
             if batch.rewards.dim() == 1
-            else float((batch.rewards * batch.mask).sum(1).mean())
+            else (batch.rewards * batch.mask).sum(1).float()
+        )  # [B]; the mean is over the global batch (all ranks)
+        metrics["reward/mean"] = float(
+            self.engine.all_reduce_sum(seq_reward.sum()) / self.engine.all_reduce_sum(len(batch))
         )
         if self.cfg.algo.dynamic_sampling:
             batch = self._filter_groups(batch, metrics)
@@ -178,7 +183,7 @@ class Trainer:
                 return metrics
         batch = batch.to(self.device)
         t1 = time.perf_counter()
-        self._score_old(batch)
+        self._score_old(batch, behaviour=not self._defer_old(batch))
         metrics["time/old_logp"] = time.perf_counter() - t1
         if batch.logp_rollout is not None:  # rollout engine vs trainer log-probs (TIS monitor)
             metrics.update(
@@ -188,6 +193,7 @@ class Trainer:
             )
         metrics.update(self._advantages(batch))
         metrics.update(self._update(batch))
+        metrics["time/old_logp"] += metrics.pop("time/old_logp_in_update")
         metrics["time/step"] = time.perf_counter() - t0
         metrics["lr"] = self.engine.lr
         metrics["sys/peak_rss_mb"] = peak_rss_mb()
@@ -226,20 +232,31 @@ class Trainer:
         batch = RolloutBatch.concat(kept)
         return batch.select(torch.nonzero(batch.group_id < target).flatten())
 
+    def _defer_old(self, batch: RolloutBatch) -> bool:
+        """Whether the behaviour log-probs can wait for the update: nothing before it reads them
+        (no critic values for the advantages, no KL in the reward, no rollout log-probs to
+        compare). ``_update`` then scores them itself if it takes several optimizer steps, and a
+        single on-policy step uses its own detached log-probs (no extra forward, as TRL does)."""
+        algo = self.cfg.algo
+        kl_reward = algo.kl_in_reward and self.ref_policy is not None and algo.kl_coef > 0
+        return bool(self.value_free) and batch.logp_rollout is None and not kl_reward
+
     @torch.no_grad()
-    def _score_old(self, batch: RolloutBatch) -> None:
+    def _score_old(self, batch: RolloutBatch, behaviour: bool = True, ref: bool = True) -> None:
         """Behaviour log-probs (and values) from the training-side forward, before the update;
         reference log-probs when a KL term needs them."""
         mbs = self.cfg.train.micro_batch_size
-        logps, values = [], []
-        for micro in batch.split(mbs):
-            logp, _, value = self.policy.evaluate(micro)
-            logps.append(logp.float())
-            values.append(value.float() if value is not None else None)
-        batch.logp_old = torch.cat(logps)
-        if values[0] is not None:
-            batch.values_old = torch.cat(values)
-        if self.ref_policy is not None and self.cfg.algo.kl_coef > 0:
+        if behaviour:
+            logps, values = [], []
+            for micro in batch.split(mbs):
+                logp, _, value = self.policy.evaluate(micro)
+                logps.append(logp.float())
+                values.append(value.float() if value is not None else None)
+            batch.logp_old = torch.cat(logps)
+            self.value_free = values[0] is None
+            if values[0] is not None:
+                batch.values_old = torch.cat(values)
+        if ref and self.ref_policy is not None and self.cfg.algo.kl_coef > 0:
             batch.logp_ref = torch.cat(
                 [self.ref_policy.evaluate(m)[0].float() for m in batch.split(mbs)]
             )
@@ -256,19 +273,37 @@ class Trainer:
             values=batch.values_old, bootstrap_value=batch.bootstrap_value,
         )  # fmt: skip
         if algo.whiten_advantages:
-            adv = algos.masked_whiten(adv, batch.mask, algo.eps)
+            adv = self._whiten(adv, batch.mask)
         batch.advantages, batch.returns = adv, ret
         valid = batch.mask.bool()
         m = {f"adv/{k}": v for k, v in m.items()}
-        m["adv/mean"] = float(adv[valid].mean()) if valid.any() else 0.0
-        m["adv/abs_mean"] = float(adv[valid].abs().mean()) if valid.any() else 0.0
+        n_valid = self.engine.all_reduce_sum(valid.sum().float()).clamp(min=1)  # global batch
+        m["adv/mean"] = float(self.engine.all_reduce_sum(adv[valid].sum()) / n_valid)
+        m["adv/abs_mean"] = float(self.engine.all_reduce_sum(adv[valid].abs().sum()) / n_valid)
         return m
+
+    def _whiten(self, adv: Tensor, mask: Tensor) -> Tensor:
+        """``algos.masked_whiten`` over the global batch: with data parallelism the mean and the
+        (unbiased) std are taken over every rank's valid positions."""
+        eps = self.cfg.algo.eps
+        if self.engine.world_size == 1:
+            return algos.masked_whiten(adv, mask, eps)
+        valid = mask > 0
+        n = self.engine.all_reduce_sum(valid.sum().float())
+        mean = self.engine.all_reduce_sum(torch.where(valid, adv, 0.0).sum()) / n.clamp(min=1)
+        dev = torch.where(valid, adv - mean, 0.0)
+        var = self.engine.all_reduce_sum(dev.square().sum()) / (n - 1).clamp(min=1)
+        return dev / (var.sqrt() + eps)
 
     def _update(self, batch: RolloutBatch) -> dict[str, float]:
         tcfg = self.cfg.train
         n = len(batch)
         mb_global = tcfg.minibatch_size // self.engine.world_size  # this rank's share
         mb_size = mb_global if 0 < mb_global < n else n
+        t_old = time.perf_counter()
+        if batch.logp_old is None and (tcfg.ppo_epochs > 1 or mb_size < n):
+            self._score_old(batch, ref=False)  # later minibatches need the pre-update log-probs
+        t_old = time.perf_counter() - t_old
         gen = torch.Generator().manual_seed(tcfg.seed * 100_003 + self.step)
         sums: dict[str, float] = defaultdict(float)
         opt_steps = skipped = 0
@@ -295,6 +330,7 @@ class Trainer:
                     skipped += 1
         metrics = {k: v / max(opt_steps, 1) for k, v in sums.items()}
         metrics.update({"time/forward_backward": t_fb, "time/optimizer": t_opt})
+        metrics["time/old_logp_in_update"] = t_old  # deferred scoring (see _defer_old)
         metrics["nonfinite/skipped_updates"] = float(skipped)
         self._track_bad_step(skipped > 0 and opt_steps == 0)
         return metrics
@@ -335,8 +371,10 @@ class Trainer:
                 micro.logp_old, micro.logp_rollout, micro.mask, algo.tis_cap
             )
         norm = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        # deferred behaviour log-probs (see _defer_old): on-policy, they are these very ones
+        logp_old = micro.logp_old if micro.logp_old is not None else logp.detach()
         loss, m = self.policy_loss(
-            logp, micro.logp_old, micro.advantages, micro.mask, algo, is_weight=is_weight, **norm
+            logp, logp_old, micro.advantages, micro.mask, algo, is_weight=is_weight, **norm
         )
         metrics = {f"actor/{k}": v for k, v in m.items()}
         metrics["actor/pg_loss"] = float(loss.detach())
