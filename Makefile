@@ -11,7 +11,7 @@ export PYOPENGL_PLATFORM ?= egl
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm
+.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm test-zero
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,10 @@ test: setup
 
 test-all: setup
 	$(BIN)/python -m pytest -q -m 'not gpu' $(PYTEST_ARGS)
+
+# DeepSpeed ZeRO (2-rank torchrun subprocesses on the CPU, gloo) and LoRA, slow tests included.
+test-zero: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m 'not gpu' tests/test_zero.py tests/test_lora.py $(PYTEST_ARGS)
 
 # Long: a few minutes (sim) + 30 min (VLA pixel PPO) + about 30 min (VLM GRPO vs SFT) on 2 cores.
 bench: setup

@@ -406,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # the deepspeed launcher appends --local_rank=N (LOCAL_RANK is in the environment as well)
+    argv = [a for a in argv if not a.startswith(("--local_rank=", "--local-rank="))]
     args, extra = parser.parse_known_args(argv)
     # overrides may follow options (`train r.yaml --run-dir x train.steps=5`)
     stray = [e for e in extra if e.startswith("-") or "=" not in e]

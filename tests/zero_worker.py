@@ -94,6 +94,7 @@ def main() -> int:
     cfg.train.ppo_epochs, cfg.train.device, cfg.train.seed = 2, "cpu", 0
     cfg.train.backend, cfg.train.zero_stage = args.backend, args.stage
     cfg.algo.entropy_coef = 0.01
+    cfg.algo.whiten_advantages = True  # batch statistics: must be global under DP
     cfg.log.tensorboard, cfg.log.progress = False, False
     cfg.checkpoint.every, cfg.checkpoint.keep_last = args.ckpt_every, 5
 
