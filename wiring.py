@@ -142,7 +142,14 @@ def vllm_policy(cfg: Config, policy, run_dir: Path):
     from .vlm.vllm_rollout import VLLMEngine, VLLMRolloutPolicy
 
     if getattr(cfg.model, "lora_rank", 0):
-        raise ConfigError("rollout.engine=vllm does not sync LoRA adapters yet; use model.lora_rank=0")
+        raise ConfigError(
+            "rollout.engine=vllm does not sync LoRA adapters yet; use model.lora_rank=0"
+        )
+    if getattr(cfg.train, "backend", "torch") == "deepspeed" and cfg.train.zero_stage == 3:
+        raise ConfigError(
+            "rollout.engine=vllm pushes each rank's full weights to its engine, but ZeRO-3 "
+            "partitions them; use train.zero_stage=2"
+        )
     r, m = cfg.rollout, cfg.model
     init = run_dir / "rollout_init"
     policy.save(init)
