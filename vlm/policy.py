@@ -5,6 +5,8 @@ prompt left-padded to the minibatch's longest prompt, then its completion right-
 completion starts at the same column and only those ``T + 1`` positions go through the LM head
 (``logits_to_keep``). Position ids (Qwen's 3-D M-RoPE included) come from the model itself, from
 the attention mask, ``mm_token_type_ids`` and ``image_grid_thw``; padding does not change results.
+The G rows of one prompt share its pixel tensors, so the vision tower runs once per prompt and
+the model gets the features per row (``mm_encoder_outputs``, Qwen2/2.5-VL).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from . import rollout
 from .model import check_model_dir, load_vlm
 from .prompts import EncodedPrompt, PromptConfig, encode_prompts, vision_token_ids
 from .rollout import BANNED_LOGIT, SamplingParams
+
+SHARED_VISION_MODELS = ("qwen2_5_vl", "qwen2_vl")
+"""Model types whose ``mm_encoder_outputs`` takes image features as ``pooler_output`` alone
+(Qwen3-VL adds deepstack features, so it keeps the plain per-row path)."""
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -56,6 +62,10 @@ class VLMPolicy:
         distribution, so PPO ratios compare like with like (as verl does)"""
         params = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in params
+        self._share_vision = (
+            "mm_encoder_outputs" in params
+            and getattr(model.config, "model_type", "") in SHARED_VISION_MODELS
+        )
         disable_dropout(model)
         model.train()  # activation checkpointing only runs in train mode; dropout is off
 
@@ -99,6 +109,8 @@ class VLMPolicy:
         )
         if self._keep_arg:
             kwargs["logits_to_keep"] = T + 1
+        if self._share_vision:
+            self._shared_image_features(batch.inputs, kwargs)
         out = self.model(**kwargs, use_cache=False)
         logits = out.logits[:, -(T + 1) : -1]  # [B, T, V]: position P-1+t predicts token t
         if self.banned_ids:
@@ -106,6 +118,40 @@ class VLMPolicy:
             banned[self.banned_ids] = True
             logits = logits.masked_fill(banned, BANNED_LOGIT)
         return logits
+
+    def _shared_image_features(self, inputs: dict[str, list], kwargs: dict) -> None:
+        """Replace ``pixel_values`` in ``kwargs`` by image features computed once per distinct
+        pixel tensor (rows of one prompt hold the same tensor object, see
+        ``rollout.prompt_inputs``): the same values, and the same gradients summed through the
+        shared features, with 1/G of the vision-tower work. Leaves ``kwargs`` alone when no
+        rows share images or when the batch has videos."""
+        pix, grids = inputs.get("pixel_values"), inputs.get("image_grid_thw")
+        if "pixel_values" not in kwargs or "pixel_values_videos" in kwargs or grids is None:
+            return
+        rows = [(p, g) for p, g in zip(pix, grids) if p is not None]
+        slot: dict[int, int] = {}
+        for p, _ in rows:
+            slot.setdefault(id(p), len(slot))
+        if len(slot) == len(rows):
+            return
+        first = {}
+        for p, g in rows:
+            first.setdefault(id(p), (p, g))
+        uniq = list(first.values())  # in slot order
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        feats = self.model.get_image_features(
+            torch.cat([p for p, _ in uniq]).to(self.device),
+            torch.cat([g for _, g in uniq]).to(self.device),
+            return_dict=True,
+        ).pooler_output  # one [tokens_i, D] per image, images of all distinct rows in order
+        per_row, k = [], 0
+        for _, g in uniq:
+            per_row.append(list(feats[k : k + g.shape[0]]))
+            k += g.shape[0]
+        images = [f for p, _ in rows for f in per_row[slot[id(p)]]]
+        del kwargs["pixel_values"]
+        kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=images)}
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
