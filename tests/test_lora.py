@@ -93,6 +93,9 @@ def test_grpo_changes_only_adapters_and_reference_is_the_base(tiny, samples, tmp
     # no second copy: the reference holds exactly the policy's storages
     assert storages(policy.model) == storages(policy.model, *_modules(ref))
     assert all(a is b for a, b in zip(ref.parameters(), policy.parameters()))
+    # the measure sees copies: full fine-tuning's reference doubles the bytes
+    full = VLMPolicy.from_pretrained(tiny)
+    assert storages(full.model, full.reference().model) == 2 * storages(full.model)
 
     _train(policy, samples, tmp_path / "run")
     metrics = _metrics(tmp_path / "run")
