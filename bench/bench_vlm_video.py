@@ -4,15 +4,15 @@
    synthetic video questions (``datasets/video.py``).
 2. GRPO from that warm start on all four families (temporal order, direction, event count,
    temporal grounding): held-out accuracy before and after.
-3. On the temporal-order family alone, GRPO and T-GRPO (alpha 0.3, mu 1) from the same warm start
-   with the same number of training steps, side by side; each scored on held-out clips with
-   ordered frames and with the clip's frames shuffled (a model that uses frame order should drop
-   to chance on the shuffled copy).
+3. On the temporal-order family alone: the warm start continues SFT on that family for one more
+   arm, then GRPO and T-GRPO (alpha 0.3, mu 1) start from it with the same number of training
+   steps, side by side; each is scored on held-out clips with ordered frames and with the clip's
+   frames shuffled (a model that uses frame order should drop to chance on the shuffled copy).
 
 Every arm runs in its own process (`perceptrl sft` / `perceptrl train`) with a wall-time cap;
 scoring is greedy decoding with the recipe's prompt, accuracy reward only.
 
-    python bench/bench_vlm_video.py [--minutes 4.5] [--steps 40] [--n-test 200]
+    python bench/bench_vlm_video.py [--minutes 4.5] [--steps 90] [--n-test 200]
 
 Writes bench/results/vlm_video.{json,md}.
 """
@@ -121,7 +121,11 @@ def score(model: Path, splits: dict[str, Path], out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=4.5, help="wall-time cap of each arm")
-    ap.add_argument("--steps", type=int, default=40, help="GRPO / T-GRPO steps (same for both)")
+    ap.add_argument("--steps", type=int, default=90, help="GRPO / T-GRPO steps (same for both)")
+    ap.add_argument(
+        "--order-sft-minutes", type=float, default=4.5,
+        help="SFT on temporal order before the GRPO/T-GRPO arms (0: start from the warm start)",
+    )  # fmt: skip
     ap.add_argument("--n-train", type=int, default=2000)
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--base", default="assets/vlm_base")
@@ -159,11 +163,22 @@ def main() -> None:
         grpo_dir,
     )  # fmt: skip
 
+    order_start, order_sft, order_sft_s = sft_model, None, 0.0
+    if a.order_sft_minutes > 0:
+        order_sft = out / "order_sft"
+        order_sft_s = run_arm(
+            ["sft", str(RECIPE), f"model.path={sft_model}", f"data.train={tord['train']}",
+             f"data.val={tord['test']}", "train.steps=100000", "train.lr=1e-3",
+             "train.warmup_steps=20", "train.eval_every=0", "train.eval_samples=0", *common[:2],
+             f"train.time_limit_min={a.order_sft_minutes}"],
+            order_sft,
+        )  # fmt: skip
+        order_start = last_model(order_sft)
     arms = {}
     for name, alpha in (("grpo", 0.0), ("tgrpo", 0.3)):
         d = out / f"order_{name}"
         s = run_arm(
-            ["train", str(RECIPE), f"model.path={sft_model}", f"data.train={tord['train']}",
+            ["train", str(RECIPE), f"model.path={order_start}", f"data.train={tord['train']}",
              f"data.val={tord['test']}", f"train.steps={a.steps}", "train.eval_every=0",
              "train.eval_samples=0", "checkpoint.every=0", f"rollout.tgrpo_alpha={alpha}",
              "rollout.tgrpo_mu=1.0", *common],
@@ -178,6 +193,8 @@ def main() -> None:
         "sft": score(sft_model, {**all_splits, **order_splits}, out / "score"),
         "grpo_all": score(last_model(grpo_dir), all_splits, out / "score"),
     }
+    if order_sft is not None:
+        scores["order_sft"] = score(order_start, order_splits, out / "score")
     for name, arm in arms.items():
         scores[f"order_{name}"] = score(last_model(arm["dir"]), order_splits, out / "score")
     result = {
@@ -195,6 +212,7 @@ def main() -> None:
         "train": {
             "sft": train_summary(sft_dir, sft_s),
             "grpo_all": train_summary(grpo_dir, grpo_s),
+            **({"order_sft": train_summary(order_sft, order_sft_s)} if order_sft else {}),
             **{f"order_{k}": train_summary(v["dir"], v["seconds"]) for k, v in arms.items()},
         },
         "scores": scores,
@@ -227,6 +245,7 @@ def markdown(r: dict) -> str:
         "| model | all | " + " | ".join(fams) + " |",
         "|---|---|" + "---|" * len(fams),
     ]
+    lines.append("| chance (uniform guess) | – | 0.417 | 0.250 | 0.333 | – |")
     for name, label in (
         ("base", "shipped base"),
         ("sft", "SFT warm start"),
@@ -236,16 +255,20 @@ def markdown(r: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "## Temporal order: GRPO vs T-GRPO, same steps, from the same warm start",
+        "## Temporal order: GRPO vs T-GRPO, same steps, from the same start",
         "",
         "| model | steps | wall s | ordered frames | shuffled frames | bonus rate (first → last quarter) |",
         "|---|---|---|---|---|---|",
     ]
+    lines.append("| chance (2 or 3 options) | – | – | 0.417 | 0.417 | – |")
     for name, label in (
-        ("sft", "SFT warm start"),
+        ("sft", "SFT warm start (all families)"),
+        ("order_sft", "+ SFT on temporal order (start of both arms)"),
         ("order_grpo", "GRPO"),
         ("order_tgrpo", "T-GRPO α=0.3 μ=1"),
     ):
+        if name not in s:
+            continue
         tr = t.get(name, {})
         br = tr.get("reward/tgrpo_bonus_rate")
         brs = f"{br['first_quarter']:.2f} → {br['last_quarter']:.2f}" if br else "–"
