@@ -152,3 +152,22 @@ def test_video_recipe_loads():
     cfg = load_config(CONFIGS / "vlm_video.yaml", ["rollout.tgrpo_alpha=0.3"])
     assert cfg.data.generator == "video" and set(cfg.data.families) == set(FAMILIES)
     assert cfg.video.fps == 2.0 and cfg.video.frame_factor == 2 and cfg.rollout.tgrpo_alpha == 0.3
+
+
+def test_train_and_sft_video_recipe_end_to_end(tiny_dirs, tmp_path):
+    """`perceptrl sft` then `perceptrl train` (T-GRPO on) on generated clips, one step each."""
+    small = [
+        f"model.path={tiny_dirs['qwen2_5_vl']}", "train.device=cpu", "data.n_train=4",
+        "data.n_val=4", "train.eval_samples=4", "rollout.prompts_per_step=2",
+        "rollout.group_size=2", "rollout.max_new_tokens=8", "train.steps=1", "log.progress=false",
+        "log.tensorboard=false",
+    ]  # fmt: skip
+    assert main(["sft", "vlm_video", *small, "--run-dir", str(tmp_path / "sft")]) == 0
+    rc = main(
+        ["train", "vlm_video", *small, "rollout.tgrpo_alpha=0.3", "--run-dir", str(tmp_path / "rl")]
+    )
+    assert rc == 0
+    rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if "reward/tgrpo_bonus_rate" in r)
+    assert step["reward/tgrpo_groups"] == 2.0 and step["reward/tgrpo_shuffled_samples"] == 4.0
+    assert any("eval/accuracy/temporal_order" in r for r in rows)
