@@ -82,14 +82,14 @@ def tgrpo_bonus(
     """
     c = correct.float()
     cs = correct_shuffled.float().to(c.device)
-    gs = group_id_shuffled.to(group_id.device)
+    group_id, gs = group_id.to(c.device), group_id_shuffled.to(c.device)
     ids, inv = torch.unique(torch.cat([group_id, gs]), return_inverse=True)
     inv_o, inv_s = inv[: len(group_id)], inv[len(group_id) :]
     G = len(ids)
-    n_o = torch.zeros(G).index_add_(0, inv_o, torch.ones_like(c))
-    k_o = torch.zeros(G).index_add_(0, inv_o, c)
-    n_s = torch.zeros(G).index_add_(0, inv_s, torch.ones_like(cs))
-    k_s = torch.zeros(G).index_add_(0, inv_s, cs)
+    n_o = torch.zeros(G, device=c.device).index_add_(0, inv_o, torch.ones_like(c))
+    k_o = torch.zeros(G, device=c.device).index_add_(0, inv_o, c)
+    n_s = torch.zeros(G, device=c.device).index_add_(0, inv_s, torch.ones_like(cs))
+    k_s = torch.zeros(G, device=c.device).index_add_(0, inv_s, cs)
     has = (n_s > 0) & (n_o > 0)  # groups that T-GRPO applies to
     p = k_o / n_o.clamp(min=1)
     p_s = k_s / n_s.clamp(min=1)
