@@ -9,6 +9,8 @@ from pathlib import Path
 
 class MetricsLogger:
     def __init__(self, run_dir: Path, tensorboard: bool = True):
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)  # builders called from scripts, not the CLI
         self.path = run_dir / "metrics.jsonl"
         self.tb = None
         if tensorboard:
