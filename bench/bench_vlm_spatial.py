@@ -17,14 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from common import machine, write_results
 
 ARMS = ("base", "sft_warm", "grpo", "sft_more")
+RESULT = Path(__file__).resolve().parent / "results" / "vlm_spatial.json"
 SFT_ARGS = ["train.lr=2.0e-3", "train.warmup_steps=20", "rollout.prompts_per_step=16"]
 
 
@@ -67,6 +70,28 @@ def score(model: Path, samples: list[dict], out: Path) -> dict:
     return m
 
 
+def prior_baseline(train: list[dict], test: list[dict]) -> dict[str, float]:
+    """Accuracy of a constant answer per family, chosen on the training set: the median for
+    numeric families (scored with MRA), the most frequent letter for choices. A model that only
+    learned the answer distribution scores this."""
+    from perceptrl.rewards.measure import mra_score
+
+    out, scores = {}, []
+    for fam in sorted({s["family"] for s in test}):
+        tr = [s["answer"] for s in train if s["family"] == fam]
+        te = [s["answer"] for s in test if s["family"] == fam]
+        if next(s for s in test if s["family"] == fam)["reward"] == "mra":
+            const = statistics.median(float(a) for a in tr)
+            fam_scores = [mra_score(const, float(a)) for a in te]
+        else:
+            const = Counter(tr).most_common(1)[0][0]
+            fam_scores = [float(a == const) for a in te]
+        out[fam] = sum(fam_scores) / len(fam_scores)
+        scores += fam_scores
+    out["all"] = sum(scores) / len(scores)
+    return out
+
+
 def grpo_breakdown(rows: list[dict]) -> dict:
     steps = [r for r in rows if "time/step" in r and "actor/pg_loss" in r]
     out = {
@@ -92,6 +117,11 @@ def main() -> None:
     ap.add_argument("--base", default="assets/vlm_base")
     ap.add_argument("--out", default="runs/bench_vlm_spatial")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--reuse", action="store_true",
+        help="keep the data and the arms already under --out (rescore them; wall times from the "
+        "previous results file)",
+    )  # fmt: skip
     args = ap.parse_args()
 
     from perceptrl.datasets.loader import load_samples
@@ -100,26 +130,35 @@ def main() -> None:
 
     out = Path(args.out)
     base = resolve_path(args.base)
+    previous = json.loads(RESULT.read_text()) if args.reuse and RESULT.exists() else {}
+    train, test_path = out / "data" / "train.jsonl", out / "eval_data" / "test.jsonl"
     t = time.perf_counter()
-    train = generate(out / "data", splits={"train": args.n_train}, seed=1)["train"]
-    test_path = generate(out / "eval_data", splits={"test": args.n_test}, seed=1000 + args.seed)
-    gen_s = time.perf_counter() - t
-    test = load_samples(test_path["test"])[0]
+    if not (args.reuse and train.exists() and test_path.exists()):
+        generate(out / "data", splits={"train": args.n_train}, seed=1)
+        generate(out / "eval_data", splits={"test": args.n_test}, seed=1000 + args.seed)
+    gen_s = previous.get("generate_s", 0.0) if args.reuse else time.perf_counter() - t
+    test = load_samples(test_path)[0]
 
     common = [f"train.time_limit_min={args.minutes}", "train.steps=100000", f"train.seed={args.seed}",
               "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
               f"data.train={train.resolve()}", "checkpoint.every=0"]  # fmt: skip
-    wall = {"sft_warm": run_arm(["sft", "vlm_spatial", *common, *SFT_ARGS, f"model.path={base}"],
-                                out / "sft_warm")}  # fmt: skip
+    wall: dict[str, float] = {}
+
+    def arm(name: str, cmd: list[str]) -> None:
+        if args.reuse and (out / name / "checkpoints").exists():
+            wall[name] = previous.get("wall_s", {}).get(name, float("nan"))
+        else:
+            wall[name] = run_arm(cmd, out / name)
+
+    arm("sft_warm", ["sft", "vlm_spatial", *common, *SFT_ARGS, f"model.path={base}"])
     warm = last_model(out / "sft_warm")
-    wall["grpo"] = run_arm(["train", "vlm_spatial", *common, f"model.path={warm}"], out / "grpo")
-    wall["sft_more"] = run_arm(
-        ["sft", "vlm_spatial", *common, *SFT_ARGS, f"model.path={warm}", "data.seed=2"],
-        out / "sft_more",
-    )
+    arm("grpo", ["train", "vlm_spatial", *common, f"model.path={warm}"])
+    arm("sft_more", ["sft", "vlm_spatial", *common, *SFT_ARGS, f"model.path={warm}"])
     models = {"base": base, "sft_warm": warm, "grpo": last_model(out / "grpo"),
               "sft_more": last_model(out / "sft_more")}  # fmt: skip
     results = {arm: score(models[arm], test, out / "eval" / arm) for arm in ARMS}
+    train_samples = load_samples(train)[0]
+    prior = prior_baseline(train_samples, test)
 
     fams = sorted(k.split("/", 1)[1] for k in results["base"] if k.startswith("accuracy/"))
     sft_rows = {arm: metrics(out / arm) for arm in ("sft_warm", "sft_more")}
@@ -127,8 +166,8 @@ def main() -> None:
         "machine": machine(note="2 CPU cores shared with other jobs; OMP_NUM_THREADS=1"),
         "settings": {
             "minutes_per_arm": args.minutes,
-            "n_train": args.n_train,
-            "n_test": args.n_test,
+            "n_train": len(train_samples),
+            "n_test": len(test),
             "train_data_seed": 1,
             "eval_data_seed": 1000 + args.seed,
             "seed": args.seed,
@@ -142,6 +181,7 @@ def main() -> None:
         "wall_s": wall,
         "accuracy": {arm: results[arm]["accuracy"] for arm in ARMS},
         "per_family": {arm: {f: results[arm][f"accuracy/{f}"] for f in fams} for arm in ARMS},
+        "answer_prior_baseline": prior,
         "format": {arm: results[arm].get("reward/accuracy") for arm in ARMS},
         "grpo": grpo_breakdown(metrics(out / "grpo")),
         "sft_steps": {a: len([r for r in rows if "sft/loss" in r]) for a, rows in sft_rows.items()},
@@ -156,12 +196,20 @@ def main() -> None:
         "for choices. base = shipped counting SFT base; sft_warm = base + SFT on spatial traces; "
         "grpo = sft_warm + GRPO; sft_more = sft_warm + the same wall time of SFT (control).",
         "",
-        "| family | " + " | ".join(ARMS) + " |",
-        "|---|" + "---|" * len(ARMS),
+        "| family | " + " | ".join(ARMS) + " | answer prior |",
+        "|---|" + "---|" * (len(ARMS) + 1),
     ]
     for f in fams:
-        md.append(f"| {f} | " + " | ".join(f"{data['per_family'][a][f]:.3f}" for a in ARMS) + " |")
-    md.append("| **all** | " + " | ".join(f"**{data['accuracy'][a]:.3f}**" for a in ARMS) + " |")
+        cells = " | ".join(f"{data['per_family'][a][f]:.3f}" for a in ARMS)
+        md.append(f"| {f} | {cells} | {prior[f]:.3f} |")
+    cells = " | ".join(f"**{data['accuracy'][a]:.3f}**" for a in ARMS)
+    md.append(f"| **all** | {cells} | **{prior['all']:.3f}** |")
+    md += [
+        "",
+        "answer prior = a constant answer per family chosen on the training set (median for "
+        "numeric families, most frequent letter for choices): what a model that learned only the "
+        "answer distribution scores.",
+    ]
     md += [
         "",
         f"GRPO: {g['steps']} steps, mean step {g['step']:.1f} s (rollout {g['rollout']:.1f}, "
@@ -169,7 +217,7 @@ def main() -> None:
         f"training reward (format 0.2 + accuracy) first fifth of the steps {g['mean_first_fifth']:.3f} "
         f"-> last fifth {g['mean_last_fifth']:.3f} (accuracy {g['accuracy_first_fifth']:.3f} -> "
         f"{g['accuracy_last_fifth']:.3f}); peak RSS {g['peak_rss_mb']:.0f} MB. SFT steps: "
-        f"{data['sft_steps']}. Data generation ({args.n_train + args.n_test} questions): "
+        f"{data['sft_steps']}. Data generation ({len(train_samples) + len(test)} questions): "
         f"{gen_s:.0f} s.",
     ]
     js, mdp = write_results("vlm_spatial", data, "\n".join(md))
