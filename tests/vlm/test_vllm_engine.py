@@ -164,3 +164,28 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
         assert m["rollout_gap/abs_max"] < 1e-4  # rollout on the current weights
         assert m["tis/capped_frac"] == 0.0 and m["tis/weight_mean"] == pytest.approx(1.0)
     assert vpolicy.sync_stats["weight_sync/buckets"] >= 2
+
+
+def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
+    """``rollout.engine=vllm`` glue: the policy is saved, vLLM starts from that directory with
+    the recipe's settings, and its rollouts score like the trainer's."""
+    from perceptrl.trainer.config import load_config
+    from perceptrl.wiring import vllm_policy
+
+    policy, _, prompts = setup
+    cfg = load_config(
+        None,
+        [
+            "rollout.engine=vllm",
+            "rollout.vllm.kv_cache_bytes=33554432",
+            "rollout.vllm.enforce_eager=true",
+            "rollout.max_prompt_length=256",
+        ],
+    )
+    vpolicy = vllm_policy(cfg, policy, tmp_path)
+    assert (tmp_path / "rollout_init" / "config.json").exists()
+    assert vpolicy.engine.llm.llm_engine.model_config.max_model_len == 256 + 64
+    torch.manual_seed(5)
+    batch = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=6))
+    assert vpolicy.sync_stats["weight_sync/buckets"] == 1  # 256 MiB buckets: one for this model
+    assert _gap(policy, batch) < 1e-4
