@@ -50,21 +50,26 @@ def make_samples(root: Path, n: int = 8) -> list[dict]:
 class FixedSource:
     """Deterministic global batch per step; this rank's contiguous share of its prompts."""
 
-    def __init__(self, samples: list[dict], rank: int, world: int):
+    def __init__(self, samples: list[dict], rank: int, world: int, nan_step: int = -1):
         if PROMPTS % world:
             raise ValueError(f"{PROMPTS} prompts do not split over {world} ranks")
         self.samples, self.rank, self.world = samples, rank, world
+        self.nan_step = nan_step
+        """at this step the last prompt's rewards are NaN: the minibatch is skipped, after
+        earlier micro-batches already ran backward"""
 
     def collect(self, policy, step: int):
         per = PROMPTS // self.world
         idx = [(step * PROMPTS + self.rank * per + i) % len(self.samples) for i in range(per)]
         rows, texts, rewards = [], [], []
-        for i in idx:
+        for j, i in enumerate(idx):
+            last = self.rank * per + j == PROMPTS - 1
             for g in range(GROUP):
                 c = COMPLETIONS[(i + g + step) % len(COMPLETIONS)]
                 rows.append(self.samples[i])
                 texts.append(c)
-                rewards.append(float(len(c) % 3 == (i + g) % 3) + 0.1 * g)
+                reward = float(len(c) % 3 == (i + g) % 3) + 0.1 * g
+                rewards.append(float("nan") if step == self.nan_step and last else reward)
         batch = policy.completions_batch(rows, texts)
         batch.group_id = torch.arange(len(idx)).repeat_interleave(GROUP)
         batch.rewards = torch.tensor(rewards)
@@ -87,6 +92,7 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--micro", type=int, default=2)
+    ap.add_argument("--nan-step", type=int, default=-1, help="0-based step with NaN rewards")
     args = ap.parse_args()
 
     cfg = Config()
@@ -94,7 +100,8 @@ def main() -> int:
     cfg.train.ppo_epochs, cfg.train.device, cfg.train.seed = 2, "cpu", 0
     cfg.train.backend, cfg.train.zero_stage = args.backend, args.stage
     cfg.algo.entropy_coef = 0.01
-    cfg.algo.whiten_advantages = True  # batch statistics: must be global under DP
+    # batch statistics: must be global under DP (off with NaN rewards, which would spread)
+    cfg.algo.whiten_advantages = args.nan_step < 0
     cfg.log.tensorboard, cfg.log.progress = False, False
     cfg.checkpoint.every, cfg.checkpoint.keep_last = args.ckpt_every, 5
 
@@ -103,7 +110,7 @@ def main() -> int:
     engine = build_engine(policy, cfg.train)
     out = Path(args.out)
     samples = make_samples(out / "images")
-    source = FixedSource(samples, engine.rank, engine.world_size)
+    source = FixedSource(samples, engine.rank, engine.world_size, args.nan_step)
     trainer = Trainer(cfg, policy, source, out, engine=engine)
     trainer.fit(resume=args.resume)
 

@@ -147,15 +147,25 @@ class DeepSpeedEngine:
         self.ds.backward(loss * self.world_size, scale_wrt_gas=False)
         # The policy calls the module, not ``self.ds.forward``, which would do this at the start
         # of the next forward: without it ZeRO-3 overwrites, rather than adds, the gradient
-        # partitions of the previous micro-batch (measured: 2 micro-batches, half the gradient).
+        # partitions of the previous micro-batch (measured: with two micro-batches per rank the
+        # 2-rank run's gradient norm was 1.85 where one process had 2.84).
         self.ds.optimizer.clear_backward_seen_flag()
 
     def zero_grad(self) -> None:
+        """Drop the gradients accumulated since the last step (the loop calls this when it skips
+        a minibatch whose loss was not finite). Backward has already reduced earlier micro-
+        batches into DeepSpeed's partitions, so those go too, as DeepSpeed's own overflow path
+        drops them: ZeRO-3 restarts its accumulation (``micro_step_id = 0``: the next backward
+        overwrites the partitions); ZeRO-2 clears its accumulated partition tensors."""
         self.ds.zero_grad()
-        if self.cfg.zero_stage >= 2:  # drop what backward already reduced into the partitions
-            opt = self.ds.optimizer
-            if hasattr(opt, "zero_grad"):
-                opt.zero_grad(set_to_none=True)
+        opt = self.ds.optimizer
+        opt.zero_grad(set_to_none=True)
+        if self.cfg.zero_stage == 2:
+            if hasattr(opt, "_release_preflattened_grad_buffers"):
+                opt._release_preflattened_grad_buffers()
+            for store in (opt.averaged_gradients, opt.all_grad_tensors):
+                for k in list(store):
+                    store[k] = None
 
     def step(self) -> tuple[float, bool]:
         """Reduce, clip and apply the accumulated gradients on every rank.
