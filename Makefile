@@ -51,6 +51,7 @@ bench: setup
 	$(BIN)/python bench/bench_sim.py
 	$(BIN)/python bench/bench_vla.py
 	$(BIN)/python bench/bench_vlm_grpo.py
+	$(BIN)/python bench/bench_vlm_spatial.py
 	$(BIN)/pip install -q -e '.[bench]'  # TRL, the baseline of the next script
 	$(BIN)/python bench/bench_trl_grpo.py
 
