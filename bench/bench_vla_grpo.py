@@ -2,8 +2,9 @@
 
 1. Behaviour cloning of the scripted expert (``configs/vla_bc_pick.yaml``) for ``--bc-steps``
    steps: a deliberately short warm start that picks sometimes, as a few-demonstration SFT does.
-2. Held-out success of that policy (deterministic actions, ``--episodes`` seeds from
-   ``env.eval_seed``, never used in training).
+2. Held-out success of that policy on ``--episodes`` seeds from ``env.eval_seed`` (never used
+   in training), with the Gaussian's mean actions (deterministic) and with sampled actions (the
+   policy GRPO trains; sampling seeded).
 3. GRPO (``configs/vla_grpo.yaml``: groups of episodes from the same indexed initial state,
    sparse success reward, dynamic sampling) from the BC weights for ``--minutes``.
 4. Held-out success again, on the same seeds.
@@ -39,6 +40,16 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
+def success(policy, env_cfg, episodes: int) -> dict[str, float]:
+    """Held-out success with mean actions and with sampled actions (seeded)."""
+    from perceptrl.vla.evaluate import evaluate_policy
+
+    torch.manual_seed(0)
+    sampled = evaluate_policy(policy, env_cfg, episodes=episodes, deterministic=False)
+    det = evaluate_policy(policy, env_cfg, episodes=episodes)
+    return {"deterministic": det["success_rate"], "sampled": sampled["success_rate"]}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="perceptrl/Pick-v0")
@@ -51,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from perceptrl.trainer.config import load_config
-    from perceptrl.vla.evaluate import evaluate_policy, task_name
+    from perceptrl.vla.evaluate import task_name
     from perceptrl.vla.run import build_trainer, load_policy, run_sft
 
     out = Path(args.out)
@@ -67,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     run_sft(bc_cfg, out / "bc")
     bc_s = time.perf_counter() - t0
     bc_model = sorted((out / "bc" / "checkpoints").glob("step_*"))[-1] / "model"
-    before = evaluate_policy(load_policy(bc_model), bc_cfg.env, episodes=args.episodes)
+    before = success(load_policy(bc_model), bc_cfg.env, args.episodes)
 
     grpo_cfg = load_config(
         ROOT / "configs" / "vla_grpo.yaml",
@@ -79,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer.fit()
     grpo_s = time.perf_counter() - t0
     trainer.source.close()
-    after = evaluate_policy(trainer.policy, grpo_cfg.env, episodes=args.episodes)
+    after = success(trainer.policy, grpo_cfg.env, args.episodes)
 
     steps = [r for r in rows(out / "grpo") if "time/step" in r]
     curve = [
@@ -90,17 +101,22 @@ def main(argv: list[str] | None = None) -> None:
     data = {
         "machine": machine(),
         "task": args.task,
-        "settings": {"bc_steps": args.bc_steps, "grpo_minutes": args.minutes,
-                     "episodes": args.episodes, "eval_seed": grpo_cfg.env.eval_seed,
-                     "seed": args.seed, "overrides": args.overrides,
-                     "group_size": grpo_cfg.rollout.group_size,
-                     "groups_per_step": grpo_cfg.rollout.prompts_per_step},  # fmt: skip
+        "settings": {
+            "bc_steps": args.bc_steps,
+            "grpo_minutes": args.minutes,
+            "episodes": args.episodes,
+            "eval_seed": grpo_cfg.env.eval_seed,
+            "seed": args.seed,
+            "overrides": args.overrides,
+            "group_size": grpo_cfg.rollout.group_size,
+            "groups_per_step": grpo_cfg.rollout.prompts_per_step,
+        },  # fmt: skip
         "bc_seconds": round(bc_s, 1),
         "grpo_seconds": round(grpo_s, 1),
         "grpo_steps": len(steps),
-        "success_before": before["success_rate"],
-        "success_after": after["success_rate"],
-        "gain_points": round(100 * (after["success_rate"] - before["success_rate"]), 1),
+        "success_before": before,
+        "success_after": after,
+        "gain_points": {k: round(100 * (after[k] - before[k]), 1) for k in before},
         "train_success_curve": [
             {"step": r["step"], "success": r.get("rollout/success_rate", r.get("reward/mean"))}
             for r in steps
@@ -116,22 +132,24 @@ def main(argv: list[str] | None = None) -> None:
         f"Machine: {m['cpu']}, {m['cores']} cores (shared with other work during the run), "
         f"torch {m['torch']}.",
         "",
-        f"Held-out success, deterministic actions, {args.episodes} episodes from seed "
-        f"{grpo_cfg.env.eval_seed}:",
+        f"Held-out success, {args.episodes} episodes from seed {grpo_cfg.env.eval_seed}, with the "
+        "Gaussian's mean actions and with sampled actions:",
         "",
-        "| model | success |",
-        "|---|---|",
+        "| model | mean actions | sampled actions |",
+        "|---|---|---|",
         f"| BC warm start ({args.bc_steps} steps, {bc_s / 60:.1f} min) | "
-        f"{data['success_before']:.3f} |",
-        f"| + GRPO ({len(steps)} steps, {grpo_s / 60:.1f} min) | {data['success_after']:.3f} |",
+        f"{before['deterministic']:.3f} | {before['sampled']:.3f} |",
+        f"| + GRPO ({len(steps)} steps, {grpo_s / 60:.1f} min) | {after['deterministic']:.3f} | "
+        f"{after['sampled']:.3f} |",
         "",
-        f"Gain: **{data['gain_points']:+.1f} points**. GRPO: {data['settings']['groups_per_step']} "
+        f"Gain: **{data['gain_points']['deterministic']:+.1f} points** with mean actions, "
+        f"**{data['gain_points']['sampled']:+.1f}** sampled. GRPO: {data['settings']['groups_per_step']} "
         f"initial states x {data['settings']['group_size']} episodes per step, sparse success "
         f"reward, dynamic sampling; mean step {data['mean_step_s']} s; peak RSS "
         f"{data['peak_rss_mb']} MB.",
     ]
     if curve:
-        md += ["", "| GRPO step | held-out success (eval_episodes) |", "|---|---|"]
+        md += ["", "| GRPO step | held-out success, mean actions (eval_episodes) |", "|---|---|"]
         md += [f"| {c['step']} | {c['success']:.3f} |" for c in curve]
     js, mdp = write_results(f"vla_grpo_{task.lower()}", data, "\n".join(md))
     print("\n".join(md))

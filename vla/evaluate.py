@@ -56,10 +56,13 @@ def run_seeded(policy, runner: VecRunner, seeds: list[int], deterministic: bool 
     return out
 
 
-def evaluate_policy(policy, env_cfg: EnvConfig, episodes: int | None = None) -> dict[str, float]:
+def evaluate_policy(
+    policy, env_cfg: EnvConfig, episodes: int | None = None, deterministic: bool = True
+) -> dict[str, float]:
     """Success rate per task (``env.eval_tasks``, default ``env.id``) over ``episodes`` held-out
-    seeds. Returns flat metrics ``success/<task>``, ``return/<task>``, ``length/<task>`` and
-    ``success_rate`` (mean over tasks)."""
+    seeds, with the policy's mean actions (``deterministic``) or sampled ones. Returns flat
+    metrics ``success/<task>``, ``return/<task>``, ``length/<task>`` and ``success_rate`` (mean
+    over tasks)."""
     n = episodes or env_cfg.eval_episodes
     seeds = [env_cfg.eval_seed + j for j in range(n)]
     metrics: dict[str, float] = {}
@@ -67,7 +70,7 @@ def evaluate_policy(policy, env_cfg: EnvConfig, episodes: int | None = None) -> 
         cfg = dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, n), async_envs=False)
         runner = VecRunner(cfg, env_id=env_id)
         try:
-            res = run_seeded(policy, runner, seeds)
+            res = run_seeded(policy, runner, seeds, deterministic=deterministic)
         finally:
             runner.close()
         name = task_name(env_id)
