@@ -41,7 +41,8 @@ class SamplingParams:
     token_budget: int = 16384
     """prompt + completion tokens per generate call: rows are packed until the next would exceed it"""
     return_logprobs: bool = False
-    """also return the engine's log-probs of the sampled tokens (raw logits) as logp_rollout"""
+    """also return the engine's log-probs of the sampled tokens (tempered, before top-p) as
+    logp_rollout"""
 
 
 def stop_token_ids(model, processor) -> list[int]:
@@ -194,7 +195,9 @@ def _generate_rows(model, rows: dict[str, list], sp, stop_ids, pad_id, banned):
     tokens = out.sequences[:, P:]
     logp = None
     if sp.return_logprobs:
-        logits = torch.stack(out.logits, dim=1).float()  # [b, T', V]
+        logits = torch.stack(out.logits, dim=1).float()  # [b, T', V], before the warpers
+        if sp.temperature > 0:
+            logits = logits / sp.temperature  # the tempered distribution the trainer scores
         if banned:
             logits[..., banned] = BANNED_LOGIT
         logp = logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
