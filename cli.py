@@ -93,6 +93,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer.fit(resume=bool(args.resume))
     if main:
         print_summary(run_dir)
+    if cfg.train.backend == "deepspeed":
+        from .trainer.deepspeed_engine import shutdown_distributed
+
+        shutdown_distributed()
     return 0
 
 

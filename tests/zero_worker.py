@@ -23,6 +23,7 @@ from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
 from perceptrl.trainer.config import Config
+from perceptrl.trainer.deepspeed_engine import shutdown_distributed
 from perceptrl.trainer.engine import build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.vlm.policy import VLMPolicy
@@ -127,7 +128,7 @@ def main() -> int:
             save_file(state, str(out / "final_state.safetensors"))
     if engine.is_main:
         (out / "rollout.json").write_text(json.dumps({"generated_tokens": n_tokens}))
-    engine.barrier()
+    shutdown_distributed()
     return 0
 
 

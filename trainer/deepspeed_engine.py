@@ -57,6 +57,17 @@ def init_distributed() -> None:
     )
 
 
+def shutdown_distributed() -> None:
+    """Leave the process group before the interpreter exits (measured on the CPU: a rank that
+    exited with it still open sometimes aborted in a C++ destructor, "terminate called without
+    an active exception", after all its work was done)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def rank_and_world() -> tuple[int, int]:
     import torch.distributed as dist
 
