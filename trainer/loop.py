@@ -107,7 +107,8 @@ class Trainer:
         if self.engine.world_size > 1 and cfg.algo.dynamic_sampling:
             raise ValueError(
                 "algo.dynamic_sampling with several ranks would give the ranks different batch "
-                "sizes (and a different number of collective steps); run it in one process"
+                "sizes (and a different number of collective steps): set "
+                "algo.dynamic_sampling=false under torchrun/deepspeed, or run in one process"
             )
         # one writer per run directory: rank 0 logs, the other ranks only compute
         self.logger = (
