@@ -49,12 +49,17 @@ def vlm_samples(cfg: Config, run_dir: Path) -> tuple[list[dict], list[dict]]:
             val, stats = load_samples(resolve_path(d.val), strict=d.strict)
             _report_skips(d.val, stats)
         return train, val
-    from .datasets.clevr import generate
-
     if d.generator == "video":
         return _video_samples(cfg, run_dir)
     if d.generator == "spatial":
         from .datasets.spatial import generate
+    elif d.generator == "clevr":
+        from .datasets.clevr import generate
+    else:
+        raise ConfigError(
+            f"data.generator={d.generator!r} is not a synthetic generator; valid: clevr, video, "
+            "spatial (or give data.train for your own JSONL/Parquet)"
+        )
     paths = generate(
         run_dir / "data", splits={"train": d.n_train, "val": d.n_val}, families=d.families,
         seed=d.seed, image_size=d.image_size,

@@ -112,6 +112,14 @@ def test_config_errors_are_reported_not_raised(tmp_path):
     assert out.returncode == 2 and "did you mean 'algo.kl_coef'" in out.stderr
 
 
+def test_unknown_data_generator_is_a_config_error(tmp_path):
+    from perceptrl.trainer.config import ConfigError, load_config
+    from perceptrl.wiring import vlm_samples
+
+    with pytest.raises(ConfigError, match="data.generator='clever'.*clevr, video, spatial"):
+        vlm_samples(load_config(None, ["data.generator=clever"]), tmp_path)
+
+
 def test_data_generate_writes_every_split(tmp_path):
     out = perceptrl("data", "generate", "--out", "d", "--n-train", "6", "--n-val", "3", "--n-test", "3", "--n-ood", "3",
                     cwd=tmp_path)  # fmt: skip
