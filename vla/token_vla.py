@@ -30,7 +30,7 @@ from torch import Tensor
 from ..trainer.batch import RolloutBatch
 from ..vlm.policy import VLMPolicy
 from ..vlm.prompts import PromptConfig, encode_prompts, vision_token_ids
-from ..vlm.rollout import BANNED_LOGIT, _generation_mode, collate
+from ..vlm.rollout import BANNED_LOGIT, collate, generation_mode
 from .tokenizer import ActionTokenizer
 
 SPEC = "token_vla.json"
@@ -151,7 +151,7 @@ class TokenVLA:
             repetition_penalty=1.0, use_cache=True, return_dict_in_generate=True,
             output_logits=True,
         )  # fmt: skip
-        with _generation_mode(model):  # eval, no grad, no checkpoint generation defaults
+        with generation_mode(model):  # eval, no grad, no checkpoint generation defaults
             out = model.generate(**kwargs, generation_config=gen)
         ids = out.sequences[:, P : P + n_new]  # (N, K*D)
         logits = self._masked(torch.stack(out.logits, dim=1).float())  # (N, K*D, V)

@@ -146,7 +146,7 @@ def _budget_chunks(lens: list[int], max_new: int, budget: int) -> Iterator[list[
 
 
 @contextlib.contextmanager
-def _generation_mode(model):
+def generation_mode(model):
     """Eval mode, no grad, and a blank model generation config so that nothing shipped with a
     checkpoint (repetition_penalty, top_k, temperature ...) leaks into RL sampling."""
     from transformers import GenerationConfig
@@ -228,7 +228,7 @@ def sample(
     rows = prompt_inputs(prompts, n)
     lens = [int(x.numel()) for x in rows["prompt_ids"]]
     toks, logps = [], []
-    with _generation_mode(model):
+    with generation_mode(model):
         for chunk in _budget_chunks(lens, sp.max_new_tokens, sp.token_budget):
             sub = {k: [v[i] for i in chunk] for k, v in rows.items()}
             t, lp = _generate_rows(model, sub, sp, stop_ids, pad_id, banned)
