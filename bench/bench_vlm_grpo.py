@@ -69,6 +69,7 @@ def step_breakdown(rows: list[dict]) -> dict:
     steps = [r for r in rows if "time/step" in r and "actor/pg_loss" in r]
     keys = [
         "time/rollout",
+        "time/refill",
         "time/reward",
         "time/old_logp",
         "time/forward_backward",
@@ -154,7 +155,7 @@ def main() -> None:
     b = data["grpo_steps"]
     md += [
         "",
-        f"GRPO: {b['steps']} steps; mean step {b['step']:.2f} s = rollout {b['rollout']:.2f} + reward {b['reward']:.3f} "
+        f"GRPO: {b['steps']} steps; mean step {b['step']:.2f} s = rollout {b['rollout']:.2f} + dynamic-sampling refills {b['refill']:.2f} + reward {b['reward']:.3f} "
         f"+ old log-probs {b['old_logp']:.2f} + forward/backward {b['forward_backward']:.2f} + optimizer {b['optimizer']:.3f}; "
         f"peak RSS {b['peak_rss_mb']:.0f} MB. SFT: {data['sft_steps']} steps, peak RSS {data['sft_peak_rss_mb']:.0f} MB.",
     ]

@@ -208,10 +208,13 @@ class Trainer:
         target = int(batch.group_id.unique().numel())
         kept: list[RolloutBatch] = []
         n_kept = seen = kept_rows = 0
+        refill_s = 0.0
         for collect in range(1, self.cfg.algo.max_collects + 1):
             if collect > 1:
+                t = time.perf_counter()
                 with self.engine.rollout_context():
                     batch, _ = self.source.collect(self.policy, self.step)
+                refill_s += time.perf_counter() - t
             keep = algos.filter_groups(
                 batch.rewards.float().reshape(len(batch), -1).sum(1), batch.group_id
             )
@@ -226,6 +229,7 @@ class Trainer:
                 break
         metrics["dynamic_sampling/kept_frac"] = kept_rows / max(seen, 1)
         metrics["dynamic_sampling/collects"] = float(collect)
+        metrics["time/refill"] = refill_s  # the extra collections (time/collect is the first)
         if not kept:
             self.counters["steps_without_signal"] += 1
             metrics["dynamic_sampling/skipped_step"] = 1.0

@@ -231,6 +231,7 @@ def test_dynamic_sampling_refills_the_batch_with_signal_groups(toy, tmp_path):
     out = trainer._filter_groups(batch, metrics)
     assert source.calls == 2 and metrics["dynamic_sampling/collects"] == 2.0
     assert metrics["dynamic_sampling/kept_frac"] == pytest.approx(0.5)
+    assert metrics["time/refill"] > 0.0  # the second collection's time is logged
     assert sorted(out.group_id.unique().tolist()) == [0, 1, 2, 3] and len(out) == 16
     for g in range(4):  # every kept group has distinct rewards and its own id
         assert out.rewards[out.group_id == g].std() > 0
