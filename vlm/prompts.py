@@ -20,15 +20,12 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from ..trainer.config import VideoConfig
+from ..trainer.config import RolloutConfig, VideoConfig
 from .video import Video, VideoLoadError, load_video, shuffle_frames, spatial_factor
 
-DEFAULT_SYSTEM_PROMPT = (
-    "A conversation between User and Assistant. The user asks a question about the image, and the "
-    "Assistant solves it. The Assistant first thinks about the reasoning process and then gives "
-    "the answer. The reasoning process and the answer are enclosed within <think> </think> and "
-    "<answer> </answer> tags, i.e. <think> reasoning here </think><answer> answer here </answer>."
-)
+DEFAULT_SYSTEM_PROMPT = RolloutConfig.system_prompt
+"""The recipes' default (``rollout.system_prompt``), so a policy built without a config prompts
+as training did."""
 
 IMAGE_PLACEHOLDER = "<image>"
 """Where a question writes this string, the next image goes there; otherwise images come first."""
