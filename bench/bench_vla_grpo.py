@@ -17,7 +17,6 @@ Writes bench/results/vla_grpo_<task>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import time
@@ -26,18 +25,13 @@ from pathlib import Path
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import torch  # noqa: E402,F401  (import torch before any rendering)
-from common import machine, write_results  # noqa: E402
+from common import last_model, machine, metrics, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
-
-
-def rows(run_dir: Path) -> list[dict]:
-    text = (run_dir / "metrics.jsonl").read_text()
-    return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
 def success(policy, env_cfg, episodes: int) -> dict[str, float]:
@@ -77,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     run_sft(bc_cfg, out / "bc")
     bc_s = time.perf_counter() - t0
-    bc_model = sorted((out / "bc" / "checkpoints").glob("step_*"))[-1] / "model"
+    bc_model = last_model(out / "bc")
     before = success(load_policy(bc_model), bc_cfg.env, args.episodes)
 
     grpo_cfg = load_config(
@@ -92,10 +86,10 @@ def main(argv: list[str] | None = None) -> None:
     trainer.source.close()
     after = success(trainer.policy, grpo_cfg.env, args.episodes)
 
-    steps = [r for r in rows(out / "grpo") if "time/step" in r]
+    steps = [r for r in metrics(out / "grpo") if "time/step" in r]
     curve = [
         {"step": r["step"], "success": r["eval/success_rate"]}
-        for r in rows(out / "grpo")
+        for r in metrics(out / "grpo")
         if "eval/success_rate" in r
     ]
     data = {

@@ -14,39 +14,11 @@ Writes bench/results/vlm_grpo_counting.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from common import machine, write_results
+from common import last_model, machine, metrics, run_arm, write_results
 
 FAMILIES = "count_all,count_color,count_shape"
-
-
-def run_arm(cmd: list[str], run_dir: Path) -> float:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    t = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "perceptrl.cli", *cmd, "--run-dir", str(run_dir)],
-        check=True,
-        env=env,
-    )
-    return time.perf_counter() - t
-
-
-def last_model(run_dir: Path) -> Path:
-    return sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "model"
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [
-        json.loads(line)
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
 
 
 def score(model: Path, splits: dict[str, list[dict]], out: Path) -> dict:

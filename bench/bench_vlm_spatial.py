@@ -16,39 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from common import machine, write_results
+from common import last_model, machine, metrics, run_arm, write_results
 
 ARMS = ("base", "sft_warm", "grpo", "sft_more")
 RESULT = Path(__file__).resolve().parent / "results" / "vlm_spatial.json"
 SFT_ARGS = ["train.lr=2.0e-3", "train.warmup_steps=20", "rollout.prompts_per_step=16"]
-
-
-def run_arm(cmd: list[str], run_dir: Path) -> float:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    t = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "perceptrl.cli", *cmd, "--run-dir", str(run_dir)],
-        check=True,
-        env=env,
-    )
-    return time.perf_counter() - t
-
-
-def last_model(run_dir: Path) -> Path:
-    return sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "model"
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def score(model: Path, samples: list[dict], out: Path) -> dict:

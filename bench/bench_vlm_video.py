@@ -21,36 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from common import machine, write_results
+from common import last_model, machine, metrics, run_arm, write_results
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "vlm_video.yaml"
-
-
-def run_arm(cmd: list[str], run_dir: Path) -> float:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    t = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "perceptrl.cli", *cmd, "--run-dir", str(run_dir)],
-        check=True,
-        env=env,
-    )
-    return time.perf_counter() - t
-
-
-def last_model(run_dir: Path) -> Path:
-    return sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "model"
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def train_summary(run_dir: Path, seconds: float) -> dict:

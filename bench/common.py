@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -41,3 +44,27 @@ def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     js.write_text(json.dumps(data, indent=2) + "\n")
     md.write_text(markdown.rstrip() + "\n")
     return js, md
+
+
+def run_arm(cmd: list[str], run_dir: Path) -> float:
+    """``perceptrl <cmd> --run-dir run_dir`` in its own process (its own peak RSS); wall seconds."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    t = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "perceptrl.cli", *cmd, "--run-dir", str(run_dir)],
+        check=True,
+        env=env,
+    )
+    return time.perf_counter() - t
+
+
+def last_model(run_dir: Path) -> Path:
+    """The HF model folder of a run's last checkpoint."""
+    return sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "model"
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """The run's ``metrics.jsonl`` rows."""
+    from perceptrl.trainer.metrics import read_metrics
+
+    return read_metrics(run_dir / "metrics.jsonl")
