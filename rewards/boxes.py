@@ -36,7 +36,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .builtin import _check, _sid, to_original
+from .builtin import _check, _sid, answer_box, to_original
 from .parse import answer_or_text, box_iou, parse_box
 from .registry import register_reward
 
@@ -84,11 +84,7 @@ def giou(completions: list[str], samples: list[dict], rescale: bool = True) -> l
     _check(completions, samples)
     out = []
     for c, s in zip(completions, samples):
-        gt = parse_box(str(s["answer"]))
-        if gt is None or gt[2] <= gt[0] or gt[3] <= gt[1]:
-            raise ValueError(
-                f"sample {_sid(s)}: answer {s['answer']!r} is not a box [x1, y1, x2, y2]"
-            )
+        gt = answer_box(s)
         pred = parse_box(answer_or_text(c))
         g = None if pred is None else giou_value(to_original(pred, s.get("meta") or {}), gt)
         out.append(0.0 if g is None else ((1.0 + g) / 2.0 if rescale else g))

@@ -98,6 +98,16 @@ def numeric(
     return out
 
 
+def answer_box(sample: dict) -> list[float]:
+    """The sample's ground-truth box ``"[x1, y1, x2, y2]"``; a malformed one is a dataset error."""
+    gt = parse_box(str(sample["answer"]))
+    if gt is None or gt[2] <= gt[0] or gt[3] <= gt[1]:
+        raise ValueError(
+            f"sample {_sid(sample)}: answer {sample['answer']!r} is not a box [x1, y1, x2, y2]"
+        )
+    return gt
+
+
 def to_original(box: list[float], meta: dict) -> list[float]:
     """Map a box from ``meta["model_image_size"]`` to ``meta["image_size"]`` coordinates."""
     msize, size = meta.get("model_image_size"), meta.get("image_size")
@@ -118,11 +128,7 @@ def iou(completions: list[str], samples: list[dict]) -> list[float]:
     _check(completions, samples)
     out = []
     for c, s in zip(completions, samples):
-        gt = parse_box(str(s["answer"]))
-        if gt is None or gt[2] <= gt[0] or gt[3] <= gt[1]:
-            raise ValueError(
-                f"sample {_sid(s)}: answer {s['answer']!r} is not a box [x1, y1, x2, y2]"
-            )
+        gt = answer_box(s)
         pred = parse_box(answer_or_text(c))
         out.append(0.0 if pred is None else box_iou(to_original(pred, s.get("meta") or {}), gt))
     return out
