@@ -441,6 +441,19 @@ def iter_samples(
         yield make_sample(split, i, families[i % len(families)], seed, cfg)
 
 
+def generator_config(cls, families: Sequence[str], builders: dict, **config):
+    """``cls()`` with ``config`` applied; unknown fields and unknown question families (not in
+    ``builders``) raise, naming the valid ones. Shared by the synthetic generators."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise TypeError(f"unknown {cls.__name__} fields {unknown}; valid: {sorted(known)}")
+    bad = [f for f in families if f not in builders]
+    if bad or not families:
+        raise ValueError(f"unknown question families {bad or families}; valid: {list(builders)}")
+    return replace(cls(), **config)
+
+
 def generate(
     out_dir: str | Path,
     splits: dict[str, int] | None = None,
@@ -463,14 +476,7 @@ def generate(
         split name -> path of its JSONL file (image paths in it are relative to out_dir).
     """
     splits = {"train": 1000, "val": 200, "test": 200, "ood": 200} if splits is None else splits
-    known = {f.name for f in fields(ClevrConfig)}
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise TypeError(f"unknown ClevrConfig fields {unknown}; valid: {sorted(known)}")
-    cfg = replace(ClevrConfig(), image_size=image_size, **config)
-    bad = [f for f in families if f not in _BUILDERS]
-    if bad or not families:
-        raise ValueError(f"unknown question families {bad or families}; valid: {list(_BUILDERS)}")
+    cfg = generator_config(ClevrConfig, families, _BUILDERS, image_size=image_size, **config)
     out = Path(out_dir)
     paths: dict[str, Path] = {}
     for split, n in splits.items():

@@ -45,12 +45,12 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import fields, replace
 from pathlib import Path
 
 import cv2
 import numpy as np
 
+from .clevr import generator_config
 from .spatial_scene import SHAPES, SpatialConfig, cameras, render, sample_scene, scene_xml
 
 __all__ = [
@@ -313,14 +313,7 @@ def generate(
         split name -> path of its JSONL file (image paths in it are relative to out_dir).
     """
     splits = {"train": 1000, "val": 200, "test": 200} if splits is None else splits
-    known = {f.name for f in fields(SpatialConfig)}
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise TypeError(f"unknown SpatialConfig fields {unknown}; valid: {sorted(known)}")
-    cfg = replace(SpatialConfig(), image_size=image_size, **config)
-    bad = [f for f in families if f not in _BUILDERS]
-    if bad or not families:
-        raise ValueError(f"unknown question families {bad or families}; valid: {list(_BUILDERS)}")
+    cfg = generator_config(SpatialConfig, families, _BUILDERS, image_size=image_size, **config)
     out = Path(out_dir)
     paths: dict[str, Path] = {}
     for split, n in splits.items():
