@@ -7,6 +7,15 @@ completion starts at the same column and only those ``T + 1`` positions go throu
 the attention mask, ``mm_token_type_ids`` and ``image_grid_thw``; padding does not change results.
 The G rows of one prompt share its pixel tensors, so the vision tower runs once per prompt and
 the model gets the features per row (``mm_encoder_outputs``, Qwen2/2.5-VL).
+
+Shared prefix (``share_prefix``, on by default, Qwen2/2.5-VL): when rows repeat a prompt, the
+forward runs in two passes instead, as in Prefix Grouper. The U distinct prompts go through the
+model once (left-padded, vision included) and leave their per-layer keys/values; those are
+indexed out to the B rows (the indexing is differentiable, so each completion's gradient flows
+back into its shared prompt) and the completions [B, T] attend to them. Same log-probs and
+gradients as one forward over [B, P + T] (tested), with U * P + B * T tokens instead of
+B * (P + T). Positions (3-D M-RoPE) are the model's own ``get_rope_index`` of the prompts,
+continued by the completions.
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ from .rollout import BANNED_LOGIT, SamplingParams
 SHARED_VISION_MODELS = ("qwen2_5_vl", "qwen2_vl")
 """Model types whose ``mm_encoder_outputs`` takes image features as ``pooler_output`` alone
 (Qwen3-VL adds deepstack features, so it keeps the plain per-row path)."""
+SHARED_PREFIX_MODELS = ("qwen2_5_vl", "qwen2_vl")
+"""Model types whose shared-prefix forward is verified (their ``get_rope_index`` takes
+``input_ids, mm_token_type_ids, image_grid_thw, attention_mask``); others keep one forward."""
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -50,7 +62,14 @@ class VLMPolicy:
         prompt: how samples become prompts (system prompt, max_prompt_length, pixel bounds).
     """
 
-    def __init__(self, model: nn.Module, processor, prompt: PromptConfig | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        processor,
+        prompt: PromptConfig | None = None,
+        *,
+        share_prefix: bool = True,
+    ):
         self.model = model
         self.processor = processor
         self.prompt = prompt or PromptConfig()
@@ -66,19 +85,31 @@ class VLMPolicy:
             "mm_encoder_outputs" in params
             and getattr(model.config, "model_type", "") in SHARED_VISION_MODELS
         )
+        self.share_prefix = share_prefix
+        """training forward computes each distinct prompt once and its rows' completions attend
+        to its keys/values (see the module docstring); False: one forward over prompt +
+        completion per row"""
+        self._rope = None  # the module with get_rope_index (the inner Qwen2/2.5-VL model)
+        if getattr(model.config, "model_type", "") in SHARED_PREFIX_MODELS:
+            self._rope = next((m for m in model.modules() if hasattr(m, "get_rope_index")), None)
         disable_dropout(model)
         model.train()  # activation checkpointing only runs in train mode; dropout is off
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, *, prompt: PromptConfig | None = None, **load_kwargs
+        cls,
+        path: str | Path,
+        *,
+        prompt: PromptConfig | None = None,
+        share_prefix: bool = True,
+        **load_kwargs,
     ) -> VLMPolicy:
         """Load a local model directory (see ``load_vlm`` for ``load_kwargs``)."""
         prompt = prompt or PromptConfig()
         load_kwargs.setdefault("min_pixels", prompt.min_pixels)
         load_kwargs.setdefault("max_pixels", prompt.max_pixels)
         model, processor = load_vlm(path, **load_kwargs)
-        return cls(model, processor, prompt)
+        return cls(model, processor, prompt, share_prefix=share_prefix)
 
     @property
     def device(self) -> torch.device:
@@ -103,6 +134,19 @@ class VLMPolicy:
 
     def completion_logits(self, batch: RolloutBatch) -> Tensor:
         """Logits that predict each completion token, [B, T, V] (vision placeholders banned)."""
+        groups = prompt_groups(batch.inputs) if self._prefix_applies(batch) else None
+        if groups is not None and len(groups[0]) < len(batch):
+            logits = self._shared_prefix_logits(batch, *groups)
+        else:
+            logits = self._full_logits(batch)
+        if self.banned_ids:
+            banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            banned[self.banned_ids] = True
+            logits = logits.masked_fill(banned, BANNED_LOGIT)
+        return logits
+
+    def _full_logits(self, batch: RolloutBatch) -> Tensor:
+        """One forward over each row's prompt + completion. Returns [B, T, V]."""
         T = batch.tokens.shape[1]
         kwargs = rollout.collate(
             batch.inputs, self.pad_id, self.device, batch.tokens.to(self.device), batch.mask
@@ -112,12 +156,71 @@ class VLMPolicy:
         if self._share_vision:
             self._shared_image_features(batch.inputs, kwargs)
         out = self.model(**kwargs, use_cache=False)
-        logits = out.logits[:, -(T + 1) : -1]  # [B, T, V]: position P-1+t predicts token t
-        if self.banned_ids:
-            banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-            banned[self.banned_ids] = True
-            logits = logits.masked_fill(banned, BANNED_LOGIT)
-        return logits
+        return out.logits[:, -(T + 1) : -1]  # [B, T, V]: position P-1+t predicts token t
+
+    def _prefix_applies(self, batch: RolloutBatch) -> bool:
+        """Whether the shared-prefix forward may run: switched on, a verified model family, no
+        videos (their positions depend on per-video timestamps), and neither activation
+        checkpointing (it drops the cache) nor ZeRO-3 (ranks must run the same forwards)."""
+        if not self.share_prefix or self._rope is None or len(batch) < 2:
+            return False
+        if any(v is not None for v in batch.inputs.get("pixel_values_videos", [])):
+            return False
+        if self.model.training and any(
+            getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules()
+        ):
+            return False
+        return not hasattr(next(self.model.parameters()), "ds_id")  # ZeRO-3 partitioned
+
+    def _shared_prefix_logits(self, batch: RolloutBatch, first: list[int], row_of: list[int]):
+        """Two passes: the U distinct prompts once, then the B completions on their keys/values.
+
+        Args:
+            first: [U] a row holding each distinct prompt; row_of: [B] each row's prompt in 0..U-1.
+
+        Returns:
+            [B, T, V]: the prompt's last position predicts token 0, completion position t-1
+            predicts token t.
+        """
+        device, T = self.device, batch.tokens.shape[1]
+        uniq = {k: [v[i] for i in first] for k, v in batch.inputs.items()}
+        kwargs = rollout.collate(uniq, self.pad_id, device)  # [U, P], vision of U prompts
+        pos = self._prompt_positions(kwargs)  # [3, U, P]
+        if self._keep_arg:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs, position_ids=pos, use_cache=True)
+        idx = torch.tensor(row_of, device=device)  # [B]
+        cache = out.past_key_values
+        cache.batch_select_indices(idx)  # K/V [U, h, P, d] -> [B, h, P, d], differentiable
+        attn = torch.cat(
+            [kwargs["attention_mask"][idx], batch.mask.to(device, torch.long)], dim=1
+        )  # [B, P + T]
+        start = pos.amax(dim=(0, 2))[idx] + 1  # [B]: text positions continue after the prompt
+        cpos = (start[:, None] + torch.arange(T, device=device)).expand(3, -1, -1)  # [3, B, T]
+        out2 = self.model(
+            input_ids=batch.tokens.to(device),
+            attention_mask=attn,
+            position_ids=cpos,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        first_logits = out.logits[:, -1:][idx]  # [B, 1, V]
+        return torch.cat([first_logits, out2.logits[:, :-1]], dim=1)  # [B, T, V]
+
+    def _prompt_positions(self, kwargs: dict) -> Tensor:
+        """Position ids [3, U, P] of left-padded prompts, as the model derives them in a plain
+        forward: M-RoPE from ``get_rope_index`` when the rows carry images, else 0..P-1."""
+        ids = kwargs["input_ids"]
+        if "mm_token_type_ids" in kwargs and "image_grid_thw" in kwargs:
+            pos, _ = self._rope.get_rope_index(
+                ids,
+                kwargs["mm_token_type_ids"],
+                image_grid_thw=kwargs["image_grid_thw"],
+                attention_mask=kwargs["attention_mask"],
+            )
+            return pos
+        U, P = ids.shape
+        return torch.arange(P, device=ids.device).view(1, 1, P).expand(3, U, P)
 
     def _shared_image_features(self, inputs: dict[str, list], kwargs: dict) -> None:
         """Replace ``pixel_values`` in ``kwargs`` by image features computed once per distinct
@@ -200,7 +303,8 @@ class VLMPolicy:
         """A frozen copy (eval mode, no gradients) for ``logp_ref``."""
         ref_model = copy.deepcopy(self.model)
         ref_model.requires_grad_(False)
-        return VLMPolicy(ref_model, self.processor, self.prompt).eval()
+        ref = VLMPolicy(ref_model, self.processor, self.prompt, share_prefix=self.share_prefix)
+        return ref.eval()
 
     # ---- rollout ----------------------------------------------------------------------------
 
@@ -228,3 +332,43 @@ class VLMPolicy:
         """Encode ``samples`` (strict about images) and sample ``n`` completions for each."""
         prompts, _ = self.encode(samples, strict=True)
         return self.sample(prompts, n, sampling or SamplingParams())
+
+
+def prompt_groups(inputs: dict[str, list]) -> tuple[list[int], list[int]]:
+    """Rows holding one prompt. Rows of a prompt hold the same tensor objects (see
+    ``rollout.prompt_inputs``); rows whose tensors were copied apart (moved to a device one by
+    one) still match when every input is equal.
+
+    Returns:
+        first [U]: the first row of each distinct prompt; row_of [B]: each row's prompt index.
+    """
+    keys = list(inputs)
+    first: list[int] = []
+    row_of: list[int] = []
+    by_object: dict[tuple, int] = {}
+    by_tokens: dict[tuple, list[int]] = {}
+    for b in range(len(inputs["prompt_ids"])):
+        obj = tuple(id(inputs[k][b]) for k in keys)
+        u = by_object.get(obj)
+        if u is None:
+            tokens = tuple(inputs["prompt_ids"][b].tolist())
+            cands = by_tokens.setdefault(tokens, [])
+            u = next(
+                (c for c in cands if all(_same(inputs[k][first[c]], inputs[k][b]) for k in keys)),
+                None,
+            )
+            if u is None:
+                u = len(first)
+                first.append(b)
+                cands.append(u)
+            by_object[obj] = u
+        row_of.append(u)
+    return first, row_of
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+        return False
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
