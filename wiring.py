@@ -113,6 +113,7 @@ def vlm_policy(cfg: Config, run_dir: Path):
     policy = VLMPolicy.from_pretrained(
         path, prompt=prompt, dtype=m.dtype, device=resolve_device(cfg.train.device),
         gradient_checkpointing=m.gradient_checkpointing, trust_remote_code=m.trust_remote_code,
+        share_prefix=m.share_prefix,
     )  # fmt: skip
     if m.lora_rank > 0:
         from .vlm.lora import apply_lora

@@ -87,6 +87,10 @@ class ModelConfig:
     """parameter dtype: float32 | bfloat16 | float16"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
+    share_prefix: bool = True
+    """training forward: each distinct prompt runs once and its G completions attend to its
+    keys/values (same log-probs and gradients, fewer tokens; Qwen2/2.5-VL, falls back to one
+    forward per row for videos, activation checkpointing, ZeRO-3 and other model families)"""
     trust_remote_code: bool = False
     """allow the model directory to run its own Python code (off unless you trust it)"""
     min_pixels: int = 0

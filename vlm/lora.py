@@ -86,6 +86,7 @@ def apply_lora(
     peft_model = get_peft_model(policy.model, config, adapter_name=ADAPTER_NAME)
     out = LoraVLMPolicy(peft_model, policy.processor, policy.prompt)
     out.temperature = policy.temperature
+    out.share_prefix = policy.share_prefix
     return out
 
 
