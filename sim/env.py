@@ -57,6 +57,9 @@ class EnvConfig:
     """camera image height"""
     cameras: tuple[str, ...] = ("agentview", "wrist")
     """cameras rendered into the observation, in order"""
+    privileged_state: bool = False
+    """rgb mode also returns the entity poses as ``objects`` (as in state mode), for an
+    asymmetric critic that learns values from the true state; a policy must not act on them"""
     control: str = "ee"
     """"ee": (dx, dy, dz, dyaw, gripper); "joint": (q1..q7, gripper), all in [-1, 1]"""
     reward_mode: str = "sparse"
@@ -169,7 +172,7 @@ class ManipEnv(gym.Env):
         if cfg.obs_mode == "rgb":
             for cam in cfg.cameras:
                 obs[cam] = spaces.Box(0, 255, (cfg.height, cfg.width, 3), np.uint8)
-        else:
+        if cfg.obs_mode == "state" or cfg.privileged_state:
             obs["objects"] = spaces.Box(-OBJ_BOUND, OBJ_BOUND, (self.n_entities * 7,), np.float32)
         obs["proprio"] = spaces.Box(PROPRIO_LOW, PROPRIO_HIGH, (8,), np.float32)
         obs["instruction"] = InstructionText(MAX_INSTRUCTION, min_length=1, charset=CHARSET)
@@ -337,7 +340,7 @@ class ManipEnv(gym.Env):
         if self.cfg.obs_mode == "rgb":
             for cam in self.cfg.cameras:
                 obs[cam] = self._render(cam)
-        else:
+        if self.cfg.obs_mode == "state" or self.cfg.privileged_state:
             poses = [
                 np.concatenate([d.qpos[a : a + 3], d.qpos[a + 3 : a + 7]]) for a in self.block_qadr
             ]

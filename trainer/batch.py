@@ -28,13 +28,15 @@ class RolloutBatch:
     rewards: Tensor | None = None
     """[B] sequence reward, or [B, T] per-step rewards (VLA PPO)."""
     logp_old: Tensor | None = None
-    """[B, T] log-probs of the behaviour policy, from the training-side forward before the update."""
+    """[B, T] log-probs of the behaviour policy: from the training-side forward before the update,
+    or filled by a source whose policy acted with the current parameters (VLA PPO collector)."""
     logp_ref: Tensor | None = None
     """[B, T] log-probs under the frozen reference policy (KL)."""
     logp_rollout: Tensor | None = None
     """[B, T] log-probs reported by the rollout engine (for truncated importance sampling)."""
     values_old: Tensor | None = None
-    """[B, T] critic values at rollout time (GAE, value clipping)."""
+    """[B, T] critic values at rollout time (GAE, value clipping); set by the trainer, or by the
+    source together with ``logp_old``."""
     bootstrap_value: Tensor | None = None
     """[B] value of the state after the last step when an episode was truncated, else 0."""
     advantages: Tensor | None = None

@@ -293,7 +293,11 @@ class EnvConfig:
     image_size: int = 64
     """side of the square camera images in pixels (rgb mode)"""
     cameras: list[str] = field(default_factory=lambda: ["agentview"])
-    """cameras rendered into the observation (the compact VLA reads the first)"""
+    """cameras rendered into the observation, in order (the compact VLA reads all of them
+    through one shared conv tower)"""
+    privileged_state: bool = False
+    """rgb mode: the env also returns the true entity poses, for ``vla.critic=state`` (an
+    asymmetric critic); the actor never reads them, so evaluation stays pixels-only"""
     control: str = "ee"
     """action space: ee (dx, dy, dz, dyaw, gripper) | joint (q1..q7, gripper)"""
     reward_mode: str = "sparse"
@@ -335,6 +339,10 @@ class VLAConfig:
     """instruction length in words (longer ones are cut)"""
     init_log_std: float = -0.5
     """initial log standard deviation of the Gaussian action head (state-independent)"""
+    critic: str = "shared"
+    """value function of the compact policy: shared (a head on the actor's trunk) | state (an
+    asymmetric critic: a separate MLP on the true entity poses + proprio, needs
+    env.privileged_state=true with an image encoder)"""
 
 
 @dataclass

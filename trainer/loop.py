@@ -184,7 +184,10 @@ class Trainer:
                 return metrics
         batch = batch.to(self.device)
         t1 = time.perf_counter()
-        self._score_old(batch, behaviour=not self._defer_old(batch))
+        scored = batch.logp_old is not None  # the source acted with these very parameters
+        if scored:
+            self.value_free = batch.values_old is None
+        self._score_old(batch, behaviour=not (scored or self._defer_old(batch)))
         metrics["time/old_logp"] = time.perf_counter() - t1
         if batch.logp_rollout is not None:  # rollout engine vs trainer log-probs (TIS monitor)
             metrics.update(

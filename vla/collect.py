@@ -9,7 +9,9 @@ cuts every env's stream at episode ends into *segments*; each segment is one row
 
 ``bootstrap_value`` is 0 when the segment ends in a terminal state, V(final observation) when the
 episode hit its time limit, and V(next observation) when the rollout horizon cut the episode (it
-continues in the next batch). The trainer recomputes ``logp_old``/``values_old`` itself.
+continues in the next batch). ``logp_old`` and ``values_old`` [B, T] are the log-probs and values
+the policy computed when it acted: the parameters have not changed since, so the trainer uses them
+instead of scoring the batch again (as CleanRL and SB3 do).
 
 `GRPOCollector` runs ``rollout.prompts_per_step`` groups of ``rollout.group_size`` whole episodes;
 the episodes of a group start from the same indexed initial state (reset options ``task_id`` /
@@ -38,6 +40,10 @@ class Episode:
     obs: dict[str, list] = field(default_factory=lambda: defaultdict(list))
     actions: list = field(default_factory=list)
     rewards: list = field(default_factory=list)
+    logps: list = field(default_factory=list)
+    """PPO: behaviour log-prob of each action (at acting time)"""
+    values: list = field(default_factory=list)
+    """PPO: critic value of each observation (at acting time)"""
     ret: float = 0.0
     """return of the whole episode so far (segments of one episode share it)"""
     length: int = 0
@@ -92,10 +98,10 @@ class _Base:
         self.stats: dict[str, list] = defaultdict(list)
         self.episodes_done = 0
 
-    def _act(self, policy, obs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled raw actions [N, K*A] and values [N] (CPU)."""
-        action, _, value = policy.act(obs)
-        return action.float().cpu(), value.float().cpu()
+    def _act(self, policy, obs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sampled raw actions [N, K*A], their log-probs [N] and values [N] (CPU)."""
+        action, logp, value = policy.act(obs)
+        return action.float().cpu(), logp.float().cpu(), value.float().cpu()
 
     def _env_actions(self, action: torch.Tensor) -> np.ndarray:
         return action.numpy().reshape(action.shape[0], self.K, self.runner.action_dim)
@@ -157,7 +163,7 @@ class PPOCollector(_Base):
         boots: list[float] = []
         for _ in range(self.env_cfg.steps_per_rollout):
             obs = policy.observe(run.batch)
-            action, value = self._act(policy, obs)
+            action, logp, value = self._act(policy, obs)
             try:
                 res = run.step(self._env_actions(action))
             except EnvRestarted:  # keep what was collected, bootstrapped at the last state
@@ -167,12 +173,19 @@ class PPOCollector(_Base):
             env_steps += int(res.env_steps.sum())
             for i, ep in enumerate(self.live):
                 ep.add(obs, i, action[i], float(res.reward[i]), int(res.env_steps[i]))
+                ep.logps.append(float(logp[i]))
+                ep.values.append(float(value[i]))
             self._end_episodes(policy, res, done_rows, boots)
-        _, value = self._act(policy, policy.observe(run.batch))
+        _, _, value = self._act(policy, policy.observe(run.batch))
         self._cut_all(done_rows, boots, value)
         tokens, mask, rewards, inputs = make_rows(done_rows)
+        logp_old, values_old = torch.zeros_like(mask), torch.zeros_like(mask)
+        for b, s in enumerate(done_rows):
+            logp_old[b, : len(s.logps)] = torch.tensor(s.logps)
+            values_old[b, : len(s.values)] = torch.tensor(s.values)
         batch = RolloutBatch(
             tokens=tokens, mask=mask, group_id=torch.arange(len(done_rows)), rewards=rewards,
+            logp_old=logp_old, values_old=values_old,
             bootstrap_value=torch.tensor(boots, dtype=torch.float32), inputs=inputs,
             meta=[{"length": len(s.actions), "end": s.end} for s in done_rows],
         )  # fmt: skip
@@ -185,7 +198,7 @@ class PPOCollector(_Base):
             return
         final_v = None
         if res.truncated.any():  # time limit: bootstrap from the final observation
-            _, final_v = self._act(policy, policy.observe(res.batch))
+            _, _, final_v = self._act(policy, policy.observe(res.batch))
         for i in np.flatnonzero(ended):
             ep = self.live[i]
             ep.end = "truncated" if res.truncated[i] else "terminated"

@@ -1,7 +1,9 @@
 """`CompactVLA`: a small vision-language-action policy that learns in minutes on a CPU.
 
 Image (or entity-pose) encoder FiLM-conditioned on the instruction, proprio input, a diagonal
-Gaussian action head with a state-independent log-std, and a value head on a shared trunk.
+Gaussian action head with a state-independent log-std, and a value head on a shared trunk, or
+(``critic="state"``) an asymmetric critic: a separate MLP that reads the simulator's true entity
+poses (Pinto et al. 2018), while the actor still sees only pixels, proprio and the instruction.
 Image encoders: ``cnn`` (Nature-CNN, flattened features) or ``keypoint`` (three convolutions
 at 32x32 / 16x16 followed by a spatial softmax: each channel becomes the expected (x, y) image
 position of its activation, which makes "where is the named object" a direct input).
@@ -9,7 +11,7 @@ position of its activation, which makes "where is the named object" a direct inp
 Observations travel as a dict of tensors (see :meth:`CompactVLA.observe`): ``image``
 [N, H, W, 3 * cameras] uint8 (the env's cameras stacked on channels, kept uint8 until the forward;
 one conv tower shared by the cameras, features concatenated), ``proprio`` [N, P] float, ``objects`` [N, O] float (state
-encoder), ``words`` [N, L] long instruction word ids (0 = padding, 1 = unknown word).
+encoder, or the state critic), ``words`` [N, L] long instruction word ids (0 = padding, 1 = unknown word).
 
 In a `RolloutBatch`, each of these is a per-sample list of [T_i, ...] tensors (one entry per
 valid step, no padding), ``tokens`` holds the raw sampled actions [B, T, K * A] and ``mask`` is
@@ -40,6 +42,7 @@ POS_SCALE = 0.1
 OBS_KEYS = ("image", "proprio", "objects", "words")
 IMAGE_ENCODERS = ("cnn", "keypoint")
 ENCODERS = (*IMAGE_ENCODERS, "state")
+CRITICS = ("shared", "state")
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
@@ -79,7 +82,7 @@ class CompactSpec:
     """K actions per policy step (the head outputs K * A)"""
     proprio_dim: int = 8
     objects_dim: int = 0
-    """entity-pose size (state encoder)"""
+    """entity-pose size (state encoder or state critic)"""
     image_size: int = 64
     cameras: int = 1
     """camera images per observation (each goes through the same conv tower)"""
@@ -91,6 +94,8 @@ class CompactSpec:
     instruction_encoder: str = "bag"
     max_words: int = 16
     init_log_std: float = -0.5
+    critic: str = "shared"
+    """shared (value head on the actor's trunk) | state (separate MLP on entity poses + proprio)"""
     words: list[str] = field(default_factory=list)
     """instruction vocabulary (ids 2...; empty builds it from the registered sim tasks)"""
 
@@ -162,6 +167,13 @@ class CompactVLA(nn.Module):
         super().__init__()
         if spec.encoder not in ENCODERS:
             raise ValueError(f"vla.encoder={spec.encoder!r}; valid: {' | '.join(ENCODERS)}")
+        if spec.critic not in CRITICS:
+            raise ValueError(f"vla.critic={spec.critic!r}; valid: {' | '.join(CRITICS)}")
+        if spec.critic == "state" and spec.objects_dim <= 0:
+            raise ValueError(
+                "vla.critic=state reads the true entity poses; set env.privileged_state=true "
+                "(rgb mode) so the env returns them"
+            )
         if not spec.words:
             spec.words = instruction_words()
         self.spec = spec
@@ -193,6 +205,12 @@ class CompactVLA(nn.Module):
         nn.init.normal_(self.mean_head.weight, std=0.01)
         nn.init.zeros_(self.mean_head.bias)
         self.value_head = nn.Linear(H, 1)
+        self.critic = None
+        if spec.critic == "state":
+            self.critic = nn.Sequential(
+                nn.Linear(spec.objects_dim + spec.proprio_dim, H), nn.ReLU(),
+                nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 1),
+            )  # fmt: skip
         self.log_std = nn.Parameter(torch.full((spec.action_dim * spec.chunk,), spec.init_log_std))
 
     # ------------------------------------------------------------------ forward
@@ -228,7 +246,8 @@ class CompactVLA(nn.Module):
     def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Flat observations (N rows) -> (action mean [N, K*A], value [N])."""
         cond = self.instr(obs["words"])  # (N, E)
-        objects = obs["objects"].float() if self.spec.encoder == "state" else None
+        reads_objects = self.spec.encoder == "state" or self.critic is not None
+        objects = obs["objects"].float() if reads_objects else None
         proprio, objects = self._normalise(obs["proprio"].float(), objects)  # (N, P), (N, O)
         if self.spec.encoder in IMAGE_ENCODERS:
             N, S, C = len(cond), self.spec.image_size, self.spec.cameras
@@ -239,6 +258,8 @@ class CompactVLA(nn.Module):
             h = self.feat(torch.cat([objects, proprio], dim=-1))
             h = self.films[0](h, cond)
         h = self.trunk(torch.cat([torch.relu(h), proprio, cond], dim=-1))  # (N, H)
+        if self.critic is not None:  # the entity order names the target: no instruction needed
+            return self.mean_head(h), self.critic(torch.cat([objects, proprio], -1)).squeeze(-1)
         return self.mean_head(h), self.value_head(h).squeeze(-1)
 
     def distribution(self, mean: Tensor) -> Normal:
@@ -273,11 +294,9 @@ class CompactVLA(nn.Module):
         return action, dist.log_prob(action).sum(-1), value
 
     def obs_keys(self) -> tuple[str, ...]:
-        return (
-            ("image", "proprio", "words")
-            if self.spec.encoder in IMAGE_ENCODERS
-            else ("objects", "proprio", "words")
-        )
+        if self.spec.encoder not in IMAGE_ENCODERS:
+            return ("objects", "proprio", "words")
+        return ("image", "proprio", "words") + (("objects",) if self.critic is not None else ())
 
     def observe(self, batch) -> dict[str, Tensor]:
         """A ``sim.vector.Batch`` (numpy, N envs) -> CPU observation tensors for ``act``."""
@@ -297,6 +316,13 @@ class CompactVLA(nn.Module):
                     f"{sorted(batch.images)}; set env.cameras to match the policy"
                 )
             obs["image"] = torch.as_tensor(np.concatenate(list(batch.images.values()), axis=-1))
+            if self.critic is not None:
+                if batch.objects is None:
+                    raise ValueError(
+                        "vla.critic=state needs the true entity poses; make the env with "
+                        "env.privileged_state=true"
+                    )
+                obs["objects"] = torch.as_tensor(np.asarray(batch.objects, np.float32))
         else:
             if batch.objects is None:
                 raise ValueError("vla.encoder=state needs env.obs_mode=state (entity poses)")
@@ -378,5 +404,5 @@ def spec_from_config(vla, env_spaces: dict, chunk: int, image_size: int) -> Comp
         image_size=image_size, cameras=max(1, len(camera_keys(obs))), encoder=vla.encoder, channels=list(vla.channels),
         hidden=vla.hidden, embed_dim=vla.embed_dim,
         instruction_encoder=vla.instruction_encoder, max_words=vla.max_words,
-        init_log_std=vla.init_log_std,
+        init_log_std=vla.init_log_std, critic=vla.critic,
     )  # fmt: skip

@@ -58,6 +58,7 @@ def env_kwargs(cfg: EnvConfig) -> dict:
         obs_mode=cfg.obs_mode, control=cfg.control, reward_mode=cfg.reward_mode,
         terminate_on_success=cfg.terminate_on_success,
         width=cfg.image_size, height=cfg.image_size, cameras=tuple(cfg.cameras),
+        privileged_state=cfg.privileged_state,
     )  # fmt: skip
     if cfg.max_episode_steps > 0:
         kw["max_episode_steps"] = cfg.max_episode_steps

@@ -103,6 +103,20 @@ def test_observation_layout():
     state.close()
 
 
+def test_privileged_state_adds_true_poses_to_pixel_observations():
+    pix = gym.make("perceptrl/Reach-v0", width=32, height=32, privileged_state=True)
+    state = gym.make("perceptrl/Reach-v0", obs_mode="state")
+    obs, _ = pix.reset(seed=3)
+    ref, _ = state.reset(seed=3)
+    assert {"agentview", "wrist", "objects"} <= set(obs)
+    np.testing.assert_array_equal(obs["objects"], ref["objects"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(pix.unwrapped, skip_render_check=True)
+    pix.close()
+    state.close()
+
+
 def test_dense_reward_adds_shaping_terms():
     env = gym.make("perceptrl/Reach-v0", obs_mode="state", reward_mode="dense")
     env.reset(seed=0)

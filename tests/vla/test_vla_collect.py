@@ -64,8 +64,11 @@ def test_ppo_segments_right_padded_with_bootstrap_on_truncation():
     _, _, v_now = policy.act(policy.observe(runner.batch))
     cut = [b for b, meta in enumerate(batch.meta) if meta["end"] == "cut"]
     torch.testing.assert_close(sorted(batch.bootstrap_value[cut].tolist()), sorted(v_now.tolist()))
-    lp, _, _ = policy.evaluate(batch)
+    lp, _, v = policy.evaluate(batch)
     assert torch.isfinite(lp).all()
+    # the log-probs and values recorded while acting are what the trainer would recompute
+    torch.testing.assert_close(batch.logp_old, lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(batch.values_old, v, rtol=1e-5, atol=1e-5)
     batch2, _ = col.collect(policy, 1)  # episodes continue: 3 steps left, 5, then 4 cut
     assert sorted(int(x) for x in batch2.mask.sum(1)) == [3, 3, 4, 4, 5, 5]
     col.close()

@@ -32,7 +32,7 @@ def _obs(policy: CompactVLA, n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     if s.encoder in ("cnn", "keypoint"):
         shape = (n, s.image_size, s.image_size, 3 * s.cameras)
         obs["image"] = torch.randint(0, 256, shape, generator=g).to(torch.uint8)
-    else:
+    if s.encoder == "state" or s.critic == "state":
         obs["objects"] = torch.randn(n, s.objects_dim, generator=g)
     return obs
 
@@ -133,6 +133,50 @@ def test_two_cameras_share_the_tower_and_both_matter():
         other = dict(obs, image=obs["image"].clone())
         other["image"][..., cam] = 255 - other["image"][..., cam]
         assert not torch.allclose(policy(other)[0], policy(obs)[0])
+
+
+def asym_policy() -> CompactVLA:
+    torch.manual_seed(0)
+    spec = CompactSpec(
+        action_dim=5, objects_dim=21, encoder="keypoint", channels=[8, 16, 16], hidden=32,
+        critic="state",
+    )  # fmt: skip
+    return CompactVLA(spec)
+
+
+def test_state_critic_reads_poses_and_the_actor_does_not():
+    policy = asym_policy()
+    assert policy.obs_keys() == ("image", "proprio", "words", "objects")
+    obs = _obs(policy, 4)
+    mean, value = policy(obs)
+    moved = dict(obs, objects=obs["objects"] + 1.0)
+    mean2, value2 = policy(moved)
+    torch.testing.assert_close(mean2, mean)  # the actor never sees the true poses
+    assert not torch.allclose(value2, value)
+    other = dict(obs, image=255 - obs["image"])
+    torch.testing.assert_close(policy(other)[1], value)  # the critic never sees the pixels
+    action, logp, v = policy.act(obs)
+    lp, _, vv = policy.evaluate(_rows(obs, action, [3, 1]))
+    valid = _rows(obs, action, [3, 1]).mask.bool()
+    torch.testing.assert_close(lp[valid], logp)
+    torch.testing.assert_close(vv[valid], v)
+    vv.sum().backward()  # value gradients reach only the critic
+    grads = {n for n, p in policy.named_parameters() if p.grad is not None and p.grad.any()}
+    assert grads and all(n.startswith("critic.") for n in grads), grads
+
+
+def test_state_critic_needs_poses_with_a_clear_error():
+    with pytest.raises(ValueError, match="privileged_state"):
+        CompactVLA(CompactSpec(action_dim=5, encoder="keypoint", critic="state"))
+    with pytest.raises(ValueError, match="vla.critic"):
+        CompactVLA(CompactSpec(action_dim=5, critic="twin"))
+    from perceptrl.sim.vector import Batch
+
+    policy = asym_policy()
+    img = {"agentview": torch.zeros(1, 64, 64, 3, dtype=torch.uint8).numpy()}
+    batch = Batch(img, torch.zeros(1, 8).numpy(), None, ["reach the red target"])
+    with pytest.raises(ValueError, match="env.privileged_state=true"):
+        policy.observe(batch)
 
 
 def test_spatial_softmax_returns_peak_positions():
