@@ -43,9 +43,11 @@ from pathlib import Path
 
 FAMILIES = ["count_all", "count_color", "count_shape"]
 REWARD = {"format": 0.2, "accuracy": 1.0}
-ARMS = ("perceptrl", "trl", "perceptrl_scored")
+ARMS = ("perceptrl", "trl", "perceptrl_scored", "perceptrl_noshare")
 """``perceptrl_scored``: our loop with the separate old-log-prob pass forced on every step (how
-it ran before the behaviour log-probs were deferred), to show that change's share."""
+it ran before the behaviour log-probs were deferred), to show that change's share;
+``perceptrl_noshare``: our loop with ``model.share_prefix=false`` (one forward over prompt +
+completion per row, the G copies of a prompt recomputed), to show the shared prefix's share."""
 
 
 def peak_rss_mb() -> float:
@@ -54,6 +56,7 @@ def peak_rss_mb() -> float:
 
 def our_config(args):
     """The GRPO recipe with the benchmark's sizes (no dynamic sampling: TRL has none)."""
+    share = args.arm != "perceptrl_noshare"
     from perceptrl.cli import CONFIGS
     from perceptrl.trainer.config import load_config
 
@@ -66,6 +69,7 @@ def our_config(args):
             f"train.micro_batch_size={args.micro}", f"train.seed={args.seed}", "train.device=cpu",
             "train.eval_every=0", "train.eval_samples=0", "train.steps=100000",
             "checkpoint.every=0", "log.tensorboard=false", "log.progress=false",
+            f"model.share_prefix={str(share).lower()}",
         ],
     )  # fmt: skip
 
@@ -272,7 +276,7 @@ def run_trl(args) -> dict:
 def run_arm(args) -> None:
     import torch
 
-    fn = {"perceptrl": run_perceptrl, "perceptrl_scored": run_perceptrl, "trl": run_trl}[args.arm]
+    fn = run_trl if args.arm == "trl" else run_perceptrl
     out = fn(args)
     out["peak_rss_mb"] = peak_rss_mb()
     out.setdefault("torch_threads", torch.get_num_threads())
@@ -372,8 +376,8 @@ def markdown(data: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     names = {"perceptrl": "perceptrl", "perceptrl_scored": "perceptrl, old-logp pass forced",
-             "trl": "TRL GRPOTrainer"}  # fmt: skip
-    for arm in [a for a in ("perceptrl", "perceptrl_scored", "trl") if a in s]:
+             "perceptrl_noshare": "perceptrl, shared prefix off", "trl": "TRL GRPOTrainer"}  # fmt: skip
+    for arm in [a for a in names if a in s]:
         r = s[arm]
         lines.append(
             f"| {names[arm]} | {r['median_step_s']:.2f} | {r['mean_step_s']:.2f} "
@@ -391,6 +395,14 @@ def markdown(data: dict) -> str:
         lines.append(
             f"With the separate old-log-prob forward forced (the loop before this benchmark's "
             f"change): {s['perceptrl_scored']['speedup_vs_trl']['median']:.2f}x median."
+        )
+    if "perceptrl_noshare" in s:
+        n = s["perceptrl_noshare"]
+        lines.append(
+            f"With the shared-prefix training forward off (`model.share_prefix=false`: each row's "
+            f"prompt recomputed with its completion): {n['speedup_vs_trl']['median']:.2f}x median, "
+            f"forward/backward {n['breakdown_s']['forward_backward']:.2f} s per step vs "
+            f"{bp['forward_backward']:.2f} s with it, peak RSS {n['peak_rss_mb']:.0f} MB."
         )
     lines += [
         "",
@@ -411,7 +423,10 @@ def markdown(data: dict) -> str:
         f"{st['prompts'] * st['group']} completions. Ours: `configs/vlm_clevr.yaml` without dynamic "
         "sampling (TRL has none). Neither side runs a separate old-log-prob forward when the step "
         "is on-policy. Left as each library does it: we suppress vision placeholder tokens while "
-        "sampling; TRL runs the processor on every one of the G copies of a prompt.",
+        "sampling; TRL runs the processor on every one of the G copies of a prompt; our training "
+        "forward runs each distinct prompt once and its G completions attend to its keys/values "
+        "(`model.share_prefix`, same log-probs and gradients), TRL forwards prompt + completion "
+        "for every row.",
     ]
     return "\n".join(lines)
 
