@@ -21,7 +21,8 @@ epochs                 ppo_epochs 1, one minibatch      num_iterations 1
 =====================  ===============================  ====================================
 
 Each arm runs in its own process (so ``ru_maxrss`` is its own), started from a neutral working
-directory without PYTHONPATH so that ``import datasets`` is the Hugging Face library. The first
+directory so that ``import datasets`` is the Hugging Face library, with PYTHONPATH reduced to the
+folder holding the ``perceptrl`` the driver imported (a checkout's code is what runs). The first
 ``--warmup`` steps are excluded from the timings.
 
     python bench/bench_trl_grpo.py [--steps 10] [--warmup 2] [--prompts 16] [--group 8]
@@ -284,11 +285,17 @@ def run_arm(args) -> None:
 
 
 def spawn(arm: str, args, out: Path) -> dict:
-    """One arm in a fresh process, cwd = the output dir, PYTHONPATH unset."""
+    """One arm in a fresh process, cwd = the output dir, PYTHONPATH only the driver's
+    ``perceptrl`` parent (never a folder with a ``datasets/`` in it)."""
     result = out / f"{arm}.json"
     arm_dir = out / arm
     arm_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    import perceptrl
+
+    parent = Path(perceptrl.__file__).resolve().parents[1]
+    if (parent / "perceptrl").is_dir() and not (parent / "datasets").exists():
+        env["PYTHONPATH"] = str(parent)
     threads = str(args.threads)
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", HF_DATASETS_OFFLINE="1", CUDA_VISIBLE_DEVICES="")  # fmt: skip
