@@ -376,7 +376,19 @@ def markdown(data: dict) -> str:
         f"completions per step, max {st['max_new_tokens']} new tokens, temperature 1.0, "
         f"micro-batch {st['micro']}, one optimizer step per generation batch; "
         f"{st['warmup']} warm-up steps excluded, {p['timed_steps']} timed steps per arm "
-        f"({st['repeats']} alternating run(s) per arm, each in its own process).",
+        f"({st['repeats']} alternating run(s) per arm, each in its own process)."
+        + (
+            f" The load average above {m['cores']} means other programs kept the cores busy "
+            "during the arms (the arms alternate, so each saw it)."
+            if max(loads) > m["cores"]
+            else ""
+        )
+        + (
+            f" {st['threads']} torch thread(s) on {m['cores']} cores: with fewer idle cores than "
+            "threads, OpenMP threads wait on each other and every arm slows many-fold."
+            if st["threads"] < m["cores"]
+            else ""
+        ),
         "",
         "| arm | median step (s) | mean (s) | min (s) | median CPU s/step | peak RSS (MB) "
         "| completion tokens | reward |",
