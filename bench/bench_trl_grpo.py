@@ -35,12 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import peak_rss_mb
 
 FAMILIES = ["count_all", "count_color", "count_shape"]
 REWARD = {"format": 0.2, "accuracy": 1.0}
@@ -49,10 +50,6 @@ ARMS = ("perceptrl", "trl", "perceptrl_scored", "perceptrl_noshare")
 it ran before the behaviour log-probs were deferred), to show that change's share;
 ``perceptrl_noshare``: our loop with ``model.share_prefix=false`` (one forward over prompt +
 completion per row, the G copies of a prompt recomputed), to show the shared prefix's share."""
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def our_config(args):

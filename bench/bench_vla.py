@@ -14,36 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import torch  # noqa: E402,F401  (import torch before any rendering)
+import torch  # noqa: E402  (import torch before any rendering)
+from common import RESULTS, machine, peak_rss_mb, write_results  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "vla_ppo_reach.yaml"
-
-
-def peak_rss_mb() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(own, kids) / 1024.0  # Linux reports KiB
-
-
-def machine() -> dict:
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores_visible": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-    }
 
 
 def run(minutes: float, final_episodes: int, eval_every: int, overrides: list[str]) -> dict:
@@ -83,19 +63,24 @@ def run(minutes: float, final_episodes: int, eval_every: int, overrides: list[st
         "collect_env_steps_per_s": round(sum(sps) / max(len(sps), 1), 1),
         "update_fraction_of_step": round(sum(upd) / max(sum(steps), 1e-9), 3),
         "num_envs": cfg.env.num_envs, "peak_rss_mb": round(peak_rss_mb(), 1),
-        "machine": machine(),
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "machine": machine(torch_threads=torch.get_num_threads(), device=str(cfg.train.device)),
     }  # fmt: skip
 
 
 def write(result: dict, name: str = "vla_ppo_reach") -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
     m = result["machine"]
     lines = [
         f"# {name}: PPO, compact VLA from 64x64 pixels + instruction, reach",
         "",
-        f"Machine: {m['cpu']}, {m['cores_visible']} cores visible, torch {m['torch']} "
-        f"({m['torch_threads']} threads), {m['device']}.",
+        f"Machine: {m['cpu']}, {m.get('cores', m.get('cores_visible'))} cores visible, torch "
+        f"{m['torch']} ({m['torch_threads']} threads), {m['device']}"
+        + (
+            f"; 1/5/15-min load average at the end {result['load_average_after']}"
+            if "load_average_after" in result
+            else ""
+        )
+        + ".",
         "",
         f"Recipe: `{result['recipe']}`"
         + (f" with `{' '.join(result['overrides'])}`" if result["overrides"] else "")
@@ -116,7 +101,7 @@ def write(result: dict, name: str = "vla_ppo_reach") -> None:
     lines += [f"| {c['step']} | {c['minutes']} | {c['success']:.3f} |" for c in result["curve"]]
     if result.get("note"):
         lines += ["", f"Note: {result['note']}"]
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    write_results(name, result, "\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,20 +18,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import time
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import torch  # noqa: E402,F401  (import torch before any rendering)
-from common import last_model, machine, metrics, write_results  # noqa: E402
+from common import last_model, machine, metrics, peak_rss_mb, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
 def success(policy, env_cfg, episodes: int) -> dict[str, float]:

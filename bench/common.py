@@ -38,6 +38,13 @@ def machine(**extra) -> dict:
     return info
 
 
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, MB (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     js, md = RESULTS / f"{name}.json", RESULTS / f"{name}.md"

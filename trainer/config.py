@@ -343,6 +343,12 @@ class VLAConfig:
     """value function of the compact policy: shared (a head on the actor's trunk) | state (an
     asymmetric critic: a separate MLP on the true entity poses + proprio, needs
     env.privileged_state=true with an image encoder)"""
+    aux: str = "none"
+    """auxiliary loss of the compact policy: none | subject (regress the position of the entity
+    the instruction names, relative to the gripper, from the actor's features; needs
+    env.privileged_state=true)"""
+    aux_coef: float = 1.0
+    """weight of the auxiliary loss in the trainer's loss"""
 
 
 @dataclass

@@ -362,7 +362,8 @@ class Trainer:
             self.engine.backward(loss)
             weight = float(micro.mask.sum() / num_tokens.clamp(min=1))
             for k, v in m.items():
-                sums[k] += v if k in SHARE_METRICS else v * weight
+                share = k in SHARE_METRICS or k.startswith("aux/")
+                sums[k] += v if share else v * weight
         if self.engine.world_size > 1:
             keys = sorted(sums)
             total = self.engine.all_reduce_sum(torch.tensor([sums[k] for k in keys]))
@@ -371,7 +372,11 @@ class Trainer:
 
     def _loss(self, micro: RolloutBatch, num_tokens: Tensor, num_seqs: int) -> tuple[Tensor, dict]:
         algo = self.cfg.algo
-        logp, entropy, value = self.policy.evaluate(micro)
+        aux: dict[str, Tensor] = {}
+        if hasattr(self.policy, "evaluate_with_aux"):  # policy-defined auxiliary losses
+            logp, entropy, value, aux = self.policy.evaluate_with_aux(micro)
+        else:
+            logp, entropy, value = self.policy.evaluate(micro)
         logp = logp.float()
         is_weight = None
         if algo.tis_cap > 0 and micro.logp_rollout is not None:
@@ -391,6 +396,10 @@ class Trainer:
             kl = algos.agg_loss(self.kl(logp, micro.logp_ref), micro.mask, **agg)
             loss = loss + algo.kl_coef * kl
             metrics["actor/kl"] = float(kl.detach())
+        for name, per_step in aux.items():  # [B, T] weighted losses, aggregated like the rest
+            term = algos.agg_loss(per_step.float(), micro.mask, **agg)
+            loss = loss + term
+            metrics[f"aux/{name}"] = float(term.detach())
         ent = algos.agg_loss(entropy.float(), micro.mask, **agg)
         metrics["actor/entropy"] = float(ent.detach())
         if algo.entropy_coef:

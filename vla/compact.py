@@ -4,6 +4,11 @@ Image (or entity-pose) encoder FiLM-conditioned on the instruction, proprio inpu
 Gaussian action head with a state-independent log-std, and a value head on a shared trunk, or
 (``critic="state"``) an asymmetric critic: a separate MLP that reads the simulator's true entity
 poses (Pinto et al. 2018), while the actor still sees only pixels, proprio and the instruction.
+With ``aux="subject"`` an auxiliary head on the actor's trunk regresses the position of the
+entity the instruction names (entity 0 of the poses, by the sim tasks' convention) relative to the
+tool centre point (a supervised loss on privileged simulator state, returned by
+:meth:`CompactVLA.evaluate_with_aux`): it teaches the encoder to find the named object long
+before the policy gradient alone would. Neither changes what the actor reads.
 Image encoders: ``cnn`` (Nature-CNN, flattened features) or ``keypoint`` (three convolutions
 at 32x32 / 16x16 followed by a spatial softmax: each channel becomes the expected (x, y) image
 position of its activation, which makes "where is the named object" a direct input).
@@ -43,6 +48,7 @@ OBS_KEYS = ("image", "proprio", "objects", "words")
 IMAGE_ENCODERS = ("cnn", "keypoint")
 ENCODERS = (*IMAGE_ENCODERS, "state")
 CRITICS = ("shared", "state")
+AUX = ("none", "subject")
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
@@ -96,6 +102,11 @@ class CompactSpec:
     init_log_std: float = -0.5
     critic: str = "shared"
     """shared (value head on the actor's trunk) | state (separate MLP on entity poses + proprio)"""
+    aux: str = "none"
+    """none | subject (auxiliary regression of the named entity's position relative to the tcp
+    from the actor's features; needs the privileged poses)"""
+    aux_coef: float = 1.0
+    """weight of the auxiliary loss (added to the trainer's loss, token-mean like the others)"""
     words: list[str] = field(default_factory=list)
     """instruction vocabulary (ids 2...; empty builds it from the registered sim tasks)"""
 
@@ -169,11 +180,17 @@ class CompactVLA(nn.Module):
             raise ValueError(f"vla.encoder={spec.encoder!r}; valid: {' | '.join(ENCODERS)}")
         if spec.critic not in CRITICS:
             raise ValueError(f"vla.critic={spec.critic!r}; valid: {' | '.join(CRITICS)}")
-        if spec.critic == "state" and spec.objects_dim <= 0:
-            raise ValueError(
-                "vla.critic=state reads the true entity poses; set env.privileged_state=true "
-                "(rgb mode) so the env returns them"
-            )
+        if spec.aux not in AUX:
+            raise ValueError(f"vla.aux={spec.aux!r}; valid: {' | '.join(AUX)}")
+        for what, on in (
+            ("vla.critic=state", spec.critic == "state"),
+            (f"vla.aux={spec.aux}", spec.aux != "none"),
+        ):
+            if on and spec.objects_dim <= 0:
+                raise ValueError(
+                    f"{what} reads the true entity poses; set env.privileged_state=true (rgb "
+                    "mode) so the env returns them"
+                )
         if not spec.words:
             spec.words = instruction_words()
         self.spec = spec
@@ -211,6 +228,9 @@ class CompactVLA(nn.Module):
                 nn.Linear(spec.objects_dim + spec.proprio_dim, H), nn.ReLU(),
                 nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 1),
             )  # fmt: skip
+        self.aux_head = None
+        if spec.aux == "subject":
+            self.aux_head = nn.Linear(H, 3)
         self.log_std = nn.Parameter(torch.full((spec.action_dim * spec.chunk,), spec.init_log_std))
 
     # ------------------------------------------------------------------ forward
@@ -245,8 +265,13 @@ class CompactVLA(nn.Module):
 
     def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Flat observations (N rows) -> (action mean [N, K*A], value [N])."""
+        mean, value, _ = self._forward(obs)
+        return mean, value
+
+    def _forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(action mean [N, K*A], value [N], auxiliary loss per row [N] or None)."""
         cond = self.instr(obs["words"])  # (N, E)
-        reads_objects = self.spec.encoder == "state" or self.critic is not None
+        reads_objects = "objects" in self.obs_keys()
         objects = obs["objects"].float() if reads_objects else None
         proprio, objects = self._normalise(obs["proprio"].float(), objects)  # (N, P), (N, O)
         if self.spec.encoder in IMAGE_ENCODERS:
@@ -258,9 +283,15 @@ class CompactVLA(nn.Module):
             h = self.feat(torch.cat([objects, proprio], dim=-1))
             h = self.films[0](h, cond)
         h = self.trunk(torch.cat([torch.relu(h), proprio, cond], dim=-1))  # (N, H)
+        aux = None
+        if self.aux_head is not None:  # entity xyz relative to the tcp, workspace units
+            rel = objects[:, :3] - proprio[:, :3]  # entity 0 is the one the instruction names
+            aux = (self.aux_head(h) - rel).square().mean(-1)
         if self.critic is not None:  # the entity order names the target: no instruction needed
-            return self.mean_head(h), self.critic(torch.cat([objects, proprio], -1)).squeeze(-1)
-        return self.mean_head(h), self.value_head(h).squeeze(-1)
+            value = self.critic(torch.cat([objects, proprio], -1)).squeeze(-1)
+        else:
+            value = self.value_head(h).squeeze(-1)
+        return self.mean_head(h), value, aux
 
     def distribution(self, mean: Tensor) -> Normal:
         return Normal(mean, self.log_std.exp().expand_as(mean))
@@ -270,17 +301,25 @@ class CompactVLA(nn.Module):
         """Re-score the batch's actions: logp, entropy and value, each [B, T] (0 on padding).
 
         Only the valid steps go through the network (the inputs carry no padding)."""
+        return self.evaluate_with_aux(batch)[:3]
+
+    def evaluate_with_aux(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor, dict]:
+        """``evaluate`` plus the auxiliary losses the trainer adds to its loss: name -> [B, T]
+        per-step loss, already weighted (empty with ``aux="none"``)."""
         mask = batch.mask > 0  # (B, T)
         flat = flatten_inputs(batch, self.obs_keys())
-        mean, value = self(flat)  # (N, D), (N,)
+        mean, value, aux = self._forward(flat)  # (N, D), (N,), (N,) or None
         dist = self.distribution(mean)
         actions = batch.tokens[mask].to(mean.dtype)  # (N, D): row-major order = concat order
+        per_step = [dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value]
+        if aux is not None:
+            per_step.append(self.spec.aux_coef * aux)
         out = []
-        for x in (dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value):
+        for x in per_step:
             full = x.new_zeros(mask.shape)
             full[mask] = x
             out.append(full)
-        return out[0], out[1], out[2]
+        return out[0], out[1], out[2], ({self.spec.aux: out[3]} if aux is not None else {})
 
     @torch.no_grad()
     def act(
@@ -296,7 +335,8 @@ class CompactVLA(nn.Module):
     def obs_keys(self) -> tuple[str, ...]:
         if self.spec.encoder not in IMAGE_ENCODERS:
             return ("objects", "proprio", "words")
-        return ("image", "proprio", "words") + (("objects",) if self.critic is not None else ())
+        privileged = self.spec.critic == "state" or self.spec.aux != "none"
+        return ("image", "proprio", "words") + (("objects",) if privileged else ())
 
     def observe(self, batch) -> dict[str, Tensor]:
         """A ``sim.vector.Batch`` (numpy, N envs) -> CPU observation tensors for ``act``."""
@@ -316,11 +356,11 @@ class CompactVLA(nn.Module):
                     f"{sorted(batch.images)}; set env.cameras to match the policy"
                 )
             obs["image"] = torch.as_tensor(np.concatenate(list(batch.images.values()), axis=-1))
-            if self.critic is not None:
+            if "objects" in self.obs_keys():
                 if batch.objects is None:
                     raise ValueError(
-                        "vla.critic=state needs the true entity poses; make the env with "
-                        "env.privileged_state=true"
+                        "vla.critic=state and vla.aux=subject need the true entity poses; make "
+                        "the env with env.privileged_state=true"
                     )
                 obs["objects"] = torch.as_tensor(np.asarray(batch.objects, np.float32))
         else:
@@ -404,5 +444,5 @@ def spec_from_config(vla, env_spaces: dict, chunk: int, image_size: int) -> Comp
         image_size=image_size, cameras=max(1, len(camera_keys(obs))), encoder=vla.encoder, channels=list(vla.channels),
         hidden=vla.hidden, embed_dim=vla.embed_dim,
         instruction_encoder=vla.instruction_encoder, max_words=vla.max_words,
-        init_log_std=vla.init_log_std, critic=vla.critic,
+        init_log_std=vla.init_log_std, critic=vla.critic, aux=vla.aux, aux_coef=vla.aux_coef,
     )  # fmt: skip

@@ -32,7 +32,7 @@ def _obs(policy: CompactVLA, n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     if s.encoder in ("cnn", "keypoint"):
         shape = (n, s.image_size, s.image_size, 3 * s.cameras)
         obs["image"] = torch.randint(0, 256, shape, generator=g).to(torch.uint8)
-    if s.encoder == "state" or s.critic == "state":
+    if s.encoder == "state" or s.critic == "state" or s.aux != "none":
         obs["objects"] = torch.randn(n, s.objects_dim, generator=g)
     return obs
 
@@ -163,6 +163,35 @@ def test_state_critic_reads_poses_and_the_actor_does_not():
     vv.sum().backward()  # value gradients reach only the critic
     grads = {n for n, p in policy.named_parameters() if p.grad is not None and p.grad.any()}
     assert grads and all(n.startswith("critic.") for n in grads), grads
+
+
+def test_subject_auxiliary_loss_trains_the_actor_features_only():
+    torch.manual_seed(0)
+    spec = CompactSpec(
+        action_dim=5, objects_dim=21, encoder="keypoint", channels=[8, 16, 16], hidden=32,
+        aux="subject", aux_coef=2.0,
+    )  # fmt: skip
+    policy = CompactVLA(spec)
+    obs = _obs(policy, 5)
+    action, logp, _ = policy.act(obs)
+    batch = _rows(obs, action, [3, 2])
+    lp, _, _, aux = policy.evaluate_with_aux(batch)
+    torch.testing.assert_close(lp[batch.mask.bool()], logp)
+    assert set(aux) == {"subject"} and aux["subject"].shape == (2, 3)
+    loss = aux["subject"]
+    assert (loss[batch.mask == 0] == 0).all() and (loss[batch.mask > 0] > 0).all()
+    loss.sum().backward()
+    grads = {n for n, p in policy.named_parameters() if p.grad is not None and p.grad.any()}
+    assert {"aux_head.weight", "convs.0.weight", "trunk.0.weight"} <= grads
+    assert not grads & {"mean_head.weight", "log_std", "value_head.weight"}
+    assert policy.evaluate(batch)[0].shape == (2, 3)  # the plain protocol still holds
+    # by hand: a head that guesses 0 scores 2 x the mean square of (entity 0 - tcp) / 0.1 m
+    with torch.no_grad():
+        policy.aux_head.weight.zero_()
+        policy.aux_head.bias.zero_()
+    rel = (obs["objects"][:, :3] - obs["proprio"][:, :3]) / 0.1  # the workspace centre cancels
+    _, _, _, aux = policy.evaluate_with_aux(batch)
+    torch.testing.assert_close(aux["subject"][batch.mask > 0], 2.0 * rel.square().mean(1))
 
 
 def test_state_critic_needs_poses_with_a_clear_error():

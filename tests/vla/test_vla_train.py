@@ -91,7 +91,7 @@ def test_pixel_ppo_step_and_eval_report(tmp_path):
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     trainer.fit()
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
-    assert list(trainer.source.runner.batch.images) == ["agentview"]
+    assert list(trainer.source.runner.batch.images) == ["agentview", "wrist"]
     from perceptrl.sim.demos import read_video
     from perceptrl.vla.evaluate import write_report
 
@@ -100,4 +100,25 @@ def test_pixel_ppo_step_and_eval_report(tmp_path):
     frames = read_video(rec["videos"]["Reach"])
     assert frames.shape[0] == 9 and frames.shape[1:] == (64, 64, 3)  # reset + 8 steps
     assert "| Reach | 2 |" in (tmp_path / "eval" / "eval.md").read_text()
+    trainer.source.close()
+
+
+def test_pixel_ppo_with_state_critic_and_subject_auxiliary(tmp_path):
+    cfg = load_config(
+        CONFIGS / "vla_ppo_reach.yaml",
+        ["env.num_envs=2", "env.steps_per_rollout=6", "env.eval_episodes=0",
+         "env.max_episode_steps=8", "vla.channels=[8, 16, 16]", "vla.hidden=32",
+         "vla.encoder=keypoint", "vla.critic=state", "vla.aux=subject",
+         "env.privileged_state=true", "train.steps=2", "train.time_limit_min=0", *QUIET],
+    )  # fmt: skip
+    trainer = build_trainer(cfg, tmp_path)
+    policy = trainer.policy
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    trainer.fit()
+    changed = {n for n, p in policy.named_parameters() if not torch.equal(before[n], p)}
+    assert {"critic.0.weight", "aux_head.weight", "convs.0.weight", "mean_head.weight"} <= changed
+    assert "value_head.weight" not in changed  # the shared value head is unused
+    train_rows = [r for r in _metrics(tmp_path) if "aux/subject" in r]
+    assert len(train_rows) == 2 and all(r["aux/subject"] > 0 for r in train_rows)
+    assert all(r["time/old_logp"] < 0.05 for r in train_rows)  # collector's log-probs reused
     trainer.source.close()
