@@ -297,7 +297,8 @@ class EnvConfig:
     through one shared conv tower)"""
     privileged_state: bool = False
     """rgb mode: the env also returns the true entity poses, for ``vla.critic=state`` (an
-    asymmetric critic); the actor never reads them, so evaluation stays pixels-only"""
+    asymmetric critic) and ``vla.aux``; the actor never reads them, so a trained policy also
+    acts (evaluates, deploys) on an env without them"""
     control: str = "ee"
     """action space: ee (dx, dy, dz, dyaw, gripper) | joint (q1..q7, gripper)"""
     reward_mode: str = "sparse"

@@ -164,6 +164,12 @@ class PPOCollector(_Base):
         for _ in range(self.env_cfg.steps_per_rollout):
             obs = policy.observe(run.batch)
             action, logp, value = self._act(policy, obs)
+            if not torch.isfinite(value).all():
+                raise ValueError(
+                    "the policy's critic returned non-finite values while collecting PPO "
+                    "experience; a state critic (vla.critic=state) or vla.aux needs the true "
+                    "poses: set env.privileged_state=true"
+                )
             try:
                 res = run.step(self._env_actions(action))
             except EnvRestarted:  # keep what was collected, bootstrapped at the last state

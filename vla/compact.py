@@ -269,10 +269,14 @@ class CompactVLA(nn.Module):
         return mean, value
 
     def _forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(action mean [N, K*A], value [N], auxiliary loss per row [N] or None)."""
+        """(action mean [N, K*A], value [N], auxiliary loss per row [N] or None).
+
+        Without the privileged poses (an env without ``privileged_state``: evaluation or
+        deployment) an image policy still acts; its state critic's value is NaN then and the
+        auxiliary loss None. The state encoder always needs them."""
         cond = self.instr(obs["words"])  # (N, E)
-        reads_objects = "objects" in self.obs_keys()
-        objects = obs["objects"].float() if reads_objects else None
+        has_objects = "objects" in obs and "objects" in self.obs_keys()
+        objects = obs["objects"].float() if has_objects else None
         proprio, objects = self._normalise(obs["proprio"].float(), objects)  # (N, P), (N, O)
         if self.spec.encoder in IMAGE_ENCODERS:
             N, S, C = len(cond), self.spec.image_size, self.spec.cameras
@@ -284,10 +288,12 @@ class CompactVLA(nn.Module):
             h = self.films[0](h, cond)
         h = self.trunk(torch.cat([torch.relu(h), proprio, cond], dim=-1))  # (N, H)
         aux = None
-        if self.aux_head is not None:  # entity xyz relative to the tcp, workspace units
+        if self.aux_head is not None and objects is not None:  # xyz relative to the tcp
             rel = objects[:, :3] - proprio[:, :3]  # entity 0 is the one the instruction names
             aux = (self.aux_head(h) - rel).square().mean(-1)
-        if self.critic is not None:  # the entity order names the target: no instruction needed
+        if self.critic is not None and objects is None:
+            value = h.new_full((len(h),), float("nan"))
+        elif self.critic is not None:  # the entity order names the target: no instruction needed
             value = self.critic(torch.cat([objects, proprio], -1)).squeeze(-1)
         else:
             value = self.value_head(h).squeeze(-1)
@@ -356,12 +362,7 @@ class CompactVLA(nn.Module):
                     f"{sorted(batch.images)}; set env.cameras to match the policy"
                 )
             obs["image"] = torch.as_tensor(np.concatenate(list(batch.images.values()), axis=-1))
-            if "objects" in self.obs_keys():
-                if batch.objects is None:
-                    raise ValueError(
-                        "vla.critic=state and vla.aux=subject need the true entity poses; make "
-                        "the env with env.privileged_state=true"
-                    )
+            if "objects" in self.obs_keys() and batch.objects is not None:  # training signals
                 obs["objects"] = torch.as_tensor(np.asarray(batch.objects, np.float32))
         else:
             if batch.objects is None:

@@ -162,3 +162,16 @@ def test_bad_shapes_are_rejected():
     with pytest.raises(ValueError, match="expects actions"):
         runner.step(np.zeros((2, 5), np.float32))
     runner.close()
+
+
+def test_state_critic_without_poses_stops_ppo_collection_with_the_setting():
+    cfg = EnvConfig(id="perceptrl/Reach-v0", num_envs=1, obs_mode="rgb", image_size=32,
+                    steps_per_rollout=2, max_episode_steps=4)  # fmt: skip
+    runner = VecRunner(cfg, seed=0)
+    torch.manual_seed(0)
+    spec = CompactSpec(5, image_size=32, objects_dim=21, encoder="keypoint", channels=[4, 8, 8],
+                       hidden=16, critic="state")  # fmt: skip
+    col = PPOCollector(cfg, seed=0, runner=runner)
+    with pytest.raises(ValueError, match="env.privileged_state=true"):
+        col.collect(CompactVLA(spec), 0)
+    col.close()

@@ -194,7 +194,7 @@ def test_subject_auxiliary_loss_trains_the_actor_features_only():
     torch.testing.assert_close(aux["subject"][batch.mask > 0], 2.0 * rel.square().mean(1))
 
 
-def test_state_critic_needs_poses_with_a_clear_error():
+def test_privileged_options_need_poses_to_train_not_to_act():
     with pytest.raises(ValueError, match="privileged_state"):
         CompactVLA(CompactSpec(action_dim=5, encoder="keypoint", critic="state"))
     with pytest.raises(ValueError, match="vla.critic"):
@@ -204,8 +204,14 @@ def test_state_critic_needs_poses_with_a_clear_error():
     policy = asym_policy()
     img = {"agentview": torch.zeros(1, 64, 64, 3, dtype=torch.uint8).numpy()}
     batch = Batch(img, torch.zeros(1, 8).numpy(), None, ["reach the red target"])
-    with pytest.raises(ValueError, match="env.privileged_state=true"):
-        policy.observe(batch)
+    obs = policy.observe(batch)  # an env without poses: the actor still acts (evaluation)
+    assert "objects" not in obs
+    action, _, value = policy.act(obs, deterministic=True)
+    assert torch.isfinite(action).all() and torch.isnan(value).all()
+    with_poses = dict(obs, objects=torch.zeros(1, 21))
+    torch.testing.assert_close(policy.act(with_poses, deterministic=True)[0], action)
+    with pytest.raises(KeyError, match="objects"):  # training needs them
+        policy.evaluate(_rows(obs, action, [1]))
 
 
 def test_spatial_softmax_returns_peak_positions():
