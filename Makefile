@@ -11,7 +11,7 @@ export PYOPENGL_PLATFORM ?= egl
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm test-zero
+.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm test-zero gpu-lane
 
 setup: $(VENV)/.installed
 
@@ -73,6 +73,17 @@ test-vllm: setup-vllm
 # HF vs vLLM rollout tokens/s on the CPU, side by side (a few minutes).
 bench-vllm: setup-vllm
 	$(VLLM_VENV)/bin/python bench/bench_rollout_vllm.py
+
+# GPU lane (one CUDA device, about 5 min on an H200): the gpu-marked tests, then the real-size
+# Qwen2.5-VL-3B throughput benchmark (random weights) into bench/results/gpu_scale.{json,md}.
+# Runs in the Python already there (GPU machines bring their own torch; no `setup`), with this
+# checkout importable as `perceptrl` through a link under build/. The benchmark runs even when a
+# test fails; the target then fails at the end.
+GPU_PYTHONPATH = $(CURDIR)/build/gpu-lane$${PYTHONPATH:+:$$PYTHONPATH}
+gpu-lane:
+	mkdir -p build/gpu-lane && ln -sfn "$(CURDIR)" build/gpu-lane/perceptrl
+	PYTHONPATH="$(GPU_PYTHONPATH)" $(PYTHON) -m pytest -q -rs -m gpu tests/test_gpu.py $(PYTEST_ARGS); \
+	rc=$$?; PYTHONPATH="$(GPU_PYTHONPATH)" $(PYTHON) bench/bench_gpu_scale.py || rc=1; exit $$rc
 
 lint: setup
 	$(BIN)/ruff check .

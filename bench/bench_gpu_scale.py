@@ -243,6 +243,8 @@ def run_setting(trainer, gc: bool, args, counts: dict) -> dict:
             trainer.step += 1
             if i >= args.warmup:
                 rows.append({**m, "wall": wall, **step_flops(seen[-1], counts)})
+                if time.perf_counter() > args.deadline:  # keep what was timed, stop here
+                    break
     finally:
         trainer.source.collect = collect
     peak = args.peak_tflops * 1e12
@@ -277,7 +279,7 @@ def run_setting(trainer, gc: bool, args, counts: dict) -> dict:
 def markdown(res: dict) -> str:
     s, c = res["settings"], res["params"]
     lines = [
-        f"# Real-size GRPO throughput ({res['size']}, random weights, {s['dtype']}, {s['device']})",
+        f"# GRPO rollout and train-step throughput ({res['size']}, random weights, {s['dtype']}, {s['device']})",
         "",
         f"Machine: {res['machine']['cuda'] or res['machine']['cpu']} "
         f"({res['machine']['cores']} CPU cores), torch {res['machine']['torch']}, "
@@ -289,14 +291,14 @@ def markdown(res: dict) -> str:
         "2 x params x generated tokens, training 6 x (LM params x LM tokens + vision params x "
         "patches), recomputation not counted.",
         "",
-        "| grad. ckpt | rollout tok/s | rollout MFU | train step s | train TFLOP/s | train MFU "
-        "| step s | peak GPU GB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| grad. ckpt | timed steps | rollout tok/s | rollout MFU | train step s | train TFLOP/s "
+        "| train MFU | step s | peak GPU GB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["runs"]:
         mem = f"{r['peak_gpu_mem_gb']:.1f}" if r["peak_gpu_mem_gb"] is not None else "-"
         lines.append(
-            f"| {'on' if r['gradient_checkpointing'] else 'off'} | "
+            f"| {'on' if r['gradient_checkpointing'] else 'off'} | {r['steps']} | "
             f"{r['rollout_tokens_per_s']:.0f} | {r['rollout_mfu']:.2%} | {r['train_step_s']:.2f} "
             f"| {r['train_tflops_per_s']:.1f} | {r['train_mfu']:.2%} | {r['step_s']:.2f} | {mem} |"
         )
@@ -321,6 +323,13 @@ def parse(argv: list[str] | None):
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200)")
     p.add_argument("--name", default=None, help="results name (gpu_scale; tiny: gpu_scale_tiny_*)")
     p.add_argument("--out", default=None, help="results folder (default bench/results)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=240.0,
+        help="seconds: past this, no further timed step or setting starts (results "
+        "are written after each setting)",
+    )
     a = p.parse_args(argv)
     real = dict(device="cuda", dtype="bfloat16", gc="off,on", prompts=16, group=8,
                 max_new_tokens=256, micro=16, image_size=448)  # fmt: skip
@@ -337,40 +346,58 @@ def parse(argv: list[str] | None):
     return a
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse(argv)
+def report(args, counts: dict, build_s: float, runs: list[dict], skipped: list[str]) -> dict:
+    """Write the results so far (after every setting: a run cut short still leaves its figures)."""
     import transformers
 
+    keys = ("device", "dtype", "steps", "warmup", "prompts", "group", "max_new_tokens", "micro",
+            "image_size", "token_budget", "peak_tflops", "time_limit")  # fmt: skip
+    note = (
+        "A tiny run only checks that the script works; it is not a GPU figure."
+        if args.tiny
+        else "Random weights: completions almost always run to the length limit (see "
+        "completion_len_mean) and rewards are zero, so advantages are zero; the update computes "
+        "the same forward, backward and optimizer step as with a signal."
+    )
+    if skipped:
+        note += f" Not run (--time-limit {args.time_limit:.0f} s reached): gc {', '.join(skipped)}."
+    res = {
+        "size": "tiny" if args.tiny else "qwen2.5-vl-3b",
+        "machine": machine(transformers=transformers.__version__),
+        "settings": {k: getattr(args, k) for k in keys},
+        "params": counts,
+        "build_s": build_s,
+        "runs": runs,
+        "peak_rss_mb": peak_rss_mb(),
+        "note": note,
+    }
+    if args.out:
+        common.RESULTS = Path(args.out)  # write_results' folder
+    js, md = write_results(args.name, res, markdown(res))
+    print(f"wrote {js} and {md}", flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    args.deadline = time.perf_counter() + args.time_limit
     with tempfile.TemporaryDirectory(prefix="gpu_scale_") as tmp:
         t = time.perf_counter()
         trainer = build_trainer(args, Path(tmp))
         build_s = time.perf_counter() - t
         counts = param_counts(trainer.policy.model)
         print(f"built {counts['total'] / 1e9:.3f} B params in {build_s:.1f} s", flush=True)
-        runs = []
-        for gc in args.gc:
+        runs: list[dict] = []
+        for k, gc in enumerate(args.gc):
+            if runs and time.perf_counter() > args.deadline:
+                res = report(
+                    args, counts, build_s, runs, ["on" if g else "off" for g in args.gc[k:]]
+                )
+                break
             runs.append(run_setting(trainer, gc, args, counts))
             print({k: v for k, v in runs[-1].items() if k != "breakdown_s"}, flush=True)
-    settings = {k: getattr(args, k) for k in ("device", "dtype", "steps", "warmup", "prompts",
-                "group", "max_new_tokens", "micro", "image_size", "token_budget", "peak_tflops")}  # fmt: skip
-    res = {
-        "size": "tiny" if args.tiny else "qwen2.5-vl-3b",
-        "machine": machine(transformers=transformers.__version__),
-        "settings": settings,
-        "params": counts,
-        "build_s": build_s,
-        "runs": runs,
-        "peak_rss_mb": peak_rss_mb(),
-        "note": "A tiny CPU run only checks that the script works; it is not a GPU figure."
-        if args.tiny
-        else "Random weights: completions run to the length limit; rewards are all zero (the "
-        "update's compute is the same as with a signal).",
-    }
-    if args.out:
-        common.RESULTS = Path(args.out)  # write_results' folder
-    js, md = write_results(args.name, res, markdown(res))
+            res = report(args, counts, build_s, runs, [])
     print(markdown(res))
-    print(f"wrote {js} and {md}")
     return res
 
 
