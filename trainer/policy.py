@@ -2,7 +2,10 @@
 
 VLM policies (token sequences) and VLA policies (action sequences) both implement it; a VLA adds
 ``act(obs)`` and a VLM adds ``generate(prompts)`` for their own rollout code, which the trainer
-never calls.
+never calls. A policy with auxiliary losses may also define ``evaluate_with_aux(batch) ->
+(logp, entropy, value, {name: [B, T] weighted per-step loss})``; the loop then calls it instead
+of ``evaluate`` for the loss and adds each term (token-mean like the others, logged as
+``aux/<name>``).
 """
 
 from __future__ import annotations
