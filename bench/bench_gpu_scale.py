@@ -14,18 +14,24 @@ Measured per gradient-checkpointing setting (``--gc off,on``), after ``--warmup`
 
 * rollout tokens/s: generated completion tokens / ``time/rollout`` (HF ``generate``, sampling at
   T=1, ``--max-new-tokens``; random weights almost never emit a stop token, so lengths are about
-  fixed). Generation FLOPs = 2 x params x generated tokens (prefill and attention not counted).
+  fixed). Generation FLOPs = 2 x language-model params x generated tokens (the prompt's prefill,
+  the vision tower and attention not counted).
 * training step: wall time of ``train_step`` minus its collection (old log-probs, advantages,
   forward + backward over all micro-batches, optimizer), CUDA-synchronised. Training FLOPs =
   6 x (language-model params x tokens through the language model + vision params x patches
   through the vision tower); with the shared prefix (on by default) the language-model tokens are
-  the distinct prompts once plus every row's completion. Recomputation under gradient
-  checkpointing is not counted (model FLOPs). MFU = FLOPs / wall / ``--peak-tflops``
-  (default 989: H200 bf16 dense).
+  the distinct prompts once plus every row's completion. Not counted (model FLOPs, useful work
+  only): recomputation under gradient checkpointing, and a prompt's prefix run again in each
+  micro-batch that holds one of its rows (rows are shuffled across micro-batches). MFU = FLOPs /
+  wall / ``--peak-tflops`` (default 989: H200 bf16 dense).
 * peak GPU memory (``torch.cuda.max_memory_allocated``) and peak host RSS.
 
     python bench/bench_gpu_scale.py [--steps 2] [--warmup 1] [--gc off,on]   # bf16, cuda
     python bench/bench_gpu_scale.py --tiny --device cpu --steps 1            # tiny, fp32, CPU
+
+Defaults fit about 3-4 minutes on one H200 (6 train steps of 16 x 8 rows x 256 new tokens);
+``--time-limit`` (240 s) stops starting timed steps or settings once passed, and the results are
+written after each setting, so a slow machine still leaves figures.
 
 Writes bench/results/gpu_scale.{json,md}; ``--tiny`` writes gpu_scale_tiny_<device>.{json,md}
 (a check that the script runs, not a measurement) unless ``--name``/``--out`` say otherwise.
@@ -209,7 +215,7 @@ def step_flops(batch, counts: dict[str, int]) -> dict[str, float]:
         "generated_tokens": gen_tokens,
         "lm_tokens": prompt_tokens + gen_tokens,
         "vision_patches": float(patches),
-        "gen_flops": 2.0 * counts["total"] * gen_tokens,
+        "gen_flops": 2.0 * counts["language"] * gen_tokens,
         "train_flops": 6.0 * (counts["language"] * (prompt_tokens + gen_tokens)
                               + counts["visual"] * patches),
     }  # fmt: skip
@@ -288,7 +294,7 @@ def markdown(res: dict) -> str:
         f"{c['language'] / 1e9:.3f} B). Batch: {s['prompts']} prompts x G={s['group']}, one "
         f"{s['image_size']}px image each, up to {s['max_new_tokens']} new tokens, T=1, micro-batch "
         f"{s['micro']}; HF engine. MFU against {s['peak_tflops']:.0f} TFLOP/s; generation FLOPs "
-        "2 x params x generated tokens, training 6 x (LM params x LM tokens + vision params x "
+        "2 x LM params x generated tokens, training 6 x (LM params x LM tokens + vision params x "
         "patches), recomputation not counted.",
         "",
         "| grad. ckpt | timed steps | rollout tok/s | rollout MFU | train step s | train TFLOP/s "
