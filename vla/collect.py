@@ -166,9 +166,10 @@ class PPOCollector(_Base):
             action, logp, value = self._act(policy, obs)
             if not torch.isfinite(value).all():
                 raise ValueError(
-                    "the policy's critic returned non-finite values while collecting PPO "
-                    "experience; a state critic (vla.critic=state) or vla.aux needs the true "
-                    "poses: set env.privileged_state=true"
+                    "the policy's critic returned NaN/inf values while collecting PPO "
+                    "experience. With vla.critic=state the env must give the true poses: set "
+                    "env.privileged_state=true; otherwise the critic diverged (lower train.lr, "
+                    "or resume from an earlier checkpoint)"
                 )
             try:
                 res = run.step(self._env_actions(action))
