@@ -150,7 +150,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if more:
         if cfg.side != "vlm":
             raise ConfigError(f"several recipes ({', '.join(more)}) evaluate only on side vlm")
-        sets = [load_config(resolve_recipe(r), [*overrides, f"model.path={args.model}"]) for r in more]
+        sets = [
+            load_config(resolve_recipe(r), [*overrides, f"model.path={args.model}"]) for r in more
+        ]
         result = wiring.vlm_eval(cfg, out, more=sets)
     else:
         result = wiring.side(wiring.EVALS, cfg, "evaluation")(cfg, out)

@@ -99,7 +99,9 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
     if not isinstance(rec, dict):
         raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
     has_video = _pick(rec, "videos")[0] is not None
-    missing = [f for f in REQUIRED if _pick(rec, f)[0] is None and not (f == "images" and has_video)]
+    missing = [
+        f for f in REQUIRED if _pick(rec, f)[0] is None and not (f == "images" and has_video)
+    ]
     if missing:
         alts = "; ".join(f"{f}: one of {list(_ALIASES[f])}" for f in missing)
         raise ValueError(f"missing required keys ({alts}); present keys: {sorted(rec)}")

@@ -105,7 +105,15 @@ class ModelConfig:
     lora_dropout: float = 0.0
     """dropout on the LoRA input (keep 0 for RL: logp_old and logp must match)"""
     lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
     )
     """names of the language model's linear layers that get adapters"""
     lora_vision: bool = False
