@@ -104,7 +104,8 @@ class CompactSpec:
     """shared (value head on the actor's trunk) | state (separate MLP on entity poses + proprio)"""
     aux: str = "none"
     """none | subject (auxiliary regression of the named entity's position relative to the tcp
-    from the actor's features; needs the privileged poses)"""
+    from the actor's features; needs the privileged poses; the named entity is entity 0 of the
+    pose vector, the sim tasks' convention)"""
     aux_coef: float = 1.0
     """weight of the auxiliary loss (added to the trainer's loss, token-mean like the others)"""
     words: list[str] = field(default_factory=list)
