@@ -132,20 +132,6 @@ def param_counts(model) -> dict[str, int]:
     return out
 
 
-def set_checkpointing(model, on: bool) -> None:
-    """Activation checkpointing on/off (non-reentrant), as ``load_vlm`` enables it."""
-    if on:
-        kw = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
-    elif hasattr(model, "activation_checkpointing_disable"):
-        model.activation_checkpointing_disable()
-    else:
-        model.gradient_checkpointing_disable()
-
-
 def recipe(args, run_dir: Path):
     """configs/vlm_clevr.yaml with the benchmark's sizes."""
     from perceptrl.cli import CONFIGS
@@ -223,6 +209,8 @@ def step_flops(batch, counts: dict[str, int]) -> dict[str, float]:
 
 def run_setting(trainer, gc: bool, args, counts: dict) -> dict:
     """``warmup + steps`` train steps with checkpointing ``gc``; figures of the timed steps."""
+    from perceptrl.vlm.model import set_checkpointing
+
     cuda = trainer.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     set_checkpointing(trainer.policy.model, gc)

@@ -84,6 +84,22 @@ def set_pixel_bounds(processor, min_pixels: int | None = None, max_pixels: int |
     return processor
 
 
+def set_checkpointing(model, on: bool) -> None:
+    """Activation checkpointing on (non-reentrant) or off, under the method name the installed
+    transformers has (``activation_checkpointing_*`` from 5.2x, ``gradient_checkpointing_*``
+    before)."""
+    if on:
+        kw = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    elif hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
+
+
 def load_vlm(
     path: str | Path,
     *,
@@ -135,10 +151,6 @@ def load_vlm(
     set_pixel_bounds(processor, min_pixels, max_pixels)
     model.to(resolve_device(device))
     if gradient_checkpointing:
-        kw = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        set_checkpointing(model, True)
     model.eval()
     return model, processor
