@@ -222,9 +222,10 @@ class CompactVLA(nn.Module):
         self.mean_head = nn.Linear(H, spec.action_dim * spec.chunk)
         nn.init.normal_(self.mean_head.weight, std=0.01)
         nn.init.zeros_(self.mean_head.bias)
-        self.value_head = nn.Linear(H, 1)
-        self.critic = None
-        if spec.critic == "state":
+        self.value_head = self.critic = None
+        if spec.critic == "shared":
+            self.value_head = nn.Linear(H, 1)
+        else:
             self.critic = nn.Sequential(
                 nn.Linear(spec.objects_dim + spec.proprio_dim, H), nn.ReLU(),
                 nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 1),
@@ -292,12 +293,12 @@ class CompactVLA(nn.Module):
         if self.aux_head is not None and objects is not None:  # xyz relative to the tcp
             rel = objects[:, :3] - proprio[:, :3]  # entity 0 is the one the instruction names
             aux = (self.aux_head(h) - rel).square().mean(-1)
-        if self.critic is not None and objects is None:
-            value = h.new_full((len(h),), float("nan"))
-        elif self.critic is not None:  # the entity order names the target: no instruction needed
-            value = self.critic(torch.cat([objects, proprio], -1)).squeeze(-1)
-        else:
+        if self.value_head is not None:
             value = self.value_head(h).squeeze(-1)
+        elif objects is None:  # a state critic without the poses: no value
+            value = h.new_full((len(h),), float("nan"))
+        else:  # the entity order names the target: no instruction needed
+            value = self.critic(torch.cat([objects, proprio], -1)).squeeze(-1)
         return self.mean_head(h), value, aux
 
     def distribution(self, mean: Tensor) -> Normal:
