@@ -244,8 +244,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def demo_vla(run_dir: Path) -> None:
     """Part 2: PPO trains the compact VLA on the reach task; success-rate curve and videos."""
-    import torch  # noqa: F401  (torch before the first EGL render: measured segfault otherwise)
-
     from . import wiring
     from .trainer.metrics import read_metrics
     from .vla.evaluate import write_report

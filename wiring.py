@@ -293,8 +293,6 @@ def vlm_eval(cfg: Config, out_dir: Path, more: Sequence[Config] = ()) -> dict:
 def vla_eval(cfg: Config, out_dir: Path) -> dict:
     """Deterministic success per task over ``env.eval_episodes`` fixed seeds, with a table and an
     mp4 per task (``env.eval_videos`` episodes)."""
-    import torch  # noqa: F401  (torch before the first EGL render: measured segfault otherwise)
-
     from .vla.evaluate import write_report
     from .vla.run import load_policy
 

@@ -69,6 +69,10 @@ class VecRunner:
     """``cfg.num_envs`` envs of ``cfg.id``; see the module docstring."""
 
     def __init__(self, cfg: EnvConfig, seed: int = 0, env_id: str | None = None):
+        # torch._dynamo (and with it triton) before the envs render: measured, a process that
+        # imports it after its first EGL render segfaults
+        import torch._dynamo  # noqa: F401
+
         import perceptrl.sim  # noqa: F401  (registers the perceptrl/* ids)
 
         self.cfg, self.seed = cfg, seed
