@@ -190,13 +190,10 @@ def build_trainer(args, run_dir: Path):
 
 def step_flops(batch, counts: dict[str, int]) -> dict[str, float]:
     """Model FLOPs of one collected batch: generation 2ND, training 6ND (see the docstring)."""
-    from perceptrl.vlm.policy import prompt_groups
-
     gen_tokens = float(batch.mask.sum())
-    first, _ = prompt_groups(batch.inputs)
-    prompt_tokens = sum(batch.inputs["prompt_ids"][u].numel() for u in first)
-    grids = batch.inputs.get("image_grid_thw") or []
-    patches = sum(int(grids[u].prod(-1).sum()) for u in first if grids[u] is not None)
+    prompt_tokens = sum(x.numel() for x in batch.prompts["prompt_ids"])  # each prompt once
+    grids = batch.prompts.get("image_grid_thw") or []
+    patches = sum(int(g.prod(-1).sum()) for g in grids if g is not None)
     return {
         "generated_tokens": gen_tokens,
         "lm_tokens": prompt_tokens + gen_tokens,

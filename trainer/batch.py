@@ -2,9 +2,15 @@
 
 Both sides fill it. For a VLM, ``T`` is completion tokens and ``tokens`` holds their ids; for a
 VLA, ``T`` is policy steps (or action tokens) and ``tokens`` holds the actions. Whatever a policy
-needs to re-run its forward pass (prompt ids, pixel values, observations) lives in ``inputs``:
-each value is either a batch-first tensor or a list with one entry per sample, so that slicing a
-minibatch never needs to know the model.
+needs to re-run its forward pass lives in ``inputs`` (per row) or ``prompts`` (shared):
+
+* ``inputs``: each value is a batch-first tensor or a list with one entry per row (VLA
+  observations), so that slicing a minibatch never needs to know the model;
+* ``prompts`` + ``prompt_index``: what several rows share, stored once (VLM prompt ids, pixel
+  values, grid sizes). ``prompts[k]`` holds one entry per distinct prompt and
+  ``prompt_index[b]`` names row b's; rows with the same index share the prompt's tensors. This is
+  the batch's group structure as data: a policy reads it to run each prompt (vision tower, prefix
+  keys/values) once, and ``select``/``to``/``concat`` keep it, moving each prompt tensor once.
 """
 
 from __future__ import annotations
@@ -45,6 +51,12 @@ class RolloutBatch:
     """[B, T] filled in by the trainer (value targets)."""
     inputs: dict[str, Any] = field(default_factory=dict)
     """Policy-specific forward inputs: batch-first tensors or per-sample lists."""
+    prompts: dict[str, list] = field(default_factory=dict)
+    """Forward inputs shared by rows, stored once: key -> one entry (tensor or None) per
+    distinct prompt."""
+    prompt_index: Tensor | None = None
+    """[B] long, on the host: row b's entry in ``prompts`` (rows with the same index share a
+    prompt)."""
     meta: list[dict] = field(default_factory=list)
     """Per-sample metadata (answers, task ids, completion text ...), never sent to a device."""
 
@@ -52,10 +64,14 @@ class RolloutBatch:
         return int(self.group_id.shape[0])
 
     def _map(self, fn_tensor, fn_list) -> RolloutBatch:
+        """Apply ``fn_tensor`` to every row-aligned tensor and ``fn_list`` to every per-row list;
+        ``prompts`` and ``prompt_index`` are the caller's to set."""
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name == "inputs":
+            if f.name in ("prompts", "prompt_index"):
+                out[f.name] = v
+            elif f.name == "inputs":
                 out["inputs"] = {
                     k: fn_tensor(x) if isinstance(x, Tensor) else fn_list(x) for k, x in v.items()
                 }
@@ -66,23 +82,42 @@ class RolloutBatch:
         return RolloutBatch(**out)
 
     def select(self, idx: Tensor | list[int]) -> RolloutBatch:
-        """Rows ``idx`` of every batch-first field (tensors and per-sample lists)."""
+        """Rows ``idx`` of every batch-first field (tensors and per-sample lists); only the
+        prompts those rows use are kept (in index order), still one entry per prompt."""
         idx_t = torch.as_tensor(idx, dtype=torch.long)
         idx_l = idx_t.tolist()
-        return self._map(
+        out = self._map(
             lambda t: t[idx_t.to(t.device)],
             lambda xs: [xs[i] for i in idx_l],
         )
+        if self.prompt_index is not None:
+            used, out.prompt_index = torch.unique(self.prompt_index[idx_t], return_inverse=True)
+            keep = used.tolist()
+            out.prompts = {k: [v[u] for u in keep] for k, v in self.prompts.items()}
+        return out
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        """Move tensors (including tensors inside per-sample lists of ``inputs``) to ``device``."""
+        """Move tensors (including tensors inside per-sample lists of ``inputs``) to ``device``;
+        each shared prompt tensor moves once, so its rows still share one copy."""
 
         def move_list(xs):
             return [x.to(device) if isinstance(x, Tensor) else x for x in xs]
 
         moved = self._map(lambda t: t.to(device), move_list)
-        moved.meta = self.meta  # metadata stays on the host untouched
+        moved.prompts = {k: move_list(v) for k, v in self.prompts.items()}
+        moved.meta = self.meta  # metadata and prompt_index (structure) stay on the host
         return moved
+
+    def num_prompts(self) -> int:
+        """Distinct prompts the rows were sampled from (0 without ``prompts``)."""
+        return len(next(iter(self.prompts.values()), []))
+
+    def row_prompts(self) -> dict[str, list]:
+        """``prompts`` expanded to one entry per row (the same objects, not copies)."""
+        if self.prompt_index is None:
+            return {}
+        rows = self.prompt_index.tolist()
+        return {k: [v[u] for u in rows] for k, v in self.prompts.items()}
 
     def split(self, size: int) -> list[RolloutBatch]:
         """Consecutive chunks of at most ``size`` rows."""
@@ -91,15 +126,18 @@ class RolloutBatch:
 
     @staticmethod
     def concat(batches: list[RolloutBatch]) -> RolloutBatch:
-        """Stack batches row-wise; tensors along dim 0 (right-padded to the longest ``T``)."""
+        """Stack batches row-wise; tensors along dim 0 (right-padded to the longest ``T``);
+        the prompts of each batch follow the previous batch's (indices shifted)."""
         if len(batches) == 1:
             return batches[0]
         out = {}
         for f in dataclasses.fields(RolloutBatch):
             vals = [getattr(b, f.name) for b in batches]
-            if f.name == "inputs":
+            if f.name == "prompt_index":
+                out[f.name] = _concat_index(batches)
+            elif f.name in ("inputs", "prompts"):
                 keys = vals[0].keys()
-                out["inputs"] = {k: _cat([v[k] for v in vals]) for k in keys}
+                out[f.name] = {k: _cat([v[k] for v in vals]) for k in keys}
             elif f.name == "meta":
                 out["meta"] = [m for v in vals for m in v]
             elif vals[0] is None:
@@ -107,6 +145,17 @@ class RolloutBatch:
             else:
                 out[f.name] = _cat(vals)
         return RolloutBatch(**out)
+
+
+def _concat_index(batches: list[RolloutBatch]) -> Tensor | None:
+    """``prompt_index`` of concatenated batches: each batch's shifted past the prompts before it."""
+    if batches[0].prompt_index is None:
+        return None
+    parts, offset = [], 0
+    for b in batches:
+        parts.append(b.prompt_index + offset)
+        offset += b.num_prompts()
+    return torch.cat(parts)
 
 
 def _cat(vals: list) -> Any:

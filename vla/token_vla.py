@@ -177,7 +177,8 @@ class TokenVLA:
         return out[0], out[1], None
 
     def flat_batch(self, batch: RolloutBatch) -> RolloutBatch:
-        """One row per valid policy step: its prompt and its K*D action-token ids."""
+        """One row per valid policy step: its prompt (each step's own) and its K*D action-token
+        ids."""
         mask = batch.mask > 0
         lens = mask.sum(1).tolist()
         inputs: dict[str, list] = {}
@@ -194,7 +195,7 @@ class TokenVLA:
         ids = self.tokenizer.encode(actions).to(self.device)  # (N, K*D)
         return RolloutBatch(
             tokens=ids, mask=torch.ones(ids.shape, device=ids.device),
-            group_id=torch.arange(len(ids)), inputs=inputs,
+            group_id=torch.arange(len(ids)), prompts=inputs, prompt_index=torch.arange(len(ids)),
         )  # fmt: skip
 
     def parameters(self):

@@ -5,10 +5,11 @@ prompt left-padded to the minibatch's longest prompt, then its completion right-
 completion starts at the same column and only those ``T + 1`` positions go through the LM head
 (``logits_to_keep``). Position ids (Qwen's 3-D M-RoPE included) come from the model itself, from
 the attention mask, ``mm_token_type_ids`` and ``image_grid_thw``; padding does not change results.
-The G rows of one prompt share its pixel tensors, so the vision tower runs once per prompt and
-the model gets the features per row (``mm_encoder_outputs``, Qwen2/2.5-VL).
+The batch says which rows share a prompt (``prompts`` stored once, ``prompt_index`` per row), so
+the vision tower runs once per prompt and the model gets the features per row
+(``mm_encoder_outputs``, Qwen2/2.5-VL).
 
-Shared prefix (``share_prefix``, on by default, Qwen2/2.5-VL): when rows repeat a prompt, the
+Shared prefix (``share_prefix``, on by default, Qwen2/2.5-VL): when rows share a prompt, the
 forward runs in two passes instead, as in Prefix Grouper. The U distinct prompts go through the
 model once (left-padded, vision included) and leave their per-layer keys/values; those are
 indexed out to the B rows (the indexing is differentiable, so each completion's gradient flows
@@ -134,9 +135,13 @@ class VLMPolicy:
 
     def completion_logits(self, batch: RolloutBatch) -> Tensor:
         """Logits that predict each completion token, [B, T, V] (vision placeholders banned)."""
-        groups = prompt_groups(batch.inputs) if self._prefix_applies(batch) else None
-        if groups is not None and len(groups[0]) < len(batch):
-            logits = self._shared_prefix_logits(batch, *groups)
+        if batch.prompt_index is None:
+            raise ValueError(
+                "VLMPolicy.evaluate needs the batch's prompts (RolloutBatch.prompts and "
+                "prompt_index, as rollout.sample fills them)"
+            )
+        if batch.num_prompts() < len(batch) and self._prefix_applies(batch):
+            logits = self._shared_prefix_logits(batch)
         else:
             logits = self._full_logits(batch)
         if self.banned_ids:
@@ -149,12 +154,13 @@ class VLMPolicy:
         """One forward over each row's prompt + completion. Returns [B, T, V]."""
         T = batch.tokens.shape[1]
         kwargs = rollout.collate(
-            batch.inputs, self.pad_id, self.device, batch.tokens.to(self.device), batch.mask
-        )
+            batch.row_prompts(), self.pad_id, self.device, batch.tokens.to(self.device),
+            batch.mask,
+        )  # fmt: skip
         if self._keep_arg:
             kwargs["logits_to_keep"] = T + 1
-        if self._share_vision:
-            self._shared_image_features(batch.inputs, kwargs)
+        if self._share_vision and batch.num_prompts() < len(batch):
+            self._shared_image_features(batch, kwargs)
         out = self.model(**kwargs, use_cache=False)
         return out.logits[:, -(T + 1) : -1]  # [B, T, V]: position P-1+t predicts token t
 
@@ -164,7 +170,7 @@ class VLMPolicy:
         checkpointing (it drops the cache) nor ZeRO-3 (ranks must run the same forwards)."""
         if not self.share_prefix or self._rope is None or len(batch) < 2:
             return False
-        if any(v is not None for v in batch.inputs.get("pixel_values_videos", [])):
+        if any(v is not None for v in batch.prompts.get("pixel_values_videos", [])):
             return False
         if self.model.training and any(
             getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules()
@@ -172,24 +178,21 @@ class VLMPolicy:
             return False
         return not hasattr(next(self.model.parameters()), "ds_id")  # ZeRO-3 partitioned
 
-    def _shared_prefix_logits(self, batch: RolloutBatch, first: list[int], row_of: list[int]):
-        """Two passes: the U distinct prompts once, then the B completions on their keys/values.
-
-        Args:
-            first: [U] a row holding each distinct prompt; row_of: [B] each row's prompt in 0..U-1.
+    def _shared_prefix_logits(self, batch: RolloutBatch) -> Tensor:
+        """Two passes: the U distinct prompts once, then the B completions on their keys/values
+        (row b attends to prompt ``batch.prompt_index[b]``).
 
         Returns:
             [B, T, V]: the prompt's last position predicts token 0, completion position t-1
             predicts token t.
         """
         device, T = self.device, batch.tokens.shape[1]
-        uniq = {k: [v[i] for i in first] for k, v in batch.inputs.items()}
-        kwargs = rollout.collate(uniq, self.pad_id, device)  # [U, P], vision of U prompts
+        kwargs = rollout.collate(batch.prompts, self.pad_id, device)  # [U, P], vision of U
         pos = self._prompt_positions(kwargs)  # [3, U, P]
         if self._keep_arg:
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs, position_ids=pos, use_cache=True)
-        idx = torch.tensor(row_of, device=device)  # [B]
+        idx = batch.prompt_index.to(device)  # [B]
         cache = out.past_key_values
         cache.batch_select_indices(idx)  # K/V [U, h, P, d] -> [B, h, P, d], differentiable
         attn = torch.cat(
@@ -222,37 +225,27 @@ class VLMPolicy:
         U, P = ids.shape
         return torch.arange(P, device=ids.device).view(1, 1, P).expand(3, U, P)
 
-    def _shared_image_features(self, inputs: dict[str, list], kwargs: dict) -> None:
+    def _shared_image_features(self, batch: RolloutBatch, kwargs: dict) -> None:
         """Replace ``pixel_values`` in ``kwargs`` by image features computed once per distinct
-        pixel tensor (rows of one prompt hold the same tensor object, see
-        ``rollout.prompt_inputs``): the same values, and the same gradients summed through the
-        shared features, with 1/G of the vision-tower work. Leaves ``kwargs`` alone when no
-        rows share images or when the batch has videos."""
-        pix, grids = inputs.get("pixel_values"), inputs.get("image_grid_thw")
+        prompt (``batch.prompts``) and handed to each of its rows: the same values, and the same
+        gradients summed through the shared features, with 1/G of the vision-tower work. Leaves
+        ``kwargs`` alone when the batch has videos."""
+        pix, grids = batch.prompts.get("pixel_values"), batch.prompts.get("image_grid_thw")
         if "pixel_values" not in kwargs or "pixel_values_videos" in kwargs or grids is None:
             return
-        rows = [(p, g) for p, g in zip(pix, grids) if p is not None]
-        slot: dict[int, int] = {}
-        for p, _ in rows:
-            slot.setdefault(id(p), len(slot))
-        if len(slot) == len(rows):
-            return
-        first = {}
-        for p, g in rows:
-            first.setdefault(id(p), (p, g))
-        uniq = list(first.values())  # in slot order
+        with_images = [u for u, p in enumerate(pix) if p is not None]
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
         feats = self.model.get_image_features(
-            torch.cat([p for p, _ in uniq]).to(self.device),
-            torch.cat([g for _, g in uniq]).to(self.device),
+            torch.cat([pix[u] for u in with_images]).to(self.device),
+            torch.cat([grids[u] for u in with_images]).to(self.device),
             return_dict=True,
-        ).pooler_output  # one [tokens_i, D] per image, images of all distinct rows in order
-        per_row, k = [], 0
-        for _, g in uniq:
-            per_row.append(list(feats[k : k + g.shape[0]]))
-            k += g.shape[0]
-        images = [f for p, _ in rows for f in per_row[slot[id(p)]]]
+        ).pooler_output  # one [tokens_i, D] per image, images of the distinct prompts in order
+        per_prompt, k = {}, 0
+        for u in with_images:
+            per_prompt[u] = list(feats[k : k + grids[u].shape[0]])
+            k += grids[u].shape[0]
+        images = [f for u in batch.prompt_index.tolist() for f in per_prompt.get(u, [])]
         del kwargs["pixel_values"]
         kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=images)}
 
@@ -332,43 +325,3 @@ class VLMPolicy:
         """Encode ``samples`` (strict about images) and sample ``n`` completions for each."""
         prompts, _ = self.encode(samples, strict=True)
         return self.sample(prompts, n, sampling or SamplingParams())
-
-
-def prompt_groups(inputs: dict[str, list]) -> tuple[list[int], list[int]]:
-    """Rows holding one prompt. Rows of a prompt hold the same tensor objects (see
-    ``rollout.prompt_inputs``); rows whose tensors were copied apart (moved to a device one by
-    one) still match when every input is equal.
-
-    Returns:
-        first [U]: the first row of each distinct prompt; row_of [B]: each row's prompt index.
-    """
-    keys = list(inputs)
-    first: list[int] = []
-    row_of: list[int] = []
-    by_object: dict[tuple, int] = {}
-    by_tokens: dict[tuple, list[int]] = {}
-    for b in range(len(inputs["prompt_ids"])):
-        obj = tuple(id(inputs[k][b]) for k in keys)
-        u = by_object.get(obj)
-        if u is None:
-            tokens = tuple(inputs["prompt_ids"][b].tolist())
-            cands = by_tokens.setdefault(tokens, [])
-            u = next(
-                (c for c in cands if all(_same(inputs[k][first[c]], inputs[k][b]) for k in keys)),
-                None,
-            )
-            if u is None:
-                u = len(first)
-                first.append(b)
-                cands.append(u)
-            by_object[obj] = u
-        row_of.append(u)
-    return first, row_of
-
-
-def _same(a, b) -> bool:
-    if a is b:
-        return True
-    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
-        return False
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))

@@ -3,8 +3,9 @@
 Prompts are left-padded for generation (KV cache on), rows are packed into generate calls by a
 token budget (prompt + completion tokens per call), and the result is a ``RolloutBatch`` whose
 ``tokens`` are the completions right-padded to ``[B, T]`` with ``mask`` 1 up to and including the
-stop token. ``inputs`` keeps each row's unpadded prompt (ids, pixel values, grid sizes ...) so any
-minibatch can be re-collated for ``VLMPolicy.evaluate``.
+stop token. ``prompts`` keeps each distinct prompt's unpadded inputs once (ids, pixel values, grid
+sizes ...) and ``prompt_index`` names each row's, so any minibatch can be re-collated for
+``VLMPolicy.evaluate`` and the G rows of a prompt are known to share it.
 
 Vision placeholder tokens (``<|image_pad|>`` ...) are never sampled: a completion holding one would
 make the training forward look for image features that do not exist. The policy's ``evaluate``
@@ -114,13 +115,25 @@ def collate(
     return out
 
 
-def prompt_inputs(prompts: list[EncodedPrompt], n: int = 1) -> dict[str, list]:
-    """Per-row input lists for ``prompts`` each repeated ``n`` times (tensors shared, not copied)."""
+def prompt_table(prompts: list[EncodedPrompt]) -> dict[str, list]:
+    """Input lists with one entry per prompt: ``prompt_ids``, per-token extras and vision
+    tensors (None where a prompt lacks a key); a batch's ``prompts`` field."""
     keys = {k for p in prompts for k in (*p.token_extras, *p.vision)}
-    out: dict[str, list] = {"prompt_ids": [p.input_ids for p in prompts for _ in range(n)]}
+    out: dict[str, list] = {"prompt_ids": [p.input_ids for p in prompts]}
     for k in sorted(keys):
-        out[k] = [p.token_extras.get(k, p.vision.get(k)) for p in prompts for _ in range(n)]
+        out[k] = [p.token_extras.get(k, p.vision.get(k)) for p in prompts]
     return out
+
+
+def prompt_inputs(prompts: list[EncodedPrompt], n: int = 1) -> dict[str, list]:
+    """Per-row input lists for ``prompts`` each repeated ``n`` times (tensors shared, not copied),
+    as ``collate`` takes them."""
+    return {k: [x for x in v for _ in range(n)] for k, v in prompt_table(prompts).items()}
+
+
+def repeated_index(n_prompts: int, n: int, device=None) -> Tensor:
+    """[n_prompts * n] long: the prompt of each row when every prompt has ``n`` adjacent rows."""
+    return torch.arange(n_prompts, device=device).repeat_interleave(n)
 
 
 def completion_mask(tokens: Tensor, stop_ids: list[int]) -> Tensor:
@@ -220,7 +233,7 @@ def sample(
     Returns:
         RolloutBatch with tokens [B, T] (B = n * len(prompts), rows of one prompt adjacent),
         mask [B, T], group_id [B] (the prompt's position), logp_rollout [B, T] if asked,
-        inputs (per-row prompt inputs) and meta (``{"sample", "completion", "truncated"}``).
+        prompts (one entry per prompt) with prompt_index [B], and meta (``{"sample", "completion", "truncated"}``).
     """
     stop_ids = stop_token_ids(model, processor)
     pad_id = pad_token_id(processor, stop_ids)
@@ -253,13 +266,14 @@ def sample(
         {"sample": prompts[i // n].sample, "completion": texts[i], "truncated": truncated[i]}
         for i in range(len(texts))
     ]
-    group_id = torch.arange(len(prompts), device=tokens.device).repeat_interleave(n)
+    index = repeated_index(len(prompts), n)
     return RolloutBatch(
         tokens=tokens,
         mask=mask,
-        group_id=group_id,
+        group_id=index.to(tokens.device),
         logp_rollout=logp_rollout,
-        inputs=rows,
+        prompts=prompt_table(prompts),
+        prompt_index=index,
         meta=meta,
     )
 
@@ -296,6 +310,7 @@ def completions_batch(
         tokens=tokens,
         mask=mask,
         group_id=torch.arange(len(rows)),
-        inputs=prompt_inputs(prompts, 1),
+        prompts=prompt_table(prompts),
+        prompt_index=torch.arange(len(rows)),
         meta=meta,
     )

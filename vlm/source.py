@@ -295,7 +295,7 @@ class VLMRolloutSource:
             "rollout/completion_len_mean": float(lengths.mean()),
             "rollout/completion_len_max": float(lengths.max()),
             "rollout/clip_ratio": _mean(float(x["truncated"]) for x in batch.meta),
-            "rollout/prompt_len_mean": _mean(x.numel() for x in batch.inputs["prompt_ids"]),
+            "rollout/prompt_len_mean": _mean(x.numel() for x in batch.row_prompts()["prompt_ids"]),
             "rollout/samples": float(len(batch)),
             "rollout/zero_std_groups": _mean(float(max(v) == min(v)) for v in groups.values()),
         }

@@ -403,9 +403,10 @@ class VLLMEngine:
         return RolloutBatch(
             tokens=tokens,
             mask=mask,
-            group_id=torch.arange(len(prompts)).repeat_interleave(n),
+            group_id=rollout.repeated_index(len(prompts), n),
             logp_rollout=logp * mask,
-            inputs=rollout.prompt_inputs(prompts, n),
+            prompts=rollout.prompt_table(prompts),
+            prompt_index=rollout.repeated_index(len(prompts), n),
             meta=meta,
         )
 

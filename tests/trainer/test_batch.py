@@ -44,3 +44,36 @@ def test_concat_right_pads_to_the_longest_T():
 def test_to_moves_tensors_and_keeps_meta():
     b = _batch().to("cpu")
     assert b.meta[0] == {"i": 0} and b.inputs["pixels"][0].device.type == "cpu"
+
+
+def _shared_batch(G=3):
+    """2 prompts x G rows; each prompt's tensors stored once."""
+    pix = [torch.randn(4, 3), torch.randn(6, 3)]
+    index = torch.arange(2).repeat_interleave(G)
+    return RolloutBatch(
+        tokens=torch.zeros(2 * G, 2, dtype=torch.long), mask=torch.ones(2 * G, 2),
+        group_id=index.clone(), prompts={"pixel_values": pix, "prompt_ids": [torch.ones(5), None]},
+        prompt_index=index,
+    )  # fmt: skip
+
+
+def test_to_moves_each_shared_prompt_once():
+    """A move that really copies (to the meta device) keeps one copy per prompt, shared by its
+    rows, instead of one copy per row."""
+    moved = _shared_batch().to("meta")
+    assert moved.num_prompts() == 2 and moved.prompts["prompt_ids"][1] is None
+    rows = moved.row_prompts()["pixel_values"]
+    assert rows[0].device.type == "meta" and rows[0] is rows[1] is rows[2]
+    assert rows[3] is rows[5] and rows[0] is not rows[3]
+
+
+def test_select_and_concat_keep_the_prompts_rows_use():
+    b = _shared_batch()
+    part = b.select([4, 1])  # one row of each prompt, in reverse order
+    assert part.num_prompts() == 2 and part.prompt_index.tolist() == [1, 0]
+    assert part.row_prompts()["pixel_values"][0] is b.prompts["pixel_values"][1]
+    one = b.select([3, 5])
+    assert one.num_prompts() == 1 and one.prompt_index.tolist() == [0, 0]
+    both = RolloutBatch.concat([one, b.select([0])])
+    assert both.prompt_index.tolist() == [0, 0, 1] and both.num_prompts() == 2
+    assert both.prompts["pixel_values"][1] is b.prompts["pixel_values"][0]

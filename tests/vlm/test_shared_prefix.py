@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from perceptrl.trainer.batch import RolloutBatch
-from perceptrl.vlm.policy import VLMPolicy, prompt_groups
+from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
 from perceptrl.vlm.tiny import build_tiny
 
@@ -120,20 +120,44 @@ def test_no_shared_rows_keep_one_forward(pol, samples):
     assert shapes == [(3, shapes[0][1])]
 
 
-def test_groups_found_by_object_and_by_value(batch):
-    first, row_of = prompt_groups(batch.inputs)
-    assert len(first) == 4 and len(row_of) == 12
-    ids = batch.inputs["prompt_ids"]
-    for b, u in enumerate(row_of):
-        assert torch.equal(ids[b], ids[first[u]])
-    # per-row copies (what moving each list element to a device does) still group by value
-    copied = {
-        k: [v.clone() if v is not None else None for v in vs] for k, vs in batch.inputs.items()
-    }
-    assert prompt_groups(copied) == (first, row_of)
-    # same tokens, different image: not one prompt
-    copied["pixel_values"][first[0]] = copied["pixel_values"][first[0]] + 1
-    assert len(prompt_groups(copied)[0]) == 5
+def vision_patches(policy: VLMPolicy, b: RolloutBatch, share: bool) -> int:
+    """Patch rows the vision tower encodes while ``policy`` scores ``b``."""
+    visual = next(m for n, m in policy.model.named_modules() if n.endswith("visual"))
+    seen: list[int] = []
+    handle = visual.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    policy.share_prefix = share
+    try:
+        with torch.no_grad():
+            policy.evaluate(b)
+    finally:
+        handle.remove()
+        policy.share_prefix = True
+    return sum(seen)
+
+
+def test_group_structure_survives_a_copying_move(batch):
+    """The rows of a prompt share one stored copy of its tensors, before and after a device move
+    that really copies (to ``meta``): the policy reads that structure, not tensor identity."""
+    assert batch.num_prompts() == 4 and len(batch) == 12
+    moved = batch.to("meta")
+    assert moved.num_prompts() == 4 and torch.equal(moved.prompt_index, batch.prompt_index)
+    assert all(x.device.type == "meta" for x in moved.prompts["pixel_values"])
+    rows = moved.row_prompts()["pixel_values"]
+    for b in range(len(moved)):
+        first = int((batch.prompt_index == batch.prompt_index[b]).nonzero()[0])
+        assert rows[b] is rows[first]  # one tensor per prompt, not one per row
+    part = batch.select([11, 0, 5, 6])
+    assert part.num_prompts() == len(set(batch.prompt_index[[11, 0, 5, 6]].tolist()))
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_vision_tower_runs_once_per_prompt(pol, batch, share):
+    per_prompt = [int(g.prod(-1).sum()) for g in batch.prompts["image_grid_thw"]]
+    assert vision_patches(pol, batch, share) == sum(per_prompt)
+    both = RolloutBatch.concat([batch.select([0, 1, 2]), batch.select([3, 4, 5, 6])])
+    used = set(batch.prompt_index[:3].tolist()), set(batch.prompt_index[3:7].tolist())
+    expect = sum(per_prompt[u] for u in used[0]) + sum(per_prompt[u] for u in used[1])
+    assert vision_patches(pol, both, share) == expect
 
 
 def test_fallbacks_gradient_checkpointing_and_switch(tiny_dir, batch):

@@ -57,7 +57,7 @@ def test_engine_samples_n_completions_per_prompt(setup):
     assert B == 12 and 1 <= T <= 10
     assert batch.group_id.tolist() == [g for g in range(3) for _ in range(4)]
     assert [m["sample"]["question"] for m in batch.meta[::4]] == QUESTIONS
-    assert torch.equal(batch.inputs["prompt_ids"][4], prompts[1].input_ids)
+    assert torch.equal(batch.row_prompts()["prompt_ids"][4], prompts[1].input_ids)
     lengths = batch.mask.sum(1).long()
     assert (lengths >= 1).all()
     for i, m in enumerate(batch.meta):

@@ -22,15 +22,16 @@ def batch(policy, samples) -> RolloutBatch:
 def naive_logp_entropy(policy: VLMPolicy, b: RolloutBatch, i: int):
     """Row ``i`` alone: prompt + its unpadded completion, full logits, no padding anywhere."""
     n = int(b.mask[i].sum())
-    prompt = b.inputs["prompt_ids"][i]
+    rows = b.row_prompts()
+    prompt = rows["prompt_ids"][i]
     ids = torch.cat([prompt, b.tokens[i, :n]])[None]
     types = torch.zeros_like(ids)
-    types[0, : prompt.numel()] = b.inputs["mm_token_type_ids"][i]
+    types[0, : prompt.numel()] = rows["mm_token_type_ids"][i]
     with torch.no_grad():
         logits = policy.model(
             input_ids=ids,
-            pixel_values=b.inputs["pixel_values"][i],
-            image_grid_thw=b.inputs["image_grid_thw"][i],
+            pixel_values=rows["pixel_values"][i],
+            image_grid_thw=rows["image_grid_thw"][i],
             mm_token_type_ids=types,
         ).logits[0, prompt.numel() - 1 : -1]
     logits[:, policy.banned_ids] = float("-inf")  # the policy never emits vision placeholders
@@ -81,8 +82,7 @@ def test_evaluate_matches_generation_scores(policy, samples, temperature):
 
 def _check_evaluate_matches_generation(policy, samples, temperature):
     prompts, _ = policy.encode(samples[:4])
-    rows = rollout.prompt_inputs(prompts, 2)
-    kwargs = rollout.collate(rows, policy.pad_id, policy.device)
+    kwargs = rollout.collate(rollout.prompt_inputs(prompts, 2), policy.pad_id, policy.device)
     torch.manual_seed(3)
     with torch.no_grad():
         out = policy.model.generate(
@@ -95,7 +95,11 @@ def _check_evaluate_matches_generation(policy, samples, temperature):
     mask = rollout.completion_mask(tokens, policy.stop_ids)
     scores = torch.stack(out.scores, 1).log_softmax(-1)  # [B, T, V]
     gen_logp = scores.gather(-1, tokens[..., None]).squeeze(-1) * mask
-    b = RolloutBatch(tokens=tokens, mask=mask, group_id=torch.arange(8) // 2, inputs=rows)
+    index = rollout.repeated_index(4, 2)
+    b = RolloutBatch(
+        tokens=tokens, mask=mask, group_id=index, prompts=rollout.prompt_table(prompts),
+        prompt_index=index,
+    )  # fmt: skip
     with torch.no_grad():
         logp, _, _ = policy.evaluate(b)
     torch.testing.assert_close(logp, gen_logp, atol=1e-4, rtol=0)
@@ -225,7 +229,7 @@ def test_mixed_text_only_and_image_rows(policy, samples):
     text_only = {**samples[0], "id": "t", "images": [], "question": "Say yes."}
     torch.manual_seed(0)
     b = policy.generate([text_only, samples[1]], n=2, sampling=SamplingParams(max_new_tokens=8))
-    assert "pixel_values" not in b.inputs or b.inputs["pixel_values"][0] is None
+    assert b.prompts["pixel_values"][0] is None and b.prompts["pixel_values"][1] is not None
     with torch.no_grad():
         logp, _, _ = policy.evaluate(b)
         for i in (2, 3):  # the image rows, scored next to text-only rows, match their naive forward

@@ -49,8 +49,10 @@ def test_sample_groups_masks_and_text(policy, samples):
     assert B == 12 and T <= 24
     assert b.group_id.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     assert [m["sample"]["id"] for m in b.meta] == [s["id"] for s in samples[:3] for _ in range(4)]
-    assert len(b.inputs["prompt_ids"]) == B and len(b.inputs["pixel_values"]) == B
-    assert b.inputs["pixel_values"][0] is b.inputs["pixel_values"][3]  # shared, not copied
+    assert not b.inputs and b.prompt_index.tolist() == b.group_id.tolist()
+    assert len(b.prompts["prompt_ids"]) == 3 and len(b.prompts["pixel_values"]) == 3  # once each
+    rows = b.row_prompts()
+    assert rows["pixel_values"][0] is rows["pixel_values"][3]  # shared, not copied
     stops = torch.tensor(policy.stop_ids)
     lengths = b.mask.sum(1).long()
     for i in range(B):

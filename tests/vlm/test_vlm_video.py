@@ -193,8 +193,7 @@ def test_video_logprobs_evaluate_equals_generation(policy, clips):
     cfg = PromptConfig(video=VideoConfig(max_frames=8))
     two = {**clips[3], "videos": clips[3]["videos"] + clips[4]["videos"]}
     prompts = [encode_prompt(policy.processor, s, cfg) for s in (clips[0], clips[2], two)]
-    rows = rollout.prompt_inputs(prompts, 2)
-    kwargs = rollout.collate(rows, policy.pad_id, policy.device)
+    kwargs = rollout.collate(rollout.prompt_inputs(prompts, 2), policy.pad_id, policy.device)
     torch.manual_seed(5)
     with torch.no_grad():
         out = policy.model.generate(
@@ -207,7 +206,11 @@ def test_video_logprobs_evaluate_equals_generation(policy, clips):
     mask = rollout.completion_mask(tokens, policy.stop_ids)
     scores = torch.stack(out.scores, 1).log_softmax(-1)
     gen_logp = scores.gather(-1, tokens[..., None]).squeeze(-1) * mask
-    b = RolloutBatch(tokens=tokens, mask=mask, group_id=torch.arange(6) // 2, inputs=rows)
+    index = rollout.repeated_index(3, 2)
+    b = RolloutBatch(
+        tokens=tokens, mask=mask, group_id=index, prompts=rollout.prompt_table(prompts),
+        prompt_index=index,
+    )  # fmt: skip
     policy.eval()
     with torch.no_grad():
         logp, _, _ = policy.evaluate(b)
