@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .trainer.config import Config, ConfigError
 from .trainer.engine import build_engine
-from .trainer.loop import Trainer, resolve_device
+from .trainer.loop import Trainer
+from .trainer.runtime import resolve_device
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 EVAL_REWARD = {"accuracy": 1.0}
@@ -235,7 +236,6 @@ def data_shard(cfg: Config, train: list[dict], rank: int, world: int):
 def vlm_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
     """Supervised warm start on templated reasoning traces of the synthetic tasks."""
     from .datasets.clevr import reasoning_trace
-    from .trainer.sft import sft
 
     if cfg.data.generator == "spatial":
         from .datasets.spatial import reasoning_trace
@@ -256,7 +256,10 @@ def vlm_sft(cfg: Config, run_dir: Path) -> dict[str, float]:
     source = VLMSFTSource(
         policy, train, targets, batch_size=cfg.rollout.prompts_per_step, seed=cfg.train.seed
     )
-    return sft(cfg, policy, source, run_dir, evaluator=vlm_evaluator(cfg, val))
+    trainer = Trainer(
+        cfg, policy, source, run_dir, evaluator=vlm_evaluator(cfg, val), objective="sft"
+    )
+    return trainer.fit()
 
 
 def vlm_eval(cfg: Config, out_dir: Path, more: Sequence[Config] = ()) -> dict:

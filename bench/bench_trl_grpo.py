@@ -83,7 +83,7 @@ def data_order(n: int, seed: int) -> list[int]:
 
 
 def run_perceptrl(args) -> dict:
-    from perceptrl.trainer.loop import seed_everything
+    from perceptrl.trainer.runtime import seed_everything
     from perceptrl.wiring import vlm_trainer
 
     cfg = our_config(args)

@@ -188,7 +188,8 @@ def test_shared_prefix_matches_plain_forward_on_cuda(tmp_path):
         for share in (True, False):
             policy.share_prefix = share
             with torch.no_grad():
-                out[share] = policy.evaluate(batch.to("cuda"))[:2]
+                ev = policy.evaluate(batch.to("cuda"))
+                out[share] = ev.logp, ev.entropy
     finally:
         handle.remove()
         policy.share_prefix = True

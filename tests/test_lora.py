@@ -72,7 +72,7 @@ def test_fresh_adapters_start_at_the_base(tiny, samples):
     policy = lora_policy(tiny)
     batch = policy.completions_batch(samples[:3], ["<answer>2</answer>", "two", "3"])
     with torch.no_grad():
-        torch.testing.assert_close(policy.evaluate(batch)[0], base.evaluate(batch)[0])
+        torch.testing.assert_close(policy.evaluate(batch).logp, base.evaluate(batch).logp)
 
 
 def _train(policy, samples, run_dir: Path, steps: int = 3, kl_coef: float = 0.05) -> Trainer:
@@ -109,9 +109,9 @@ def test_grpo_changes_only_adapters_and_reference_is_the_base(tiny, samples, tmp
     base = VLMPolicy.from_pretrained(tiny)
     batch = policy.completions_batch(samples[:3], ["<answer>2</answer>", "two", "3"])
     with torch.no_grad():
-        ref_logp = ref.evaluate(batch)[0]
-        torch.testing.assert_close(ref_logp, base.evaluate(batch)[0], atol=1e-5, rtol=1e-5)
-        assert (policy.evaluate(batch)[0] - ref_logp).abs().max() > 1e-3
+        ref_logp = ref.evaluate(batch).logp
+        torch.testing.assert_close(ref_logp, base.evaluate(batch).logp, atol=1e-5, rtol=1e-5)
+        assert (policy.evaluate(batch).logp - ref_logp).abs().max() > 1e-3
 
 
 def _modules(ref) -> list[nn.Module]:
@@ -149,13 +149,13 @@ def test_lora_learns_the_rewarded_completion(tiny, samples, tmp_path):
     batch, _ = source.collect(policy, 0)
     good = batch.rewards > 0.5
     with torch.no_grad():
-        before = policy.evaluate(batch)[0].sum(1)
+        before = policy.evaluate(batch).logp.sum(1)
     cfg = Config()
     cfg.train.steps, cfg.train.lr, cfg.train.device = 4, 1e-2, "cpu"
     cfg.log.tensorboard, cfg.log.progress = False, False
     Trainer(cfg, policy, source, tmp_path / "run").fit()
     with torch.no_grad():
-        gain = policy.evaluate(batch)[0].sum(1) - before
+        gain = policy.evaluate(batch).logp.sum(1) - before
     assert gain[good].min() > gain[~good].max() + 0.2
 
 
@@ -174,7 +174,7 @@ def test_checkpoint_holds_adapter_and_merged_export(tiny, samples, tmp_path):
     batch = policy.completions_batch(samples[:3], ["<answer>2</answer>", "two", "3"])
     with torch.no_grad():
         torch.testing.assert_close(
-            merged.evaluate(batch)[0], policy.evaluate(batch)[0], atol=1e-5, rtol=1e-5
+            merged.evaluate(batch).logp, policy.evaluate(batch).logp, atol=1e-5, rtol=1e-5
         )
 
     # resume path: a fresh LoRA policy loads the adapter in place

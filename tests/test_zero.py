@@ -235,7 +235,9 @@ def test_torch_engine_seam_is_identity_and_rejects_deepspeed_state():
     with engine.rollout_context():
         pass
     with pytest.raises(ValueError, match="deepspeed backend"):
-        engine.load_state_dict({"backend": "deepspeed", "zero_stage": 2, "world_size": 2})
+        engine.restore(
+            Path("ckpt"), {"backend": "deepspeed", "zero_stage": 2, "world_size": 2}, None
+        )
 
 
 def test_config_fields_and_data_shard():

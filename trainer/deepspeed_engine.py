@@ -250,7 +250,10 @@ class DeepSpeedEngine:
             "world_size": self.world_size,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def restore(self, ckpt_dir: Path, state: dict, policy) -> None:
+        """Resume from checkpoint ``ckpt_dir``: after checking that ``state`` (``state_dict``'s)
+        comes from the same backend and launch, weights, optimizer and scheduler come from
+        ``save_sharded``'s per-rank files (``policy`` holds the partitioned module already)."""
         if state.get("backend") != "deepspeed":
             raise ValueError(
                 "this checkpoint was written by the torch backend; resume it with "
@@ -263,19 +266,16 @@ class DeepSpeedEngine:
                 f", resumed with {self.world_size} ranks under ZeRO-{self.cfg.zero_stage}; resume "
                 "with the same launch, or start a new run from its consolidated model/ directory"
             )
-
-    def save_sharded(self, ckpt_dir: Path) -> None:
-        """Every rank writes its optimizer (and ZeRO-3 parameter) partitions to ``ckpt_dir/zero``."""
-        self.ds.save_checkpoint(str(Path(ckpt_dir) / ZERO_DIR), tag="state")
-
-    def load_sharded(self, ckpt_dir: Path) -> None:
-        """Restore weights, optimizer and scheduler from ``save_sharded``'s files."""
         path, _ = self.ds.load_checkpoint(
             str(Path(ckpt_dir) / ZERO_DIR), tag="state",
             load_optimizer_states=True, load_lr_scheduler_states=True,
         )  # fmt: skip
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed state under {Path(ckpt_dir) / ZERO_DIR}")
+
+    def save_sharded(self, ckpt_dir: Path) -> None:
+        """Every rank writes its optimizer (and ZeRO-3 parameter) partitions to ``ckpt_dir/zero``."""
+        self.ds.save_checkpoint(str(Path(ckpt_dir) / ZERO_DIR), tag="state")
 
     def export(self, policy, path: Path) -> None:
         """Consolidated HF weights: gather (ZeRO-3) and let rank 0 write ``policy.save(path)``."""

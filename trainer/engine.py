@@ -3,9 +3,9 @@
 `TorchEngine` is the single-process engine (AdamW, warm-up, global-norm clipping).
 `DeepSpeedEngine` (deepspeed_engine.py, ZeRO-2/3, data parallel) exposes the same methods, so
 the loop never knows which one it drives: ``backward``, ``step``, ``zero_grad``, ``lr``,
-``state_dict``/``load_state_dict``, plus the data-parallel seam (``world_size``, ``is_main``,
+``state_dict``/``restore``, plus the data-parallel seam (``world_size``, ``is_main``,
 ``all_reduce_sum``, ``all_true``, ``barrier``, ``rollout_context``) and the checkpoint seam
-(``save_sharded``/``load_sharded``, ``export``), which are identities in a single process.
+(``save_sharded``, ``export``), which are identities in a single process.
 """
 
 from __future__ import annotations
@@ -64,13 +64,16 @@ class TorchEngine:
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def restore(self, ckpt_dir: Path, state: dict, policy) -> None:
+        """Resume from checkpoint ``ckpt_dir``: the policy's weights in place (``model/``), then
+        the optimizer and scheduler from ``state`` (what ``state_dict`` wrote)."""
         if "optimizer" not in state:
             raise ValueError(
                 f"this checkpoint was written by the {state.get('backend', '?')} backend; resume "
                 "it with the same train.backend and launch, or start a new run from its model/ "
                 "directory (model.path=<checkpoint>/model)"
             )
+        policy.load(Path(ckpt_dir) / "model")  # same parameter tensors: the optimizer stays valid
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
@@ -93,9 +96,6 @@ class TorchEngine:
 
     def save_sharded(self, ckpt_dir: Path) -> None:
         pass  # everything is in state_dict()
-
-    def load_sharded(self, ckpt_dir: Path) -> None:
-        pass
 
     def export(self, policy, path: Path) -> None:
         policy.save(path)

@@ -1,23 +1,25 @@
-"""The training loop, shared by both sides.
+"""The training loop, shared by both sides and both objectives.
 
-One step: collect scored experience from the rollout source -> (optional) drop groups without
-signal -> behaviour / reference log-probs from the training-side forward -> advantages ->
-PPO-style epochs over minibatches with gradient accumulation -> optimizer step -> metrics,
-periodic evaluation and checkpoints. The loop sees only the `Policy` protocol, `RolloutBatch`
-and a `RolloutSource`; it never imports a model, a dataset or a simulator.
+`Trainer.fit` owns the run: seeding, the time limit, periodic evaluation, metrics, checkpoints,
+resume, the non-finite streak and the engine (one process or DeepSpeed). Each step is one of:
+
+* ``objective="rl"``: collect scored experience from the rollout source -> (optional) drop
+  groups without signal -> behaviour / reference log-probs (see `Trainer.behaviour_source`) ->
+  advantages -> PPO-style epochs over minibatches with gradient accumulation -> optimizer steps;
+* ``objective="sft"``: the source's next batch of targets -> token-mean negative log-likelihood
+  (plus the policy's auxiliary losses) -> one optimizer step.
+
+The loop sees only the `Policy` protocol, `RolloutBatch` and a source; it never imports a
+model, a dataset or a simulator.
 """
 
 from __future__ import annotations
 
-import os
-import random
-import resource
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,14 +35,17 @@ from .checkpoint import (
 from .config import Config
 from .engine import build_engine
 from .metrics import MetricsLogger
-from .policy import Policy, RolloutSource
+from .policy import Evaluation, Policy, RolloutSource, SFTSource
+from .runtime import peak_rss_mb, progress_bar, resolve_device, seed_everything
 
 
 class TrainingDiverged(RuntimeError):
     """Raised after ``train.max_bad_steps`` consecutive steps with a non-finite loss/gradient."""
 
 
-SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl", "actor/entropy"})
+OBJECTIVES = ("rl", "sft")
+"""what a step optimises: rl (a RolloutSource's scored experience) | sft (an SFTSource's targets)"""
+SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl", "actor/entropy", "sft/loss"})
 """metrics that are losses under the minibatch's global normalisers: micro-batches and ranks
 each hold a share of the value, so they are summed rather than token-weighted"""
 
@@ -58,43 +63,32 @@ class _NullLogger:
         pass
 
 
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto | cpu | cuda | cuda:N``; a bare ``cuda`` under a launcher is this process's GPU
-    (``LOCAL_RANK``)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    return device
-
-
 class Trainer:
     """Drives one run. ``evaluator(policy) -> metrics`` is called before training, every
-    ``train.eval_every`` steps and at the end; its metrics are logged under ``eval/``."""
+    ``train.eval_every`` steps and at the end; its metrics are logged under ``eval/``.
+
+    Args:
+        cfg: any config with the trainer's sections (``algo``, ``train``, ``log``,
+            ``checkpoint``).
+        source: a `RolloutSource` (``objective="rl"``) or an `SFTSource` (``"sft"``).
+        objective: one of `OBJECTIVES`.
+    """
 
     def __init__(
         self,
         cfg: Config,
         policy: Policy,
-        source: RolloutSource,
+        source: RolloutSource | SFTSource,
         run_dir: str | Path,
         *,
         ref_policy: Policy | None = None,
         evaluator: Callable[[Policy], dict[str, float]] | None = None,
         engine=None,
+        objective: str = "rl",
     ):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective={objective!r}; valid: {', '.join(OBJECTIVES)}")
+        self.objective = objective
         self.cfg = cfg
         self.policy = policy
         self.source = source
@@ -124,8 +118,6 @@ class Trainer:
         self.bad_streak = 0
         self.counters: dict[str, int] = defaultdict(int)
         self.last_eval: dict[str, float] = {}
-        self.value_free: bool | None = None
-        """whether the policy's evaluate returns no value (learnt from the first scoring pass)"""
 
     # ------------------------------------------------------------------ run
     def fit(self, resume: bool = False) -> dict[str, float]:
@@ -148,7 +140,8 @@ class Trainer:
                 self.step += 1
                 self.logger.log(self.step, metrics)
                 bar.update(1)
-                bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}")
+                key = "sft/loss" if self.objective == "sft" else "reward/mean"
+                bar.set_postfix({key.split("/")[-1]: f"{metrics.get(key, float('nan')):.3f}"})
                 every = self.cfg.train.eval_every
                 if every and self.step % every == 0 and self.step < total:
                     self._evaluate(self.step)
@@ -164,7 +157,30 @@ class Trainer:
         return self.last_eval
 
     def train_step(self) -> dict[str, float]:
-        """One rollout + update. Returns the step's metrics."""
+        """One step of the run's objective. Returns the step's metrics."""
+        return self._sft_step() if self.objective == "sft" else self._rl_step()
+
+    def _sft_step(self) -> dict[str, float]:
+        """The source's next targets -> token-mean NLL (+ auxiliary losses) -> one update."""
+        t0 = time.perf_counter()
+        batch = self.source.next_batch(self.step).to(self.device)
+        t1 = time.perf_counter()
+        finite, metrics = self._accumulate(batch, self._sft_loss)
+        if finite:
+            metrics["grad_norm"], finite = self.engine.step()
+        else:
+            self.engine.zero_grad()
+        metrics["nonfinite/skipped_updates"] = float(not finite)
+        self._track_bad_step(not finite)
+        t2 = time.perf_counter()
+        metrics.update({"time/data": t1 - t0, "time/forward_backward": t2 - t1})
+        metrics.update(
+            {"time/step": t2 - t0, "lr": self.engine.lr, "sys/peak_rss_mb": peak_rss_mb()}
+        )
+        return metrics
+
+    def _rl_step(self) -> dict[str, float]:
+        """One rollout + update."""
         t0 = time.perf_counter()
         with self.engine.rollout_context():  # ZeRO-3: full weights for sampling
             batch, metrics = self.source.collect(self.policy, self.step)
@@ -184,10 +200,9 @@ class Trainer:
                 return metrics
         batch = batch.to(self.device)
         t1 = time.perf_counter()
-        scored = batch.logp_old is not None  # the source acted with these very parameters
-        if scored:
-            self.value_free = batch.values_old is None
-        self._score_old(batch, behaviour=not (scored or self._defer_old(batch)))
+        if self.behaviour_source(batch) == "score":
+            self._score_old(batch)
+        self._score_ref(batch)
         metrics["time/old_logp"] = time.perf_counter() - t1
         if batch.logp_rollout is not None:  # rollout engine vs trainer log-probs (TIS monitor)
             metrics.update(
@@ -197,7 +212,6 @@ class Trainer:
             )
         metrics.update(self._advantages(batch))
         metrics.update(self._update(batch))
-        metrics["time/old_logp"] += metrics.pop("time/old_logp_in_update")
         metrics["time/step"] = time.perf_counter() - t0
         metrics["lr"] = self.engine.lr
         metrics["sys/peak_rss_mb"] = peak_rss_mb()
@@ -240,34 +254,47 @@ class Trainer:
         batch = RolloutBatch.concat(kept)
         return batch.select(torch.nonzero(batch.group_id < target).flatten())
 
-    def _defer_old(self, batch: RolloutBatch) -> bool:
-        """Whether the behaviour log-probs can wait for the update: nothing before it reads them
-        (no critic values for the advantages, no KL in the reward, no rollout log-probs to
-        compare). ``_update`` then scores them itself if it takes several optimizer steps, and a
-        single on-policy step uses its own detached log-probs (no extra forward, as TRL does)."""
-        algo = self.cfg.algo
+    def behaviour_source(self, batch: RolloutBatch) -> str:
+        """Where the update's behaviour log-probs (and values) come from, decided once here:
+
+        * ``"source"``: the source filled ``logp_old`` (and ``values_old`` for a policy with a
+          critic) while acting with these very parameters (VLA PPO collector);
+        * ``"score"``: a no-grad scoring pass before the advantages, needed when something
+          before the update reads them (critic values, KL folded into the reward, the rollout
+          engine's log-probs to compare) or when the update takes several optimizer steps
+          (later minibatches need the pre-update log-probs);
+        * ``"own"``: one on-policy optimizer step uses its own forward's detached log-probs
+          (no extra forward, as TRL does; the parameters are those that scored the batch).
+        """
+        if batch.logp_old is not None:
+            if self.policy.has_critic and batch.values_old is None:
+                raise ValueError(
+                    "the rollout source filled logp_old but not values_old for a policy with a "
+                    "critic; fill both (the values at acting time) or neither"
+                )
+            return "source"
+        algo, train = self.cfg.algo, self.cfg.train
         kl_reward = algo.kl_in_reward and self.ref_policy is not None and algo.kl_coef > 0
-        return bool(self.value_free) and batch.logp_rollout is None and not kl_reward
+        several = train.ppo_epochs > 1 or self._minibatch_size(len(batch)) < len(batch)
+        if self.policy.has_critic or kl_reward or batch.logp_rollout is not None or several:
+            return "score"
+        return "own"
 
     @torch.no_grad()
-    def _score_old(self, batch: RolloutBatch, behaviour: bool = True, ref: bool = True) -> None:
-        """Behaviour log-probs (and values) from the training-side forward, before the update;
-        reference log-probs when a KL term needs them."""
-        mbs = self.cfg.train.micro_batch_size
-        if behaviour:
-            logps, values = [], []
-            for micro in batch.split(mbs):
-                logp, _, value = self.policy.evaluate(micro)
-                logps.append(logp.float())
-                values.append(value.float() if value is not None else None)
-            batch.logp_old = torch.cat(logps)
-            self.value_free = values[0] is None
-            if values[0] is not None:
-                batch.values_old = torch.cat(values)
-        if ref and self.ref_policy is not None and self.cfg.algo.kl_coef > 0:
-            batch.logp_ref = torch.cat(
-                [self.ref_policy.evaluate(m)[0].float() for m in batch.split(mbs)]
-            )
+    def _score_old(self, batch: RolloutBatch) -> None:
+        """Behaviour log-probs (and values) from the training-side forward, before the update."""
+        evals = [self.policy.evaluate(m) for m in batch.split(self.cfg.train.micro_batch_size)]
+        batch.logp_old = torch.cat([e.logp.float() for e in evals])
+        if self.policy.has_critic:
+            batch.values_old = torch.cat([e.value.float() for e in evals])
+
+    @torch.no_grad()
+    def _score_ref(self, batch: RolloutBatch) -> None:
+        """Reference log-probs when a KL term needs them."""
+        if self.ref_policy is None or self.cfg.algo.kl_coef <= 0:
+            return
+        micro = batch.split(self.cfg.train.micro_batch_size)
+        batch.logp_ref = torch.cat([self.ref_policy.evaluate(m).logp.float() for m in micro])
 
     def _advantages(self, batch: RolloutBatch) -> dict[str, float]:
         algo = self.cfg.algo
@@ -303,15 +330,15 @@ class Trainer:
         var = self.engine.all_reduce_sum(dev.square().sum()) / (n - 1).clamp(min=1)
         return dev / (var.sqrt() + eps)
 
+    def _minibatch_size(self, n: int) -> int:
+        """Rows of this rank's minibatch out of its ``n`` (``train.minibatch_size`` is global)."""
+        mb_global = self.cfg.train.minibatch_size // self.engine.world_size  # this rank's share
+        return mb_global if 0 < mb_global < n else n
+
     def _update(self, batch: RolloutBatch) -> dict[str, float]:
         tcfg = self.cfg.train
         n = len(batch)
-        mb_global = tcfg.minibatch_size // self.engine.world_size  # this rank's share
-        mb_size = mb_global if 0 < mb_global < n else n
-        t_old = time.perf_counter()
-        if batch.logp_old is None and (tcfg.ppo_epochs > 1 or mb_size < n):
-            self._score_old(batch, ref=False)  # later minibatches need the pre-update log-probs
-        t_old = time.perf_counter() - t_old
+        mb_size = self._minibatch_size(n)
         gen = torch.Generator().manual_seed(tcfg.seed * 100_003 + self.step)
         sums: dict[str, float] = defaultdict(float)
         opt_steps = skipped = 0
@@ -321,7 +348,7 @@ class Trainer:
             for start in range(0, n, mb_size):
                 mb = batch.select(order[start : start + mb_size])
                 t = time.perf_counter()
-                finite, mb_metrics = self._accumulate(mb)
+                finite, mb_metrics = self._accumulate(mb, self._loss)
                 t_fb += time.perf_counter() - t
                 t = time.perf_counter()
                 if finite:
@@ -338,24 +365,23 @@ class Trainer:
                     skipped += 1
         metrics = {k: v / max(opt_steps, 1) for k, v in sums.items()}
         metrics.update({"time/forward_backward": t_fb, "time/optimizer": t_opt})
-        metrics["time/old_logp_in_update"] = t_old  # deferred scoring (see _defer_old)
         metrics["nonfinite/skipped_updates"] = float(skipped)
         self._track_bad_step(skipped > 0 and opt_steps == 0)
         return metrics
 
-    def _accumulate(self, mb: RolloutBatch) -> tuple[bool, dict[str, float]]:
+    def _accumulate(self, mb: RolloutBatch, loss_fn) -> tuple[bool, dict[str, float]]:
         """Forward/backward over the micro-batches of one minibatch; gradients accumulate so
         that the result equals one pass over the whole minibatch (global normalisers).
 
         With data parallelism the normalisers are summed over ranks, so each rank's loss is its
         share of the global minibatch loss; so are the metrics (all-reduced before returning).
         Share metrics (losses normalised by the global counts) add up; the others are token-
-        weighted means."""
+        weighted means. ``loss_fn(micro, num_tokens, num_seqs) -> (loss, metrics)``."""
         num_tokens = self.engine.all_reduce_sum(mb.mask.sum())
         num_seqs = int(self.engine.all_reduce_sum(len(mb)))
         sums: dict[str, float] = defaultdict(float)
         for micro in mb.split(self.cfg.train.micro_batch_size):
-            loss, m = self._loss(micro, num_tokens, num_seqs)
+            loss, m = loss_fn(micro, num_tokens, num_seqs)
             if not self.engine.all_true(bool(torch.isfinite(loss))):
                 self.counters["nonfinite_loss"] += 1
                 return False, {}
@@ -370,21 +396,34 @@ class Trainer:
             sums = dict(zip(keys, total.tolist()))
         return True, dict(sums)
 
+    def _sft_loss(self, micro: RolloutBatch, num_tokens: Tensor, num_seqs: int):
+        """Token-mean negative log-likelihood of the targets, plus the policy's aux losses."""
+        ev = self.policy.evaluate(micro)
+        loss = algos.agg_loss(-ev.logp.float(), micro.mask, "token-mean", num_tokens=num_tokens)
+        metrics = {"sft/loss": float(loss.detach())}
+        loss = loss + self._aux_loss(ev, micro, metrics, mode="token-mean", num_tokens=num_tokens)
+        return loss, metrics
+
+    def _aux_loss(self, ev: Evaluation, micro: RolloutBatch, metrics: dict, **agg) -> Tensor:
+        """The policy's auxiliary per-step losses, aggregated like the others (``aux/<name>``)."""
+        total = torch.zeros((), device=ev.logp.device)
+        for name, per_step in ev.aux.items():
+            term = algos.agg_loss(per_step.float(), micro.mask, **agg)
+            total = total + term
+            metrics[f"aux/{name}"] = float(term.detach())
+        return total
+
     def _loss(self, micro: RolloutBatch, num_tokens: Tensor, num_seqs: int) -> tuple[Tensor, dict]:
         algo = self.cfg.algo
-        aux: dict[str, Tensor] = {}
-        if hasattr(self.policy, "evaluate_with_aux"):  # policy-defined auxiliary losses
-            logp, entropy, value, aux = self.policy.evaluate_with_aux(micro)
-        else:
-            logp, entropy, value = self.policy.evaluate(micro)
-        logp = logp.float()
+        ev = self.policy.evaluate(micro)
+        logp, entropy, value = ev.logp.float(), ev.entropy, ev.value
         is_weight = None
         if algo.tis_cap > 0 and micro.logp_rollout is not None:
             is_weight = algos.truncated_is_weights(
                 micro.logp_old, micro.logp_rollout, micro.mask, algo.tis_cap
             )
         norm = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-        # deferred behaviour log-probs (see _defer_old): on-policy, they are these very ones
+        # behaviour_source "own": on-policy, the behaviour log-probs are these very ones
         logp_old = micro.logp_old if micro.logp_old is not None else logp.detach()
         loss, m = self.policy_loss(
             logp, logp_old, micro.advantages, micro.mask, algo, is_weight=is_weight, **norm
@@ -396,10 +435,7 @@ class Trainer:
             kl = algos.agg_loss(self.kl(logp, micro.logp_ref), micro.mask, **agg)
             loss = loss + algo.kl_coef * kl
             metrics["actor/kl"] = float(kl.detach())
-        for name, per_step in aux.items():  # [B, T] weighted losses, aggregated like the rest
-            term = algos.agg_loss(per_step.float(), micro.mask, **agg)
-            loss = loss + term
-            metrics[f"aux/{name}"] = float(term.detach())
+        loss = loss + self._aux_loss(ev, micro, metrics, **agg)
         ent = algos.agg_loss(entropy.float(), micro.mask, **agg)
         metrics["actor/entropy"] = float(ent.detach())
         if algo.entropy_coef:
@@ -458,10 +494,7 @@ class Trainer:
             return False
         last = ckpts[-1]
         state, counters = load_trainer_state(last, rank=self.engine.rank)
-        self.engine.load_state_dict(state["engine"])  # checks the backend and the launch first
-        if state["engine"].get("backend") != "deepspeed":
-            self.policy.load(last / "model")
-        self.engine.load_sharded(last)  # DeepSpeed: weights + optimizer partitions
+        self.engine.restore(last, state["engine"], self.policy)  # weights + optimizer
         if hasattr(self.source, "load_state_dict"):
             self.source.load_state_dict(state["source"])
         set_rng_state(state["rng"])
@@ -471,16 +504,3 @@ class Trainer:
         self.logger.truncate_after(self.step)
         self.logger.log(self.step, {"resumed_from_step": float(self.step)})
         return True
-
-
-def progress_bar(total: int, initial: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        disable=not enabled,
-        desc="train",
-        unit="step",
-        dynamic_ncols=True,
-    )

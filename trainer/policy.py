@@ -1,16 +1,15 @@
-"""The `Policy` protocol: all the trainer ever calls on a model.
+"""The `Policy` protocol: all the trainer ever calls on a model, and what ``evaluate`` returns.
 
 VLM policies (token sequences) and VLA policies (action sequences) both implement it; a VLA adds
 ``act(obs)`` and a VLM adds ``generate(prompts)`` for their own rollout code, which the trainer
-never calls. A policy with auxiliary losses may also define ``evaluate_with_aux(batch) ->
-(logp, entropy, value, {name: [B, T] weighted per-step loss})``; the loop then calls it instead
-of ``evaluate`` for the loss and adds each term (token-mean like the others, logged as
-``aux/<name>``).
+never calls. A policy declares whether it has a critic (``has_critic``); the loop decides from
+that, not from what a first forward happened to return, where the behaviour values come from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -19,16 +18,28 @@ from torch import Tensor, nn
 from .batch import RolloutBatch
 
 
+@dataclass
+class Evaluation:
+    """A policy's re-scoring of a batch: every tensor is [B, T] and 0 where ``mask`` is 0."""
+
+    logp: Tensor
+    """log-probability of each token/action taken (with gradients)"""
+    entropy: Tensor
+    """entropy of the policy's distribution at each position"""
+    value: Tensor | None = None
+    """critic estimate, for policies with ``has_critic``"""
+    aux: dict[str, Tensor] = field(default_factory=dict)
+    """auxiliary losses the policy asks the trainer to add: name -> [B, T] weighted per-step
+    loss, aggregated like the other terms and logged as ``aux/<name>``"""
+
+
 @runtime_checkable
 class Policy(Protocol):
-    def evaluate(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Re-score ``batch`` under the current weights, with gradients.
+    has_critic: bool
+    """whether ``evaluate`` returns values (GAE, value loss)"""
 
-        Returns:
-            logp [B, T]: log-probability of each token/action taken.
-            entropy [B, T]: entropy of the policy's distribution at each position.
-            value [B, T] or None: critic estimate, for policies with a value head.
-        """
+    def evaluate(self, batch: RolloutBatch) -> Evaluation:
+        """Re-score ``batch`` under the current weights, with gradients."""
         ...
 
     def parameters(self) -> Iterator[nn.Parameter]: ...
@@ -46,9 +57,20 @@ class Policy(Protocol):
 
 @runtime_checkable
 class RolloutSource(Protocol):
-    """What the loop is handed to produce experience: a dataset + sampler (VLM) or a vector env
-    + collector (VLA). The trainer knows nothing else about where a batch came from."""
+    """What the RL objective is handed to produce experience: a dataset + sampler (VLM) or a
+    vector env + collector (VLA). The trainer knows nothing else about where a batch came from."""
 
     def collect(self, policy: Policy, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """One batch of scored experience (``rewards`` filled in) and its metrics."""
+        ...
+
+
+@runtime_checkable
+class SFTSource(Protocol):
+    """What the SFT objective is handed: batches whose ``tokens`` are the targets."""
+
+    def next_batch(self, step: int) -> RolloutBatch:
+        """Targets in ``tokens`` (with ``mask``) and the policy's forward inputs; a pure
+        function of ``step`` or restored by ``state_dict``/``load_state_dict``, so a resumed
+        run sees the same data."""
         ...

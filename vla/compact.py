@@ -6,8 +6,8 @@ Gaussian action head with a state-independent log-std, and a value head on a sha
 poses (Pinto et al. 2018), while the actor still sees only pixels, proprio and the instruction.
 With ``aux="subject"`` an auxiliary head on the actor's trunk regresses the position of the
 entity the instruction names (entity 0 of the poses, by the sim tasks' convention) relative to the
-tool centre point (a supervised loss on privileged simulator state, returned by
-:meth:`CompactVLA.evaluate_with_aux`): it teaches the encoder to find the named object long
+tool centre point (a supervised loss on privileged simulator state, returned in
+:meth:`CompactVLA.evaluate`'s ``aux``): it teaches the encoder to find the named object long
 before the policy gradient alone would. Neither changes what the actor reads.
 Image encoders: ``cnn`` (Nature-CNN, flattened features) or ``keypoint`` (three convolutions
 at 32x32 / 16x16 followed by a spatial softmax: each channel becomes the expected (x, y) image
@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.distributions import Normal
 
 from ..trainer.batch import RolloutBatch
+from ..trainer.policy import Evaluation
 
 PAD, UNK = 0, 1
 WORKSPACE_CENTRE = (0.5, 0.0, 0.2)
@@ -305,15 +306,15 @@ class CompactVLA(nn.Module):
         return Normal(mean, self.log_std.exp().expand_as(mean))
 
     # ------------------------------------------------------------------ policy protocol
-    def evaluate(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
-        """Re-score the batch's actions: logp, entropy and value, each [B, T] (0 on padding).
+    has_critic = True
+    """a value head on the trunk, or the state critic (NaN values without the poses)"""
+
+    def evaluate(self, batch: RolloutBatch) -> Evaluation:
+        """Re-score the batch's actions: logp, entropy and value, each [B, T] (0 on padding),
+        and the auxiliary losses the trainer adds to its loss (name -> [B, T] per-step loss,
+        already weighted; empty with ``aux="none"``).
 
         Only the valid steps go through the network (the inputs carry no padding)."""
-        return self.evaluate_with_aux(batch)[:3]
-
-    def evaluate_with_aux(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor, dict]:
-        """``evaluate`` plus the auxiliary losses the trainer adds to its loss: name -> [B, T]
-        per-step loss, already weighted (empty with ``aux="none"``)."""
         mask = batch.mask > 0  # (B, T)
         flat = flatten_inputs(batch, self.obs_keys())
         mean, value, aux = self._forward(flat)  # (N, D), (N,), (N,) or None
@@ -327,7 +328,9 @@ class CompactVLA(nn.Module):
             full = x.new_zeros(mask.shape)
             full[mask] = x
             out.append(full)
-        return out[0], out[1], out[2], ({self.spec.aux: out[3]} if aux is not None else {})
+        return Evaluation(
+            out[0], out[1], out[2], {self.spec.aux: out[3]} if aux is not None else {}
+        )
 
     @torch.no_grad()
     def act(
@@ -339,6 +342,13 @@ class CompactVLA(nn.Module):
         dist = self.distribution(mean)
         action = mean if deterministic else dist.sample()
         return action, dist.log_prob(action).sum(-1), value
+
+    @torch.no_grad()
+    def value(self, obs: dict[str, Tensor]) -> Tensor:
+        """Observations [N, ...] -> critic value [N], without sampling an action (the bootstrap
+        at a rollout horizon or a time limit; the same number ``act`` returns for ``obs``)."""
+        obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
+        return self._forward(obs)[1]
 
     def obs_keys(self) -> tuple[str, ...]:
         if self.spec.encoder not in IMAGE_ENCODERS:

@@ -11,7 +11,8 @@ import functools
 from pathlib import Path
 
 from ..trainer.config import Config, ConfigError
-from ..trainer.loop import Trainer, resolve_device
+from ..trainer.loop import Trainer
+from ..trainer.runtime import resolve_device
 from .collect import GRPOCollector, PPOCollector
 from .compact import CompactVLA, spec_from_config
 from .envs import VecRunner
@@ -90,7 +91,10 @@ def load_policy(path: str | Path, device: str = "cpu"):
 def build_source(cfg: Config, runner: VecRunner):
     if cfg.algo.adv_estimator in PER_STEP_ESTIMATORS:
         return PPOCollector(cfg.env, seed=cfg.train.seed, runner=runner)
-    return GRPOCollector(cfg.env, cfg.rollout, seed=cfg.train.seed, runner=runner)
+    return GRPOCollector(
+        cfg.env, groups=cfg.rollout.prompts_per_step, group_size=cfg.rollout.group_size,
+        seed=cfg.train.seed, runner=runner,
+    )  # fmt: skip
 
 
 def build_evaluator(cfg: Config):
@@ -114,14 +118,16 @@ def build_trainer(cfg: Config, run_dir: str | Path) -> Trainer:
 
 
 def run_sft(cfg: Config, run_dir: str | Path) -> dict[str, float]:
-    """Behaviour cloning from the scripted expert through ``trainer.sft``."""
-    from ..trainer.sft import sft
+    """Behaviour cloning from the scripted expert: the trainer's SFT objective."""
     from .bc import ExpertSource
 
     runner = VecRunner(cfg.env, seed=cfg.train.seed)
     policy = build_policy(cfg, runner)
     source = ExpertSource(policy, runner, batch_steps=cfg.env.steps_per_rollout)
     try:
-        return sft(cfg, policy, source, run_dir, evaluator=build_evaluator(cfg))
+        trainer = Trainer(
+            cfg, policy, source, run_dir, evaluator=build_evaluator(cfg), objective="sft"
+        )
+        return trainer.fit()
     finally:
         runner.close()

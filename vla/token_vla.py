@@ -28,6 +28,7 @@ from PIL import Image
 from torch import Tensor
 
 from ..trainer.batch import RolloutBatch
+from ..trainer.policy import Evaluation
 from ..vlm.policy import VLMPolicy
 from ..vlm.prompts import PromptConfig, encode_prompts, vision_token_ids
 from ..vlm.rollout import BANNED_LOGIT, collate, generation_mode
@@ -163,18 +164,19 @@ class TokenVLA:
         return logits.masked_fill(self._banned.to(logits.device), BANNED_LOGIT)
 
     # ------------------------------------------------------------------ policy protocol
-    def evaluate(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, None]:
+    has_critic = False
+
+    def evaluate(self, batch: RolloutBatch) -> Evaluation:
         """Re-score the executed actions' tokens under the action mask: logp and entropy [B, T]
         (sums over each step's K*D tokens; 0 on padding) and no value."""
         mask = batch.mask > 0  # (B, T)
-        flat = self.flat_batch(batch)
-        logp, entropy, _ = self.vlm.evaluate(flat)  # (N, K*D) each, non-action ids banned
+        ev = self.vlm.evaluate(self.flat_batch(batch))  # (N, K*D) each, non-action ids banned
         out = []
-        for x in (logp.sum(-1), entropy.sum(-1)):
+        for x in (ev.logp.sum(-1), ev.entropy.sum(-1)):
             full = x.new_zeros(mask.shape)
             full[mask.to(x.device)] = x
             out.append(full)
-        return out[0], out[1], None
+        return Evaluation(out[0], out[1])
 
     def flat_batch(self, batch: RolloutBatch) -> RolloutBatch:
         """One row per valid policy step: its prompt (each step's own) and its K*D action-token

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..trainer.batch import RolloutBatch
+from ..trainer.policy import Evaluation
 from .policy import VLMPolicy
 
 LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -169,11 +170,13 @@ class AdapterDisabledReference:
     """The KL reference of a LoRA policy: the same module with its adapters switched off, so
     ``logp_ref`` is the base model's log-probability and no weights are copied."""
 
+    has_critic = False
+
     def __init__(self, policy: LoraVLMPolicy):
         self.policy = policy
 
     @torch.no_grad()
-    def evaluate(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, None]:
+    def evaluate(self, batch: RolloutBatch) -> Evaluation:
         with self.policy.peft_model.disable_adapter():
             return self.policy.evaluate(batch)
 

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ..trainer.batch import RolloutBatch
+from ..trainer.policy import Evaluation
 from . import rollout
 from .model import check_model_dir, load_vlm
 from .prompts import EncodedPrompt, PromptConfig, encode_prompts, vision_token_ids
@@ -118,12 +119,13 @@ class VLMPolicy:
 
     # ---- trainer protocol -------------------------------------------------------------------
 
-    def evaluate(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, None]:
+    has_critic = False
+
+    def evaluate(self, batch: RolloutBatch) -> Evaluation:
         """Per-token log-probs and entropies of the completions, with gradients.
 
         Returns:
-            logp [B, T] float32 (0 where mask is 0), entropy [B, T] float32 (0 where mask is 0),
-            None (no value head).
+            logp [B, T] float32 and entropy [B, T] float32 (0 where mask is 0); no value.
         """
         logits = self.completion_logits(batch)  # [B, T, V]
         logp_all = (logits.float() / self.temperature).log_softmax(-1)
@@ -131,7 +133,7 @@ class VLMPolicy:
         mask = batch.mask.to(logp_all.device, torch.float32)
         logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
         entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
-        return logp * mask, entropy * mask, None
+        return Evaluation(logp * mask, entropy * mask)
 
     def completion_logits(self, batch: RolloutBatch) -> Tensor:
         """Logits that predict each completion token, [B, T, V] (vision placeholders banned)."""

@@ -216,7 +216,7 @@ def test_multi_view_prompt_reaches_the_tiny_vlm(data):
     swapped = {**samples[0], "images": [samples[0]["images"][k] for k in (0, 1, 3, 2)]}
     with torch.no_grad():
         logp = [
-            policy.evaluate(policy.completions_batch([s], [trace]))[0]
+            policy.evaluate(policy.completions_batch([s], [trace])).logp
             for s in (samples[0], swapped)
         ]
     assert torch.isfinite(logp[0]).all() and not torch.allclose(logp[0], logp[1])

@@ -14,6 +14,7 @@ from torch import nn
 
 from perceptrl.trainer.batch import RolloutBatch
 from perceptrl.trainer.config import Config
+from perceptrl.trainer.policy import Evaluation
 
 
 class ToySeqPolicy(nn.Module):
@@ -21,14 +22,15 @@ class ToySeqPolicy(nn.Module):
         super().__init__()
         self.logits = nn.Parameter(torch.zeros(T, V))
         self.value = nn.Parameter(torch.zeros(T)) if value_head else None
+        self.has_critic = value_head
 
-    def evaluate(self, batch: RolloutBatch):
+    def evaluate(self, batch: RolloutBatch) -> Evaluation:
         B, T = batch.tokens.shape
         lp = torch.log_softmax(self.logits[:T], dim=-1)  # (T, V)
         logp = lp.unsqueeze(0).expand(B, T, -1).gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1)
         entropy = -(lp.exp() * lp).sum(-1).unsqueeze(0).expand(B, T)
         value = self.value[:T].unsqueeze(0).expand(B, T) if self.value is not None else None
-        return logp, entropy, value
+        return Evaluation(logp, entropy, value)
 
     def save(self, path):
         path.mkdir(parents=True, exist_ok=True)

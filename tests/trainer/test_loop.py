@@ -165,29 +165,89 @@ def test_checkpoint_ignores_half_written_temp_dirs(toy, tmp_path):
 
 
 class ToySFTSource:
-    """Targets: every position should be token 3."""
+    """Targets: every position should be token 3 (``nan_at``: a step whose targets are NaN)."""
+
+    def __init__(self, nan_from: int | None = None):
+        self.nan_from = nan_from
 
     def next_batch(self, step):
         from perceptrl.trainer.batch import RolloutBatch
 
         B, T = 8, 4
-        return RolloutBatch(
-            tokens=torch.full((B, T), 3), mask=torch.ones(B, T), group_id=torch.arange(B)
-        )
+        mask = torch.ones(B, T)
+        if self.nan_from is not None and step >= self.nan_from:
+            mask = mask * float("nan")
+        return RolloutBatch(tokens=torch.full((B, T), 3), mask=mask, group_id=torch.arange(B))
 
 
-def test_sft_fits_targets_through_evaluate(toy, tmp_path):
-    from perceptrl.trainer.sft import sft
-
+def test_sft_is_an_objective_of_the_trainer(toy, tmp_path):
     Policy, _, config = toy
     cfg = config(steps=30, lr=0.2)
     policy = Policy()
-    sft(cfg, policy, ToySFTSource(), tmp_path)
+    Trainer(cfg, policy, ToySFTSource(), tmp_path, objective="sft").fit()
     probs = torch.softmax(policy.logits.detach(), -1)
     assert (probs[:, 3] > 0.9).all()
     losses = [r["sft/loss"] for r in read_metrics(tmp_path / "metrics.jsonl") if "sft/loss" in r]
     assert losses[-1] < 0.1 * losses[0]
     assert list_checkpoints(tmp_path / "checkpoints")[-1].name == "step_000030"
+    with pytest.raises(ValueError, match="valid: rl, sft"):
+        Trainer(cfg, policy, ToySFTSource(), tmp_path, objective="dpo")
+
+
+def test_sft_resumes_exactly_and_stops_on_nonfinite_streaks(toy, tmp_path):
+    """What SFT gains from the one trainer: resume (same metrics as an uninterrupted run) and
+    the non-finite streak guard."""
+    Policy, _, config = toy
+    cfg = config(steps=6, lr=0.2)
+    cfg.checkpoint.every = 3
+    Trainer(cfg, Policy(), ToySFTSource(), tmp_path / "full", objective="sft").fit()
+    cut = copy.deepcopy(cfg)
+    cut.train.steps = 3
+    Trainer(cut, Policy(), ToySFTSource(), tmp_path / "cut", objective="sft").fit()
+    Trainer(cfg, Policy(), ToySFTSource(), tmp_path / "cut", objective="sft").fit(resume=True)
+    full = _train_metrics(tmp_path / "full" / "metrics.jsonl")
+    resumed = _train_metrics(tmp_path / "cut" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [r["step"] for r in full]
+    for a, b in zip(full, resumed):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
+    cfg.train.max_bad_steps = 2
+    with pytest.raises(TrainingDiverged, match="2 consecutive steps"):
+        Trainer(cfg, Policy(), ToySFTSource(nan_from=2), tmp_path / "nan", objective="sft").fit()
+
+
+@pytest.mark.parametrize(
+    "critic, kl_in_reward, epochs, rollout_logp, acted, expect",
+    [
+        (False, False, 1, False, False, "own"),  # one on-policy step: its own detached forward
+        (True, False, 1, False, False, "score"),  # critic values feed the advantages
+        (False, True, 1, False, False, "score"),  # KL folded into the reward reads logp_old
+        (False, False, 2, False, False, "score"),  # later epochs need pre-update log-probs
+        (False, False, 1, True, False, "score"),  # engine vs trainer gap / TIS
+        (True, False, 2, False, True, "source"),  # the collector acted with these parameters
+    ],
+)
+def test_behaviour_source_is_decided_in_one_place(
+    toy, tmp_path, critic, kl_in_reward, epochs, rollout_logp, acted, expect
+):
+    Policy, Source, config = toy
+    cfg = config(steps=1, ppo_epochs=epochs)
+    cfg.algo.kl_in_reward, cfg.algo.kl_coef = kl_in_reward, 0.1 if kl_in_reward else 0.0
+    policy = Policy(value_head=critic)
+    ref = Policy() if kl_in_reward else None
+    trainer = Trainer(cfg, policy, Source(), tmp_path, ref_policy=ref)
+    batch, _ = trainer.source.collect(policy, 0)
+    if rollout_logp:
+        batch.logp_rollout = torch.zeros_like(batch.mask)
+    if acted:
+        batch.logp_old, batch.values_old = (
+            torch.zeros_like(batch.mask),
+            torch.zeros_like(batch.mask),
+        )
+    assert trainer.behaviour_source(batch) == expect
+    if acted:  # a critic's source must hand over values with the log-probs
+        batch.values_old = None
+        with pytest.raises(ValueError, match="values_old"):
+            trainer.behaviour_source(batch)
 
 
 def test_whiten_advantages_normalises_over_valid_tokens(toy, tmp_path):

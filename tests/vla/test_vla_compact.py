@@ -81,7 +81,8 @@ def test_act_logp_equals_evaluate():
         action, logp, value = policy.act(obs)
         assert action.shape == (7, 5 * chunk) and logp.shape == value.shape == (7,)
         batch = _rows(obs, action, [4, 2, 1])
-        lp, ent, v = policy.evaluate(batch)
+        ev = policy.evaluate(batch)
+        lp, ent, v = ev.logp, ev.entropy, ev.value
         assert lp.shape == ent.shape == v.shape == (3, 4)
         valid = batch.mask.bool()
         torch.testing.assert_close(lp[valid], logp, rtol=1e-5, atol=1e-5)
@@ -95,7 +96,8 @@ def test_evaluate_has_gradients_for_all_heads():
     policy = state_policy()
     obs = _obs(policy, 5)
     action, _, _ = policy.act(obs)
-    lp, ent, v = policy.evaluate(_rows(obs, action, [5]))
+    ev = policy.evaluate(_rows(obs, action, [5]))
+    lp, ent, v = ev.logp, ev.entropy, ev.value
     (lp.sum() + ent.sum() + v.sum()).backward()
     for name in ("mean_head.weight", "value_head.weight", "log_std", "instr.embed.weight"):
         grad = dict(policy.named_parameters())[name].grad
@@ -127,7 +129,7 @@ def test_two_cameras_share_the_tower_and_both_matter():
     policy = CompactVLA(spec)
     obs = _obs(policy, 3)
     action, logp, _ = policy.act(obs)
-    lp, _, _ = policy.evaluate(_rows(obs, action, [2, 1]))
+    lp = policy.evaluate(_rows(obs, action, [2, 1])).logp
     torch.testing.assert_close(lp[_rows(obs, action, [2, 1]).mask.bool()], logp)
     for cam in (slice(0, 3), slice(3, 6)):  # changing either camera changes the action mean
         other = dict(obs, image=obs["image"].clone())
@@ -156,7 +158,8 @@ def test_state_critic_reads_poses_and_the_actor_does_not():
     other = dict(obs, image=255 - obs["image"])
     torch.testing.assert_close(policy(other)[1], value)  # the critic never sees the pixels
     action, logp, v = policy.act(obs)
-    lp, _, vv = policy.evaluate(_rows(obs, action, [3, 1]))
+    ev = policy.evaluate(_rows(obs, action, [3, 1]))
+    lp, vv = ev.logp, ev.value
     valid = _rows(obs, action, [3, 1]).mask.bool()
     torch.testing.assert_close(lp[valid], logp)
     torch.testing.assert_close(vv[valid], v)
@@ -175,7 +178,8 @@ def test_subject_auxiliary_loss_trains_the_actor_features_only():
     obs = _obs(policy, 5)
     action, logp, _ = policy.act(obs)
     batch = _rows(obs, action, [3, 2])
-    lp, _, _, aux = policy.evaluate_with_aux(batch)
+    ev = policy.evaluate(batch)
+    lp, aux = ev.logp, ev.aux
     torch.testing.assert_close(lp[batch.mask.bool()], logp)
     assert set(aux) == {"subject"} and aux["subject"].shape == (2, 3)
     loss = aux["subject"]
@@ -184,13 +188,12 @@ def test_subject_auxiliary_loss_trains_the_actor_features_only():
     grads = {n for n, p in policy.named_parameters() if p.grad is not None and p.grad.any()}
     assert {"aux_head.weight", "convs.0.weight", "trunk.0.weight"} <= grads
     assert not grads & {"mean_head.weight", "log_std", "value_head.weight"}
-    assert policy.evaluate(batch)[0].shape == (2, 3)  # the plain protocol still holds
     # by hand: a head that guesses 0 scores 2 x the mean square of (entity 0 - tcp) / 0.1 m
     with torch.no_grad():
         policy.aux_head.weight.zero_()
         policy.aux_head.bias.zero_()
     rel = (obs["objects"][:, :3] - obs["proprio"][:, :3]) / 0.1  # the workspace centre cancels
-    _, _, _, aux = policy.evaluate_with_aux(batch)
+    aux = policy.evaluate(batch).aux
     torch.testing.assert_close(aux["subject"][batch.mask > 0], 2.0 * rel.square().mean(1))
 
 

@@ -68,7 +68,8 @@ def test_act_and_evaluate_agree_under_the_mask(tiny_dir, env_cfg):
         tokens=actions[:, None, :], mask=torch.ones(2, 1), group_id=torch.arange(2),
         inputs={k: [torch.stack([v[i]]) for i in range(2)] for k, v in obs.items()},
     )  # fmt: skip
-    new_logp, entropy, value = policy.evaluate(batch)
+    ev = policy.evaluate(batch)
+    new_logp, entropy, value = ev.logp, ev.entropy, ev.value
     assert value is None
     torch.testing.assert_close(new_logp[:, 0], logp, atol=1e-4, rtol=1e-4)
     assert (entropy > 0).all() and (entropy <= 10 * math.log(256) + 1e-3).all()
@@ -86,7 +87,7 @@ def test_act_and_evaluate_agree_under_the_mask(tiny_dir, env_cfg):
         tokens=actions[:, None, :], mask=torch.ones(2, 1), group_id=torch.arange(2),
         inputs={k: [torch.stack([v[i]]) for i in range(2)] for k, v in other.items()},
     )  # fmt: skip
-    assert not torch.allclose(policy.evaluate(other_batch)[0], new_logp)
+    assert not torch.allclose(policy.evaluate(other_batch).logp, new_logp)
 
 
 def test_policy_gradient_step_raises_logp(tiny_dir, env_cfg):
@@ -103,11 +104,11 @@ def test_policy_gradient_step_raises_logp(tiny_dir, env_cfg):
         inputs={k: [torch.stack([v[i]]) for i in range(2)] for k, v in obs.items()},
     )  # fmt: skip
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
-    before = policy.evaluate(batch)[0].detach()
-    loss = -policy.evaluate(batch)[0].sum()
+    before = policy.evaluate(batch).logp.detach()
+    loss = -policy.evaluate(batch).logp.sum()
     loss.backward()
     opt.step()
-    after = policy.evaluate(batch)[0].detach()
+    after = policy.evaluate(batch).logp.detach()
     assert (after > before).all()
 
 

@@ -62,7 +62,8 @@ def scored(policy: VLMPolicy, b: RolloutBatch, share: bool, grad: bool = False):
     shapes, handle = count_forwards(policy)
     try:
         with torch.set_grad_enabled(grad):
-            logp, entropy, _ = policy.evaluate(b)
+            ev = policy.evaluate(b)
+            logp, entropy = ev.logp, ev.entropy
             if grad:
                 adv = torch.linspace(-1, 1, len(b))[:, None]
                 ((logp * adv).sum() / b.mask.sum() + 0.01 * entropy.sum()).backward()

@@ -45,7 +45,7 @@ def setup(tmp_path_factory):
 def _gap(policy, batch, temperature=1.0):
     policy.temperature = temperature
     with torch.no_grad():
-        logp, _, _ = policy.evaluate(batch)
+        logp = policy.evaluate(batch).logp
     return algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)["rollout_gap/abs_max"]
 
 

@@ -179,7 +179,7 @@ def test_text_model_runs_through_policy_and_hf_engine(text_model):
     batch = policy.sample(prompts, 2, SamplingParams(max_new_tokens=6, return_logprobs=True))
     assert batch.tokens.shape[0] == 2
     with torch.no_grad():
-        logp, _, _ = policy.evaluate(batch)
+        logp = policy.evaluate(batch).logp
     gap = algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)
     assert gap["rollout_gap/abs_max"] < 1e-4  # HF engine and trainer agree at T = 1
     policy.temperature = 0.7  # the trainer scores the tempered distribution; so must the engine
@@ -187,7 +187,7 @@ def test_text_model_runs_through_policy_and_hf_engine(text_model):
         prompts, 2, SamplingParams(max_new_tokens=6, temperature=0.7, return_logprobs=True)
     )
     with torch.no_grad():
-        logp, _, _ = policy.evaluate(batch)
+        logp = policy.evaluate(batch).logp
     gap = algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)
     assert gap["rollout_gap/abs_max"] < 1e-4
     with pytest.raises(ValueError, match="images"):

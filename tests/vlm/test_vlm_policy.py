@@ -48,7 +48,8 @@ def test_is_a_trainer_policy(policy):
 def test_evaluate_matches_naive_per_sample_forward(policy, batch):
     policy.eval()
     with torch.no_grad():
-        logp, entropy, value = policy.evaluate(batch)
+        ev = policy.evaluate(batch)
+        logp, entropy, value = ev.logp, ev.entropy, ev.value
     assert value is None and logp.shape == entropy.shape == batch.tokens.shape
     assert logp.dtype == torch.float32
     for i in range(len(batch)):
@@ -62,9 +63,9 @@ def test_evaluate_matches_naive_per_sample_forward(policy, batch):
 
 def test_evaluate_is_independent_of_minibatch_composition(policy, batch):
     with torch.no_grad():
-        full, _, _ = policy.evaluate(batch)
+        full = policy.evaluate(batch).logp
         perm = [7, 0, 16, 3, 11]
-        part, _, _ = policy.evaluate(batch.select(perm))
+        part = policy.evaluate(batch.select(perm)).logp
     T = part.shape[1]
     torch.testing.assert_close(part, full[perm, :T], atol=1e-4, rtol=0)
 
@@ -101,20 +102,21 @@ def _check_evaluate_matches_generation(policy, samples, temperature):
         prompt_index=index,
     )  # fmt: skip
     with torch.no_grad():
-        logp, _, _ = policy.evaluate(b)
+        logp = policy.evaluate(b).logp
     torch.testing.assert_close(logp, gen_logp, atol=1e-4, rtol=0)
 
 
 def test_rollout_logprobs_match_evaluate(policy, batch):
     with torch.no_grad():
-        logp, _, _ = policy.evaluate(batch)
+        logp = policy.evaluate(batch).logp
     torch.testing.assert_close(batch.logp_rollout, logp, atol=1e-4, rtol=0)
 
 
 def test_gradient_flows_to_text_and_vision(policy, batch):
     policy.train()
     policy.model.zero_grad()
-    logp, entropy, _ = policy.evaluate(batch.select([0, 5, 9]))
+    ev = policy.evaluate(batch.select([0, 5, 9]))
+    logp, entropy = ev.logp, ev.entropy
     (-(logp.sum()) - 0.01 * entropy.sum()).backward()
     named = dict(policy.named_parameters())
     vision = [g for k, p in named.items() if "visual" in k and (g := p.grad) is not None]
@@ -147,13 +149,13 @@ def test_reference_is_a_frozen_copy(policy, batch):
     assert not ref.training and all(not p.requires_grad for p in ref.parameters())
     sub = batch.select([2, 3])
     with torch.no_grad():
-        before = ref.evaluate(sub)[0]
-        torch.testing.assert_close(before, policy.evaluate(sub)[0])
+        before = ref.evaluate(sub).logp
+        torch.testing.assert_close(before, policy.evaluate(sub).logp)
         p = next(policy.parameters())
         p.add_(0.5)
         try:
-            assert torch.equal(ref.evaluate(sub)[0], before)
-            assert not torch.allclose(policy.evaluate(sub)[0], before)
+            assert torch.equal(ref.evaluate(sub).logp, before)
+            assert not torch.allclose(policy.evaluate(sub).logp, before)
         finally:
             p.sub_(0.5)
 
@@ -169,7 +171,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, tiny_dirs, batc
     grads = []
     for ckpt in (False, True):
         pol = VLMPolicy.from_pretrained(tiny_dirs[arch], gradient_checkpointing=ckpt).train()
-        logp, _, _ = pol.evaluate(sub)
+        logp = pol.evaluate(sub).logp
         logp.sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in pol.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
@@ -188,7 +190,7 @@ def test_one_policy_gradient_step_changes_parameters(policy, tiny_dirs, samples)
     before = [p.detach().clone() for p in pol.parameters()]
     opt = torch.optim.AdamW(pol.parameters(), lr=1e-3)
     pol.train()
-    logp, _, _ = pol.evaluate(b)
+    logp = pol.evaluate(b).logp
     loss = -(logp * adv[:, None] * b.mask).sum() / b.mask.sum()
     loss.backward()
     opt.step()
@@ -221,7 +223,7 @@ def test_completions_batch_scores_given_texts(policy, samples):
         assert b.tokens[i, n - 1] == im_end
         assert policy.processor.tokenizer.decode(b.tokens[i, : n - 1]) == texts[i]
     with torch.no_grad():
-        logp, _, _ = policy.evaluate(b)
+        logp = policy.evaluate(b).logp
     assert torch.isfinite(logp).all() and (logp[b.mask.bool()] < 0).all()
 
 
@@ -231,10 +233,10 @@ def test_mixed_text_only_and_image_rows(policy, samples):
     b = policy.generate([text_only, samples[1]], n=2, sampling=SamplingParams(max_new_tokens=8))
     assert b.prompts["pixel_values"][0] is None and b.prompts["pixel_values"][1] is not None
     with torch.no_grad():
-        logp, _, _ = policy.evaluate(b)
+        logp = policy.evaluate(b).logp
         for i in (2, 3):  # the image rows, scored next to text-only rows, match their naive forward
             n = int(b.mask[i].sum())
             ref, _ = naive_logp_entropy(policy, b, i)
             torch.testing.assert_close(logp[i, :n], ref, atol=1e-4, rtol=0)
-        alone, _, _ = policy.evaluate(b.select([0, 1]))
+        alone = policy.evaluate(b.select([0, 1])).logp
     torch.testing.assert_close(alone, logp[:2, : alone.shape[1]], atol=1e-4, rtol=0)

@@ -213,8 +213,8 @@ def test_video_logprobs_evaluate_equals_generation(policy, clips):
     )  # fmt: skip
     policy.eval()
     with torch.no_grad():
-        logp, _, _ = policy.evaluate(b)
-        part, _, _ = policy.evaluate(b.select([5, 0]))  # minibatch composition does not matter
+        logp = policy.evaluate(b).logp
+        part = policy.evaluate(b.select([5, 0])).logp  # minibatch composition does not matter
     torch.testing.assert_close(logp, gen_logp, atol=1e-4, rtol=0)
     torch.testing.assert_close(part, logp[[5, 0], : part.shape[1]], atol=1e-4, rtol=0)
 

@@ -1,0 +1,43 @@
+"""Process-level helpers the trainer and the sides share: device, seeding, progress, memory."""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+
+import numpy as np
+import torch
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto | cpu | cuda | cuda:N``; a bare ``cuda`` under a launcher is this process's GPU
+    (``LOCAL_RANK``)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
+
+
+def progress_bar(total: int, initial: int, enabled: bool, desc: str = "train"):
+    """A tqdm bar over training steps (disabled: a no-op bar)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total, initial=initial, disable=not enabled, desc=desc, unit="step",
+        dynamic_ncols=True,
+    )  # fmt: skip
