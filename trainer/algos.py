@@ -1,40 +1,77 @@
-"""The shared RL algorithm core: advantage estimators, policy losses, KL estimators, aggregation.
+"""The shared RL algorithm core: policy losses, KL estimators, loss aggregation, value loss.
 
 Everything here is a pure tensor function (torch only, no model code), looked up by name in a
 registry so the training loop never special-cases an algorithm. One signature per kind:
 
-* advantage estimator: ``fn(rewards, mask, group_id, cfg, values=None, bootstrap_value=None)
-  -> (advantages [B, T], returns [B, T], metrics)``
+* advantage estimator (in :mod:`.advantages`, re-exported here): ``fn(rewards, mask, group_id,
+  cfg, values=None, bootstrap_value=None) -> (advantages [B, T], returns [B, T], metrics)``
 * policy loss: ``fn(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None,
   num_seqs=None) -> (loss [], metrics)``
 * KL estimator: ``fn(logp, logp_ref) -> kl [B, T]`` (per token, not masked)
 
-Conventions: ``mask`` [B, T] is 1 on tokens/steps that count and 0 on padding (0/1 values).
-``rewards`` is [B] (one per sequence; placed at the last valid token when a token-level view is
-needed) or [B, T] (per token / per step, e.g. KL folded into the reward or VLA step rewards).
-Advantages and returns are detached and zero on padding. ``num_tokens`` / ``num_seqs`` are the
-global normalisers of the whole (mini)batch, so that summing the losses of micro-batches gives
-exactly the full-batch loss and gradient. Metrics are python floats with flat names; the loop adds
-its own prefix.
+Conventions: ``mask`` [B, T] is 1 on the policy's own tokens/steps and 0 elsewhere (padding,
+and interior holes such as observations inside a multi-turn episode). ``rewards`` is [B] (one
+per sequence; placed at the last valid token when a token-level view is needed) or [B, T].
+Advantages and returns are detached and zero on masked positions. ``num_tokens`` / ``num_seqs``
+are the global normalisers of the whole (mini)batch (valid tokens / rows with at least one
+valid token), so that summing the losses of micro-batches gives exactly the full-batch loss and
+gradient. Metrics are python floats with flat names; the loop adds its own prefix.
+
+Semantics follow verl (``trainer/ppo/core_algos.py``) so that a ported recipe optimises the
+same objective; each place that differs says why in its docstring.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TypeVar
 
 import torch
 from torch import Tensor
 
+from .advantages import (
+    ADVANTAGES,
+    WHITEN_EPS,
+    _floats,
+    _group_index,
+    _lookup,
+    _register,
+    _seq_rewards,
+    get_advantage,
+    masked_mean,
+    masked_whiten,
+    register_advantage,
+    token_rewards,
+)
 from .config import AlgoConfig
 
-AdvantageFn = Callable[..., tuple[Tensor, Tensor, dict[str, float]]]
+__all__ = [
+    "ADVANTAGES",
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "WHITEN_EPS",
+    "agg_loss",
+    "filter_groups",
+    "filter_metrics",
+    "get_advantage",
+    "get_kl",
+    "get_policy_loss",
+    "kl_to_reward",
+    "masked_mean",
+    "masked_whiten",
+    "register_advantage",
+    "register_kl",
+    "register_policy_loss",
+    "rollout_gap_metrics",
+    "token_rewards",
+    "truncated_is_weights",
+    "value_loss",
+]
+
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 KLFn = Callable[[Tensor, Tensor], Tensor]
-F = TypeVar("F", bound=Callable)
 
-ADVANTAGES: dict[str, AdvantageFn] = {}
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 KL_ESTIMATORS: dict[str, KLFn] = {}
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -45,40 +82,7 @@ _LOG_RATIO_CLAMP = 20.0  # |logp - logp_old| beyond this is clamped before exp (
 # ----------------------------------------------------------------------------- registries
 
 
-def _register(table: dict, kind: str, name: str) -> Callable[[F], F]:
-    def deco(fn: F) -> F:
-        old = table.get(name, fn)
-        if (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(
-                f"{kind} {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
-                f"register {fn.__qualname__} under another name"
-            )
-        table[name] = fn
-        return fn
-
-    return deco
-
-
-def _lookup(table: dict, kind: str, field: str, name: str):
-    if name not in table:
-        raise ValueError(
-            f"unknown {kind} {name!r}; valid names: {', '.join(sorted(table))}. "
-            f"Set {field} to one of them, or register a new one in perceptrl.trainer.algos."
-        )
-    return table[name]
-
-
-def register_advantage(name: str) -> Callable[[F], F]:
-    """Decorator: register an advantage estimator under ``name`` (see module docstring)."""
-    return _register(ADVANTAGES, "advantage estimator", name)
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """The advantage estimator registered as ``name``; ValueError listing valid names if none."""
-    return _lookup(ADVANTAGES, "advantage estimator", "algo.adv_estimator", name)
-
-
-def register_policy_loss(name: str) -> Callable[[F], F]:
+def register_policy_loss(name: str) -> Callable:
     """Decorator: register a policy loss under ``name`` (see module docstring)."""
     return _register(POLICY_LOSSES, "policy loss", name)
 
@@ -88,7 +92,7 @@ def get_policy_loss(name: str) -> PolicyLossFn:
     return _lookup(POLICY_LOSSES, "policy loss", "algo.policy_loss", name)
 
 
-def register_kl(name: str) -> Callable[[F], F]:
+def register_kl(name: str) -> Callable:
     """Decorator: register a per-token KL estimator ``fn(logp, logp_ref) -> [B, T]``."""
     return _register(KL_ESTIMATORS, "KL estimator", name)
 
@@ -96,275 +100,6 @@ def register_kl(name: str) -> Callable[[F], F]:
 def get_kl(name: str) -> KLFn:
     """The KL estimator registered as ``name``; ValueError listing valid names if none."""
     return _lookup(KL_ESTIMATORS, "KL estimator", "algo.kl_estimator", name)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _floats(vals: dict[str, Tensor | float]) -> dict[str, float]:
-    """Scalar tensors and numbers -> python floats, with a single host sync."""
-    tens = {k: v for k, v in vals.items() if isinstance(v, Tensor)}
-    out = {k: float(v) for k, v in vals.items() if not isinstance(v, Tensor)}
-    if tens:
-        flat = torch.stack([v.detach().reshape(()).float() for v in tens.values()]).tolist()
-        out.update(zip(tens, flat))
-    return {k: out[k] for k in vals}
-
-
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of ``x`` [B, T] over positions where ``mask`` > 0; 0 when nothing is valid."""
-    valid = mask > 0
-    return torch.where(valid, x, 0.0).sum() / valid.sum().clamp(min=1)
-
-
-def masked_whiten(x: Tensor, mask: Tensor, eps: float) -> Tensor:
-    """(x - mean) / (std + eps) over the valid positions of the whole batch; 0 on padding.
-
-    The std is unbiased (n - 1), as verl's ``masked_whiten``.
-    """
-    valid = mask > 0
-    n = valid.sum()
-    mean = torch.where(valid, x, 0.0).sum() / n.clamp(min=1)
-    dev = torch.where(valid, x - mean, 0.0)
-    std = (dev.square().sum() / (n - 1).clamp(min=1)).sqrt()
-    return dev / (std + eps)
-
-
-def _as_float(x: Tensor) -> Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-def token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
-    """Token-level view of ``rewards``: [B, T] is masked; [B] goes to the last valid token.
-
-    Returns:
-        [B, T] rewards, zero on padding (a row without valid tokens gets nothing).
-    """
-    valid = mask > 0
-    r = _as_float(rewards.detach())
-    if r.dim() == 2:
-        if r.shape != mask.shape:
-            raise ValueError(f"rewards {tuple(r.shape)} must match mask {tuple(mask.shape)}")
-        return torch.where(valid, r, 0.0)
-    if r.dim() != 1 or r.shape[0] != mask.shape[0]:
-        raise ValueError(
-            f"rewards must be [B] or [B, T]; got {tuple(r.shape)} for mask {tuple(mask.shape)}"
-        )
-    pos = torch.arange(mask.shape[1], device=mask.device)  # (T,)
-    last = torch.where(valid, pos, -1).amax(dim=1)  # (B,), -1 for empty rows
-    return torch.where(pos[None, :] == last[:, None], r[:, None], 0.0)
-
-
-def _seq_rewards(rewards: Tensor, mask: Tensor | None) -> Tensor:
-    """[B] sequence rewards: as given, or the sum of valid per-token rewards."""
-    r = _as_float(rewards.detach())
-    if r.dim() == 1:
-        return r
-    if mask is None:
-        return r.sum(dim=-1)
-    return torch.where(mask > 0, r, 0.0).sum(dim=-1)
-
-
-def _group_index(group_id: Tensor) -> tuple[Tensor, int]:
-    """group_id [B] (any ids) -> (dense index [B] in [0, G), G)."""
-    uniq, inv = torch.unique(group_id, return_inverse=True)
-    return inv, int(uniq.numel())
-
-
-def _group_stats(r: Tensor, inv: Tensor, n_groups: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-group (count, mean, unbiased std), each [G]; std is 0 for single-member groups."""
-    zeros = torch.zeros(n_groups, dtype=r.dtype, device=r.device)
-    count = zeros.index_add(0, inv, torch.ones_like(r))
-    mean = zeros.index_add(0, inv, r) / count
-    dev = r - mean[inv]
-    var = zeros.index_add(0, inv, dev.square()) / (count - 1).clamp(min=1)
-    return count, mean, var.sqrt()
-
-
-def _broadcast(score: Tensor, mask: Tensor) -> Tensor:
-    """[B] score -> [B, T] on valid tokens, 0 on padding."""
-    return torch.where(mask > 0, score[:, None], 0.0)
-
-
-def _adv_metrics(adv: Tensor, mask: Tensor, **extra: Tensor | float) -> dict[str, float]:
-    mean = masked_mean(adv, mask)
-    std = masked_mean((adv - mean).square(), mask).sqrt()
-    return _floats({"mean": mean, "std": std, **extra})
-
-
-# ----------------------------------------------------------------------------- advantages
-
-
-@register_advantage("grpo")
-def grpo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
-    """GRPO: ``(r - mean_g) / (std_g + eps)`` per group, broadcast over valid tokens.
-
-    The group std is unbiased (``torch.std`` default, as verl). ``cfg.norm_by_std=False`` gives
-    Dr.GRPO (``r - mean_g``). Single-member groups get advantage 0 (r - mean_g is exactly 0, and
-    so is 0 / (0 + eps)). [B, T] rewards are summed over valid tokens first. Returns are the
-    advantages (no critic).
-
-    Args:
-        rewards [B] or [B, T], mask [B, T], group_id [B]; values/bootstrap_value unused.
-    Returns:
-        advantages [B, T], returns [B, T], metrics.
-    """
-    r = _seq_rewards(rewards, mask)
-    inv, n_groups = _group_index(group_id)
-    count, mean, std = _group_stats(r, inv, n_groups)
-    score = r - mean[inv]
-    if cfg.norm_by_std:
-        score = score / (std[inv] + cfg.eps)
-    adv = _broadcast(score, mask)
-    zero = ((std <= cfg.eps) | (count < 2)).float().mean()
-    return adv, adv, _adv_metrics(adv, mask, group_zero_std_frac=zero)
-
-
-@register_advantage("rloo")
-def rloo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
-    """RLOO: ``r_i - mean(r_j, j != i)`` = ``G / (G - 1) * (r_i - mean_g)``; groups of 1 get 0.
-
-    Args/Returns as :func:`grpo` (returns are the advantages).
-    """
-    r = _seq_rewards(rewards, mask)
-    inv, n_groups = _group_index(group_id)
-    count, mean, _ = _group_stats(r, inv, n_groups)
-    g = count[inv]
-    score = torch.where(g > 1, g / (g - 1).clamp(min=1) * (r - mean[inv]), 0.0)
-    adv = _broadcast(score, mask)
-    return adv, adv, _adv_metrics(adv, mask)
-
-
-def _discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """Returns-to-go ``G_t = r_t + gamma * G_{t+1}`` over the valid positions of each row. [B, T].
-
-    Masked positions are skipped, not reset: a hole in the mask (e.g. a tool response inside a
-    multi-turn completion) passes the return through undiscounted and gets 0 itself.
-    """
-    valid = mask > 0
-    running = torch.zeros_like(r[:, :0].sum(dim=1))  # (B,)
-    out = []
-    for t in reversed(range(r.shape[1])):
-        running = torch.where(valid[:, t], r[:, t] + gamma * running, running)
-        out.append(torch.where(valid[:, t], running, 0.0))
-    return torch.stack(out[::-1], dim=1) if out else r
-
-
-@register_advantage("reinforce_pp")
-def reinforce_pp(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
-    """REINFORCE++: token-level discounted returns-to-go (``cfg.gamma``), whitened over all
-    valid tokens of the batch (masked mean, unbiased masked std + eps).
-
-    A [B] reward sits at the last valid token. ``returns`` are the un-whitened returns-to-go.
-    """
-    ret = _discounted_returns(token_rewards(rewards, mask), mask, cfg.gamma)
-    adv = masked_whiten(ret, mask, cfg.eps)
-    return adv, ret, _adv_metrics(adv, mask, returns_mean=masked_mean(ret, mask))
-
-
-@register_advantage("reinforce_pp_baseline")
-def reinforce_pp_baseline(
-    rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None
-):
-    """REINFORCE++ with a group baseline (verl ``reinforce_plus_plus_baseline``): subtract the
-    group mean of the sequence rewards, broadcast over valid tokens, then whiten over all valid
-    tokens of the batch. A single-member group is centred on itself (0 before whitening).
-    Returns are the advantages.
-    """
-    r = _seq_rewards(rewards, mask)
-    inv, n_groups = _group_index(group_id)
-    _, mean, _ = _group_stats(r, inv, n_groups)
-    adv = masked_whiten(_broadcast(r - mean[inv], mask), mask, cfg.eps)
-    return adv, adv, _adv_metrics(adv, mask)
-
-
-@register_advantage("gae")
-def gae(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
-    """Generalised advantage estimation (``cfg.gamma``, ``cfg.lam``) for critic policies.
-
-    ``mask`` must be right-padded (ones then zeros per row). After the last valid step the next
-    value is ``bootstrap_value`` [B] (the value of the state after a truncated episode) or 0
-    (terminated). Rewards are per step [B, T] or one [B] reward at the last valid step.
-    The advantages are NOT whitened here (the loop may); returns = advantages + values.
-
-    Args:
-        values [B, T]: critic values at rollout time (required).
-    Returns:
-        advantages [B, T], returns [B, T], metrics; all zero on padding.
-    """
-    if values is None:
-        raise ValueError(
-            "gae needs values [B, T] from a critic; the policy returned no value "
-            "head (use adv_estimator grpo / rloo / reinforce_pp instead)"
-        )
-    valid = mask > 0
-    if bool((valid[:, 1:] & ~valid[:, :-1]).any()):
-        raise ValueError(
-            "gae expects right-padded masks (ones then zeros in every row); got a "
-            "valid step after padding"
-        )
-    r = token_rewards(rewards, mask)
-    v = torch.where(valid, values.detach().to(r.dtype), 0.0)
-    B = mask.shape[0]
-    boot = (
-        torch.zeros(B, dtype=r.dtype, device=r.device)
-        if bootstrap_value is None
-        else bootstrap_value.detach().to(r.dtype).reshape(B)
-    )
-    pad = torch.zeros_like(valid[:, :1])
-    next_valid = torch.cat([valid[:, 1:], pad], dim=1)  # (B, T)
-    next_v = torch.where(next_valid, torch.cat([v[:, 1:], v[:, :1] * 0], dim=1), boot[:, None])
-    delta = r + cfg.gamma * next_v - v  # (B, T)
-    carry = next_valid.to(r.dtype) * (cfg.gamma * cfg.lam)
-    last = torch.zeros_like(boot)
-    out = []
-    for t in reversed(range(r.shape[1])):
-        last = delta[:, t] + carry[:, t] * last
-        out.append(last)
-    adv = torch.where(valid, torch.stack(out[::-1], dim=1), 0.0) if out else r
-    ret = torch.where(valid, adv + v, 0.0)
-    return adv, ret, _adv_metrics(adv, mask, returns_mean=masked_mean(ret, mask))
-
-
-def _log_comb(n: Tensor, k: Tensor) -> Tensor:
-    """log C(n, k) for 0 <= k <= n (float64 tensors)."""
-    return torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
-
-
-@register_advantage("grpo_passk")
-def grpo_passk(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
-    """Pass@k advantage ("Pass@k Training", Chen et al. 2025, analytical form) for binary rewards.
-
-    A sample succeeds when its sequence reward is >= 0.5. For a group of N samples, N_neg of them
-    failed, and k = ``cfg.passk_k`` (0 uses N // 2, at least 1; k > N uses N):
-
-    * mean pass@k of the group: ``R = 1 - C(N_neg, k) / C(N, k)``, ``std = sqrt(R (1 - R))``
-    * success: ``(1 - R) / std``; failure: ``(1 - R - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / std``
-
-    The advantages of a group sum to zero; groups with std 0 (all equal, or every k-subset passes,
-    e.g. k = N with one success) get 0. With k = 1 this is GRPO with the population std, so k
-    must be below the group size to give a learning signal to mixed groups.
-    """
-    r = _seq_rewards(rewards, mask)
-    inv, n_groups = _group_index(group_id)
-    ok = (r >= 0.5).double()
-    zeros = torch.zeros(n_groups, dtype=torch.float64, device=r.device)
-    n = zeros.index_add(0, inv, torch.ones_like(ok))
-    n_neg = n - zeros.index_add(0, inv, ok)
-    k = (n // 2).clamp(min=1) if cfg.passk_k <= 0 else n.clamp(max=float(cfg.passk_k))
-    p_fail = torch.where(n_neg >= k, torch.exp(_log_comb(n_neg, k) - _log_comb(n, k)), 0.0)
-    mean = 1.0 - p_fail
-    std = (mean * (1.0 - mean)).clamp(min=0).sqrt()
-    has_neg = (n_neg >= 1) & (n_neg - 1 >= k - 1)
-    neg_term = torch.where(
-        has_neg, torch.exp(_log_comb(n_neg - 1, k - 1) - _log_comb(n - 1, k - 1)), 0.0
-    )
-    safe = std.clamp(min=1e-300)
-    a_pos, a_neg = (1.0 - mean) / safe, (1.0 - mean - neg_term) / safe
-    score = torch.where(ok > 0, a_pos[inv], a_neg[inv])
-    score = torch.where(std[inv] > 0, score, 0.0).to(r.dtype)
-    adv = _broadcast(score, mask)
-    return adv, adv, _adv_metrics(adv, mask, passk_mean=mean.mean())
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -384,18 +119,35 @@ def agg_loss(
     num_seqs: Tensor | float | None = None,
     norm_len: float | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss [B, T] to a scalar.
+    """Reduce a per-token loss [B, T] to a scalar, as verl's ``agg_loss``.
 
     Modes:
-        token-mean: ``sum(loss * mask) / num_tokens`` (default ``mask.sum()``).
-        seq-mean-token-sum: per-sequence token sum, summed and divided by ``num_seqs`` (default B).
-        seq-mean-token-mean: per-sequence token mean, summed and divided by ``num_seqs``.
-        seq-mean-token-sum-norm: per-sequence token sum / ``norm_len`` (default T), summed and
-            divided by ``num_seqs`` (Dr.GRPO's constant normaliser).
+        token-mean: ``sum(loss * mask) / num_tokens`` (default: valid tokens).
+        seq-mean-token-sum: each row's token sum, summed and divided by ``num_seqs``.
+        seq-mean-token-mean: each row's token mean, summed and divided by ``num_seqs``.
+        seq-mean-token-sum-norm: each row's token sum, summed and divided by ``norm_len`` only
+            (default T; Dr.GRPO's constant normaliser).
+
+    ``num_seqs`` counts the rows with at least one valid token (default: those of this batch):
+    as verl, a row with nothing valid is not a sequence of the mean, so that empty rows (all
+    observation, or all padding) do not shrink the weight of every other row.
+
+    seq-mean-token-sum-norm matches verl's formula, which has no division by the number of rows:
+    the loss is the batch's token sum over a constant. (verl's legacy workers then also scale
+    each micro-batch by 1 / gradient-accumulation steps, and data parallelism averages over
+    ranks, so its effective divisor depends on the parallel layout; ours does not. Dr.GRPO's
+    paper and TRL's ``dr_grpo`` also divide by the number of rows: set ``loss_norm_len`` to
+    rows x length to get theirs.)
 
     Pass the global ``num_tokens`` / ``num_seqs`` of the whole minibatch when calling on
     micro-batches: the sum of the micro-batch losses is then the full-batch loss. Padding values
     (even NaN/inf) are ignored; an all-masked batch gives 0.
+
+    Args:
+        loss_mat [B, T], mask [B, T]; num_tokens, num_seqs: global normalisers (see above);
+        norm_len: constant divisor of seq-mean-token-sum-norm.
+    Returns:
+        scalar loss.
     """
     if mode not in AGG_MODES:
         raise ValueError(
@@ -407,11 +159,12 @@ def agg_loss(
     if mode == "token-mean":
         return _safe_div(loss.sum(), valid.sum() if num_tokens is None else num_tokens)
     seq = loss.sum(dim=-1)  # (B,)
+    if mode == "seq-mean-token-sum-norm":
+        return seq.sum() / (norm_len or loss_mat.shape[-1] or 1)
     if mode == "seq-mean-token-mean":
         seq = seq / valid.sum(dim=-1).clamp(min=1)
-    elif mode == "seq-mean-token-sum-norm":
-        seq = seq / (norm_len or loss_mat.shape[-1] or 1)
-    return _safe_div(seq.sum(), loss_mat.shape[0] if num_seqs is None else num_seqs)
+    n = valid.any(dim=-1).sum() if num_seqs is None else num_seqs
+    return _safe_div(seq.sum(), n)
 
 
 # ----------------------------------------------------------------------------- policy losses
@@ -491,7 +244,7 @@ def gspo(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=No
     ``loss_t = max(-A s_it, -A clip(s_it, 1 - gspo_clip_low, 1 + gspo_clip_high))``.
     Always aggregated ``seq-mean-token-mean`` as in the paper (``cfg.loss_agg_mode`` is ignored),
     so that with per-sequence advantages the gradient is the paper's sequence-level one;
-    ``num_seqs`` is the global normaliser (``num_tokens`` is unused).
+    ``num_seqs`` (rows with a valid token) is the global normaliser (``num_tokens`` is unused).
     """
     valid = mask > 0
     log_ratio = _log_ratio(logp, logp_old, valid)
@@ -535,11 +288,12 @@ def value_loss(
     """Clipped value loss ``0.5 * max((v - R)^2, (clip(v, v_old -+ value_clip) - R)^2)``.
 
     Unclipped ``0.5 * (v - R)^2`` when ``cfg.value_clip`` is 0 (``values_old`` may then be None).
-    Always aggregated token-mean with the global ``num_tokens`` (``num_seqs`` is accepted for a
-    uniform call and unused).
+    Aggregated with ``cfg.loss_agg_mode`` (and ``cfg.loss_norm_len``) like the policy loss, as
+    verl's critic (its ``loss_agg_mode`` defaults to the actor's).
 
     Args:
-        values [B, T] (with grad), values_old [B, T] or None, returns [B, T], mask [B, T].
+        values [B, T] (with grad), values_old [B, T] or None, returns [B, T], mask [B, T];
+        num_tokens / num_seqs: global normalisers, as :func:`agg_loss`.
     Returns:
         scalar loss; metrics vf_clipfrac, vf_mean, vf_explained_var.
     """
@@ -558,7 +312,8 @@ def value_loss(
         l2 = (v_clip - ret).square()
         clipped = l2 > l1
         l1 = torch.maximum(l1, l2)
-    loss = 0.5 * agg_loss(l1, mask, "token-mean", num_tokens=num_tokens)
+    norm = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_len": cfg.loss_norm_len or None}
+    loss = 0.5 * agg_loss(l1, mask, cfg.loss_agg_mode, **norm)
     with torch.no_grad():
         v = values.detach()
         var_r, var_e = (
@@ -573,6 +328,10 @@ def value_loss(
 # ----------------------------------------------------------------------------- KL estimators
 
 
+# Names follow Schulman's "Approximating KL divergence"; verl calls k1 / k2 / k3 also
+# kl / mse / low_var_kl.
+
+
 @register_kl("k1")
 def kl_k1(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """k1 = logp - logp_ref (unbiased, high variance, can be negative). [B, T]."""
@@ -581,8 +340,14 @@ def kl_k1(logp: Tensor, logp_ref: Tensor) -> Tensor:
 
 @register_kl("k2")
 def kl_k2(logp: Tensor, logp_ref: Tensor) -> Tensor:
-    """k2 = 0.5 (logp - logp_ref)^2. [B, T]."""
+    """k2 = 0.5 (logp - logp_ref)^2 (its gradient is an unbiased KL gradient). [B, T]."""
     return 0.5 * (logp - logp_ref).square()
+
+
+@register_kl("abs")
+def kl_abs(logp: Tensor, logp_ref: Tensor) -> Tensor:
+    """|logp - logp_ref| (verl's ``abs``). [B, T]."""
+    return (logp - logp_ref).abs()
 
 
 @register_kl("k3")
@@ -593,6 +358,32 @@ def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """
     d = (logp_ref - logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     return (torch.exp(d) - d - 1).clamp(-10.0, 10.0)
+
+
+def _k2_gradient(value: Tensor, logp: Tensor, logp_ref: Tensor) -> Tensor:
+    """Straight-through: the value of ``value``, the gradient of k2. [B, T]."""
+    k2 = kl_k2(logp, logp_ref)
+    return value.detach() + (k2 - k2.detach())
+
+
+@register_kl("k1+")
+def kl_k1_plus(logp: Tensor, logp_ref: Tensor) -> Tensor:
+    """Straight-through k1: the value of k1, the gradient of k2. [B, T].
+
+    The expected value of k1 (or k3) is the KL, but the expected gradient of neither is the KL's
+    gradient, while k2's is; verl's ``k1+`` keeps k1's value for the penalty and logging and
+    takes k2's gradient. (verl documents ``k1+``/``k3+`` this way; the version read, Jan 2026,
+    passes the name with its ``+`` to the forward function, which raises. We implement the
+    documented meaning.)
+    """
+    return _k2_gradient(kl_k1(logp, logp_ref), logp, logp_ref)
+
+
+@register_kl("k3+")
+def kl_k3_plus(logp: Tensor, logp_ref: Tensor) -> Tensor:
+    """Straight-through k3: the value of k3 (clamped as :func:`kl_k3`), the gradient of k2
+    (unclamped, so a clamped token still pulls towards the reference). [B, T]. See ``k1+``."""
+    return _k2_gradient(kl_k3(logp, logp_ref), logp, logp_ref)
 
 
 # ----------------------------------------------------------------------------- batch utilities
@@ -668,7 +459,7 @@ def kl_to_reward(
 
     Args:
         rewards [B] (placed at the last valid token) or [B, T]; logp, logp_ref, mask [B, T];
-        estimator: name of a registered KL estimator (k1 | k2 | k3).
+        estimator: name of a registered KL estimator (see ``KL_ESTIMATORS``).
     Returns:
         [B, T] detached token rewards, 0 on padding.
     """

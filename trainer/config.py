@@ -48,13 +48,16 @@ class AlgoConfig:
     cispo_clip_low: float = 0.0
     """CISPO: the importance weight is floored at 1 - cispo_clip_low (0 disables the floor)"""
     loss_agg_mode: str = "token-mean"
-    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm"""
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean (means over rows with a valid token) |
+    seq-mean-token-sum-norm (summed row token sums / loss_norm_len, no division by rows), as
+    verl; the policy, KL, entropy and value losses all use it"""
     loss_norm_len: int = 0
     """constant divisor for seq-mean-token-sum-norm (Dr.GRPO); 0 uses the batch's T"""
     kl_coef: float = 0.0
     """weight of the KL(policy || reference) term in the loss; 0 skips the reference model"""
     kl_estimator: str = "k3"
-    """KL estimator: k1 | k2 | k3 (low variance)"""
+    """KL estimator: k1 | k2 | k3 (low variance) | abs | k1+ | k3+ (value of k1/k3, gradient
+    of k2: straight-through); verl's kl / mse / low_var_kl are k1 / k2 / k3"""
     kl_in_reward: bool = False
     """fold the KL penalty into the per-token reward instead of the loss"""
     entropy_coef: float = 0.0
@@ -74,7 +77,8 @@ class AlgoConfig:
     whiten_advantages: bool = False
     """normalise advantages to zero mean / unit std over the batch's valid tokens (PPO's norm_adv)"""
     eps: float = 1e-6
-    """numerical floor for std normalisation"""
+    """grpo: added to the group std before dividing (verl's epsilon); whitening adds a fixed
+    1e-8 to the variance instead (as verl)"""
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Tests for trainer/algos.py: every estimator and loss against a plain Python reference loop,
-hand-computed cases, finite-difference gradients, registries and micro-batch invariance."""
+"""Tests for trainer/algos.py and trainer/advantages.py: every estimator and loss against a plain
+Python reference loop, hand-computed cases (the verl semantics, and each deliberate difference),
+finite-difference gradients, registries and micro-batch invariance."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from perceptrl.trainer import algos
+from perceptrl.trainer import advantages, algos
 from perceptrl.trainer.algos import (
     ADVANTAGES,
     AGG_MODES,
@@ -121,11 +122,10 @@ def ref_grpo(r, m, g, norm, eps):
     for i in range(len(r)):
         vals = [r[j] for j in members[g[i]]]
         n = len(vals)
-        if n == 1:
-            score.append(0.0)
-            continue
-        mean = sum(vals) / n
-        std = math.sqrt(sum((x - mean) ** 2 for x in vals) / (n - 1))
+        mean, std = 0.0, 1.0  # a singleton group has no baseline (verl's convention)
+        if n > 1:
+            mean = sum(vals) / n
+            std = math.sqrt(sum((x - mean) ** 2 for x in vals) / (n - 1))
         s = r[i] - mean
         score.append(s / (std + eps) if norm else s)
     return ref_broadcast(score, m)
@@ -137,17 +137,17 @@ def ref_rloo(r, m, g):
     score = []
     for i in range(len(r)):
         others = [r[j] for j in members[g[i]] if j != i]
-        score.append(r[i] - sum(others) / len(others) if others else 0.0)
+        score.append(r[i] - sum(others) / len(others) if others else r[i])
     return ref_broadcast(score, m)
 
 
-def ref_whiten(x, m, eps):
+def ref_whiten(x, m, eps=1e-8):
     vals = [x[i][t] for i in range(len(m)) for t in range(len(m[i])) if m[i][t] > 0]
     n = len(vals)
     mean = sum(vals) / max(n, 1)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / max(n - 1, 1))
+    var = sum((v - mean) ** 2 for v in vals) / max(n - 1, 1)
     return [
-        [(x[i][t] - mean) / (std + eps) if m[i][t] > 0 else 0.0 for t in range(len(m[i]))]
+        [(x[i][t] - mean) / math.sqrt(var + eps) if m[i][t] > 0 else 0.0 for t in range(len(m[i]))]
         for i in range(len(m))
     ]
 
@@ -165,18 +165,21 @@ def ref_returns_to_go(r, m, gamma):
 
 
 def ref_gae(r, v, m, gamma, lam, boot):
+    """GAE over the valid steps of each row in order; masked steps (padding or interior holes)
+    are dropped, so the step after a valid one is the next valid one (or the bootstrap)."""
     tok = ref_token_rewards(r, m)
     adv, ret = [], []
     for i in range(len(m)):
-        n = sum(1 for x in m[i] if x > 0)
-        row, last = [0.0] * len(m[i]), 0.0
-        for t in reversed(range(n)):
-            next_v = v[i][t + 1] if t + 1 < n else (boot[i] if boot is not None else 0.0)
+        steps = [t for t in range(len(m[i])) if m[i][t] > 0]
+        row = [0.0] * len(m[i])
+        for k in reversed(range(len(steps))):
+            t = steps[k]
+            last = k + 1 == len(steps)
+            next_v = (boot[i] if boot is not None else 0.0) if last else v[i][steps[k + 1]]
             delta = tok[i][t] + gamma * next_v - v[i][t]
-            last = delta + (gamma * lam * last if t + 1 < n else 0.0)
-            row[t] = last
+            row[t] = delta + (0.0 if last else gamma * lam * row[steps[k + 1]])
         adv.append(row)
-        ret.append([row[t] + v[i][t] if t < n else 0.0 for t in range(len(m[i]))])
+        ret.append([row[t] + v[i][t] if m[i][t] > 0 else 0.0 for t in range(len(m[i]))])
     return adv, ret
 
 
@@ -208,14 +211,19 @@ def ref_agg(L, m, mode, num_tokens=None, num_seqs=None, norm_len=None):
         return tot / n if n > 0 else 0.0
     seqs = []
     for i in range(B):
+        n_i = sum(1 for x in m[i] if x > 0)
+        if n_i == 0:
+            continue  # a row without a valid token is not a sequence of the mean
         s = sum(L[i][t] for t in range(T) if m[i][t] > 0)
-        n_i = sum(m[i])
         if mode == "seq-mean-token-mean":
-            s = s / n_i if n_i > 0 else 0.0
+            s = s / n_i
         elif mode == "seq-mean-token-sum-norm":
             s = s / (norm_len or T)
         seqs.append(s)
-    return sum(seqs) / (num_seqs if num_seqs is not None else B)
+    if mode == "seq-mean-token-sum-norm":
+        return sum(seqs)  # verl: no division by the number of sequences
+    n = num_seqs if num_seqs is not None else len(seqs)
+    return sum(seqs) / n if n > 0 else 0.0
 
 
 def clip(x, lo, hi):
@@ -268,7 +276,7 @@ def ref_cispo_mat(lp, lo, A, m, cfg, w):
     ]
 
 
-def ref_value_loss(v, vo, R, m, c):
+def ref_value_loss(v, vo, R, m, c, mode="token-mean"):
     mat = []
     for i in range(len(m)):
         row = []
@@ -279,7 +287,7 @@ def ref_value_loss(v, vo, R, m, c):
                 l1 = max(l1, (vc - R[i][t]) ** 2)
             row.append(0.5 * l1)
         mat.append(row)
-    return ref_agg(mat, m, "token-mean")
+    return ref_agg(mat, m, mode)
 
 
 def ref_kl(lp, lr, name):
@@ -288,10 +296,12 @@ def ref_kl(lp, lr, name):
         row = []
         for t in range(len(lp[i])):
             d = lp[i][t] - lr[i][t]
-            if name == "k1":
+            if name in ("k1", "k1+"):
                 row.append(d)
             elif name == "k2":
                 row.append(0.5 * d * d)
+            elif name == "abs":
+                row.append(abs(d))
             else:
                 x = clip(-d, -20.0, 20.0)
                 row.append(clip(math.exp(x) - x - 1, -10.0, 10.0))
@@ -320,7 +330,7 @@ def test_grpo_matches_reference(B, T, padding, seed, norm):
 def test_grpo_token_rewards_are_summed(B, T, padding, seed):
     _, mask, gid = make_inputs(B, T, padding, seed)
     tok = torch.randn(B, T, dtype=DT)
-    adv, _, _ = algos.grpo(tok, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.grpo(tok, mask, gid, AlgoConfig())
     assert_close(adv, ref_grpo(tok.tolist(), mask.tolist(), gid.tolist(), True, 1e-6))
 
 
@@ -342,7 +352,25 @@ def test_reinforce_pp_matches_reference(B, T, padding, seed, token_level):
     m = mask.tolist()
     ref_ret = ref_returns_to_go(ref_token_rewards(rewards.tolist(), m), m, 0.9)
     assert_close(ret, ref_ret)
-    assert_close(adv, ref_whiten(ref_ret, m, cfg.eps))
+    assert_close(adv, ref_whiten(ref_ret, m))
+
+
+def test_hand_computed_masked_whiten():
+    # verl: (x - mean) * rsqrt(var + 1e-8), unbiased var over the valid positions. Valid values
+    # {0, 2, 4}: mean 2, var (4 + 0 + 4) / 2 = 4 -> (x - 2) / sqrt(4 + 1e-8)
+    x = torch.tensor([[0.0, 2.0, 77.0], [4.0, float("nan"), 1.0]], dtype=DT)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=DT)
+    s = math.sqrt(4 + 1e-8)
+    assert_close(algos.masked_whiten(x, mask), [[-2 / s, 0.0, 0.0], [2 / s, 0.0, 0.0]])
+    # the epsilon is added to the variance, not to the std: with eps = 5, 1 / sqrt(9) = 1/3
+    assert_close(algos.masked_whiten(x, mask, 5.0), [[-2 / 3, 0.0, 0.0], [2 / 3, 0.0, 0.0]])
+    # a constant batch or a single valid value whitens to 0 (verl raises on a single value)
+    assert_close(algos.masked_whiten(x, torch.tensor([[1.0, 0, 0], [0, 0, 0]])), [[0.0] * 3] * 2)
+    assert_close(algos.masked_whiten(x, torch.zeros(2, 3)), [[0.0] * 3] * 2)
+    # all_reduce sums the statistics over data-parallel ranks: two ranks holding the same rows
+    # whiten like the batch of both copies
+    both = algos.masked_whiten(torch.cat([x, x]), torch.cat([mask, mask]))
+    assert_close(algos.masked_whiten(x, mask, all_reduce=lambda t: 2 * t), both[:2])
 
 
 @pytest.mark.parametrize("seed", SEEDS + [2, 3])
@@ -353,13 +381,31 @@ def test_reinforce_pp_mask_holes(seed, token_level):
     mask = (torch.rand(6, 8) < 0.6).to(DT)
     rewards = torch.randn(6, 8, dtype=DT) if token_level else torch.randn(6, dtype=DT)
     cfg = AlgoConfig(gamma=0.8)
-    adv, ret, _ = algos.reinforce_pp(rewards, mask, torch.zeros(6), cfg)
+    adv, ret, _ = advantages.reinforce_pp(rewards, mask, torch.zeros(6), cfg)
     m = mask.tolist()
     ref_ret = ref_returns_to_go(ref_token_rewards(rewards.tolist(), m), m, 0.8)
     assert_close(ret, ref_ret)
-    assert_close(adv, ref_whiten(ref_ret, m, cfg.eps))
+    assert_close(adv, ref_whiten(ref_ret, m))
+
+
+def test_hand_computed_reinforce_pp_across_a_hole():
+    # turn 1 (t=0,1), an observation the policy did not write (t=2, masked), turn 2 (t=3),
+    # padding (t=4). Token rewards 1 at t=1 and 2 at t=3, junk on the masked positions.
+    # gamma 0.5: G3 = 2; the hole neither resets nor discounts: G1 = 1 + .5 * 2 = 2;
+    # G0 = 0 + .5 * 2 = 1. (verl resets at every masked position, which gives G1 = 1, G0 = .5:
+    # the second turn's reward would never reach the first turn.)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 0.0]], dtype=DT)
+    r = torch.tensor([[0.0, 1.0, 9.0, 2.0, 9.0]], dtype=DT)
+    adv, ret, _ = advantages.reinforce_pp(r, mask, torch.zeros(1), AlgoConfig(gamma=0.5))
+    assert_close(ret, [[1.0, 2.0, 0.0, 2.0, 0.0]])
+    # whitened over the 3 valid returns {1, 2, 2}: mean 5/3, unbiased var 1/3
+    z = 1 / math.sqrt(1 / 3 + 1e-8)
+    assert_close(adv, [[-2 / 3 * z, 1 / 3 * z, 0.0, 1 / 3 * z, 0.0]])
+    # a [B] outcome reward sits at the last policy token and reaches the first turn
     one = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
-    _, ret, _ = algos.reinforce_pp(torch.tensor([1.0]), one, torch.zeros(1), AlgoConfig(gamma=0.5))
+    _, ret, _ = advantages.reinforce_pp(
+        torch.tensor([1.0]), one, torch.zeros(1), AlgoConfig(gamma=0.5)
+    )
     torch.testing.assert_close(ret, torch.tensor([[0.5, 0.0, 1.0, 0.0]]))
 
 
@@ -370,8 +416,9 @@ def test_reinforce_pp_baseline_matches_reference(B, T, padding, seed):
     adv, _, _ = get_advantage("reinforce_pp_baseline")(rewards, mask, gid, cfg)
     r, g, m = rewards.tolist(), gid.tolist(), mask.tolist()
     members = ref_groups(g)
-    centred = [r[i] - sum(r[j] for j in members[g[i]]) / len(members[g[i]]) for i in range(B)]
-    assert_close(adv, ref_whiten(ref_broadcast(centred, m), m, cfg.eps))
+    mean = [sum(r[j] for j in members[g[i]]) / len(members[g[i]]) for i in range(B)]
+    centred = [r[i] - (mean[i] if len(members[g[i]]) > 1 else 0.0) for i in range(B)]
+    assert_close(adv, ref_whiten(ref_broadcast(centred, m), m))
 
 
 @cases
@@ -400,6 +447,35 @@ def test_gae_matches_reference(B, T, padding, seed, token_level, truncated):
     assert_close(ret, ref_ret)
 
 
+@pytest.mark.parametrize("seed", SEEDS + [2, 3])
+@pytest.mark.parametrize("token_level", [False, True])
+@pytest.mark.parametrize("truncated", [False, True])
+def test_gae_mask_holes_match_reference(seed, token_level, truncated):
+    # interior zeros (observations inside a multi-turn episode), leading zeros and empty rows
+    torch.manual_seed(seed)
+    B, T = 7, 9
+    mask = (torch.rand(B, T) < 0.6).to(DT)
+    mask[0] = 0.0
+    rewards = torch.randn(B, T, dtype=DT) if token_level else torch.randn(B, dtype=DT)
+    values = torch.randn(B, T, dtype=DT)
+    junk = torch.where(mask > 0, values, torch.full_like(values, float("nan")))
+    boot = torch.randn(B, dtype=DT) if truncated else None
+    cfg = AlgoConfig(gamma=0.9, lam=0.7)
+    adv, ret, _ = advantages.gae(
+        rewards, mask, torch.zeros(B), cfg, values=junk, bootstrap_value=boot
+    )
+    ref_adv, ref_ret = ref_gae(
+        rewards.tolist(),
+        values.tolist(),
+        mask.tolist(),
+        0.9,
+        0.7,
+        boot.tolist() if truncated else None,
+    )
+    assert_close(adv, ref_adv)
+    assert_close(ret, ref_ret)
+
+
 @cases
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
 def test_grpo_passk_matches_reference(B, T, padding, seed, k):
@@ -411,11 +487,11 @@ def test_grpo_passk_matches_reference(B, T, padding, seed, k):
 def test_grpo_passk_success_threshold():
     # success means reward >= 0.5; a group of {0.5, 0.49} is mixed, {0.2, 0.49} is not
     r = torch.tensor([0.5, 0.49, 0.2, 0.49])
-    adv, _, _ = algos.grpo_passk(
+    adv, _, _ = advantages.grpo_passk(
         r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=2)
     )
     assert adv.abs().max().item() == 0.0  # k = N = 2: the one 2-subset passes -> no signal
-    adv, _, _ = algos.grpo_passk(
+    adv, _, _ = advantages.grpo_passk(
         r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=1)
     )
     torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -1.0, 0.0, 0.0]))
@@ -426,19 +502,19 @@ def test_grpo_passk_k1_is_grpo_with_population_std_and_sums_to_zero():
     r = torch.tensor([1, 0, 0, 1, 1, 1, 0, 1], dtype=DT)
     gid = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
     mask = torch.ones(8, 1, dtype=DT)
-    adv, _, _ = algos.grpo_passk(r, mask, gid, AlgoConfig(passk_k=1))
+    adv, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig(passk_k=1))
     for g in (0, 1):
         x = r[gid == g]
         expect = (x - x.mean()) / x.std(unbiased=False)
         assert_close(adv[gid == g, 0], expect)
-    adv2, _, _ = algos.grpo_passk(r, mask, gid, AlgoConfig(passk_k=2))
+    adv2, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig(passk_k=2))
     for g in (0, 1):
         assert abs(adv2[gid == g].sum().item()) < 1e-12
     # k = group size: every mixed group passes for sure -> no signal
-    adv_n, _, _ = algos.grpo_passk(r, mask, gid, AlgoConfig(passk_k=5))
+    adv_n, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig(passk_k=5))
     assert adv_n[gid == 0].abs().max().item() == 0.0
     # the default k (0) is half the group size, which does give mixed groups a signal
-    adv_0, _, _ = algos.grpo_passk(r, mask, gid, AlgoConfig(passk_k=0))
+    adv_0, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig(passk_k=0))
     assert adv_0[gid == 0].abs().min().item() > 0.0
 
 
@@ -447,14 +523,14 @@ def test_hand_computed_grpo_drgrpo_rloo():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
     gid = torch.zeros(4, dtype=torch.long)
     a = 0.5 / math.sqrt(1 / 3)  # 0.8660...
-    adv, _, _ = algos.grpo(r, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.grpo(r, mask, gid, AlgoConfig())
     torch.testing.assert_close(
         adv, torch.tensor([[a, a], [-a, 0], [-a, -a], [a, a]]), atol=1e-5, rtol=1e-5
     )
     assert abs(a - 0.8660254) < 1e-6
-    adv, _, _ = algos.grpo(r, mask, gid, AlgoConfig(norm_by_std=False))
+    adv, _, _ = advantages.grpo(r, mask, gid, AlgoConfig(norm_by_std=False))
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5], [-0.5, 0], [-0.5, -0.5], [0.5, 0.5]]))
-    adv, _, _ = algos.rloo(r, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.rloo(r, mask, gid, AlgoConfig())
     b = 2 / 3  # 1 - mean(0, 0, 1)
     torch.testing.assert_close(adv, torch.tensor([[b, b], [-b, 0], [-b, -b], [b, b]]))
 
@@ -473,15 +549,25 @@ def test_token_rewards():
         algos.token_rewards(torch.ones(2), mask)
 
 
-def test_single_member_groups_get_zero():
-    r = torch.tensor([3.0, 1.0, 2.0])
-    mask = torch.ones(3, 2)
+def test_hand_computed_singleton_groups_keep_their_reward():
+    # a group of one has no baseline: verl uses mean 0 and std 1, so the row keeps its reward
+    r = torch.tensor([3.0, 1.0, 2.0], dtype=DT)
+    mask = torch.ones(3, 2, dtype=DT)
     gid = torch.tensor([0, 1, 1])
-    for name in ("grpo", "rloo", "grpo_passk"):
-        adv, _, _ = get_advantage(name)(r, mask, gid, AlgoConfig())
-        assert adv[0].abs().max().item() == 0.0, name
-        if name != "grpo_passk":
-            assert adv[1, 0].item() < 0 < adv[2, 0].item(), name
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # the pair {1, 2}: mean 1.5, unbiased std sqrt(.5)
+    adv, _, _ = advantages.grpo(r, mask, gid, AlgoConfig(eps=1e-6))
+    assert_close(adv[:, 0], [3.0 / (1 + 1e-6), -a, a])
+    adv, _, _ = advantages.grpo(r, mask, gid, AlgoConfig(norm_by_std=False))
+    assert_close(adv[:, 0], [3.0, -0.5, 0.5])
+    adv, _, _ = advantages.rloo(r, mask, gid, AlgoConfig())
+    assert_close(adv[:, 0], [3.0, -1.0, 1.0])
+    # reinforce_pp_baseline: centred [3, -.5, .5] on 2 tokens each, whitened over 6 tokens:
+    # mean 1, deviations [2, -1.5, -.5], unbiased var (2 * (4 + 2.25 + .25)) / 5 = 2.6
+    adv, _, _ = advantages.reinforce_pp_baseline(r, mask, gid, AlgoConfig())
+    assert_close(adv, [[x / math.sqrt(2.6 + 1e-8)] * 2 for x in (2.0, -1.5, -0.5)])
+    # pass@k has no defined value for a group of one (k must be below the group size): 0
+    adv, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig())
+    assert adv[0].abs().max().item() == 0.0
 
 
 def test_hand_computed_gae():
@@ -493,25 +579,40 @@ def test_hand_computed_gae():
     cfg = AlgoConfig(gamma=0.9, lam=0.8)
     # terminated: d2 = 2 - 1.5 = .5; d1 = .9*1.5 - 1 = .35; d0 = 1 + .9 - .5 = 1.4
     # A2 = .5; A1 = .35 + .72*.5 = .71; A0 = 1.4 + .72*.71 = 1.9112
-    adv, ret, _ = algos.gae(r, mask, gid, cfg, values=v)
+    adv, ret, _ = advantages.gae(r, mask, gid, cfg, values=v)
     torch.testing.assert_close(adv, torch.tensor([[1.9112, 0.71, 0.5, 0.0]]))
     torch.testing.assert_close(ret, torch.tensor([[2.4112, 1.71, 2.0, 0.0]]))
     # truncated, bootstrap 2: d2 = 2 + 1.8 - 1.5 = 2.3; A1 = .35 + .72*2.3 = 2.006;
     # A0 = 1.4 + .72*2.006 = 2.84432
-    adv, _, _ = algos.gae(r, mask, gid, cfg, values=v, bootstrap_value=torch.tensor([2.0]))
+    adv, _, _ = advantages.gae(r, mask, gid, cfg, values=v, bootstrap_value=torch.tensor([2.0]))
     torch.testing.assert_close(adv, torch.tensor([[2.84432, 2.006, 2.3, 0.0]]))
     # scalar reward 2 at the last valid step: d0 = .9 - .5 = .4; A0 = .4 + .72*.71 = .9112
-    adv, _, _ = algos.gae(torch.tensor([2.0]), mask, gid, cfg, values=v)
+    adv, _, _ = advantages.gae(torch.tensor([2.0]), mask, gid, cfg, values=v)
     torch.testing.assert_close(adv, torch.tensor([[0.9112, 0.71, 0.5, 0.0]]))
 
 
-def test_gae_errors():
-    mask = torch.tensor([[1.0, 0.0, 1.0]])
+def test_hand_computed_gae_across_a_hole():
+    # policy step t=0, an observation (t=1, masked, junk value and reward), policy step t=2,
+    # padding t=3. gamma 0.9, lam 0.8. The hole is skipped: the step after t=0 is t=2.
+    # d2 = 1 + .9 * 0 - .5 = .5 -> A2 = .5; d0 = 0 + .9 * .5 - .5 = -.05;
+    # A0 = -.05 + .72 * .5 = .31. Returns A + v: 0.81 and 1.0.
+    r = torch.tensor([[0.0, 5.0, 1.0, 7.0]])
+    v = torch.tensor([[0.5, 99.0, 0.5, 99.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
     gid = torch.zeros(1, dtype=torch.long)
+    cfg = AlgoConfig(gamma=0.9, lam=0.8)
+    adv, ret, _ = advantages.gae(r, mask, gid, cfg, values=v)
+    torch.testing.assert_close(adv, torch.tensor([[0.31, 0.0, 0.5, 0.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.81, 0.0, 1.0, 0.0]]))
+    # truncated, bootstrap 2: d2 = 1 + 1.8 - .5 = 2.3; A0 = -.05 + .72 * 2.3 = 1.606
+    adv, _, _ = advantages.gae(r, mask, gid, cfg, values=v, bootstrap_value=torch.tensor([2.0]))
+    torch.testing.assert_close(adv, torch.tensor([[1.606, 0.0, 2.3, 0.0]]))
+
+
+def test_gae_needs_values():
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
     with pytest.raises(ValueError, match="values"):
-        algos.gae(torch.ones(1), mask, gid, AlgoConfig())
-    with pytest.raises(ValueError, match="right-padded"):
-        algos.gae(torch.ones(1), mask, gid, AlgoConfig(), values=torch.zeros(1, 3))
+        advantages.gae(torch.ones(1), mask, torch.zeros(1, dtype=torch.long), AlgoConfig())
 
 
 def test_advantages_detached_and_zero_on_padding():
@@ -712,18 +813,19 @@ def test_cispo_gradcheck_in_clipped_region(side):
 
 
 @pytest.mark.parametrize("clip_v", [0.0, 0.2])
-def test_value_loss_matches_reference_and_gradcheck(clip_v):
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_value_loss_matches_reference_and_gradcheck(clip_v, mode):
     B, T = 4, 5
-    mask = torch.tensor([[1.0] * k + [0.0] * (T - k) for k in (5, 3, 1, 4)], dtype=DT)
+    mask = torch.tensor([[1.0] * k + [0.0] * (T - k) for k in (5, 3, 0, 4)], dtype=DT)
     gen = torch.Generator().manual_seed(5)
     vo = torch.randn(B, T, dtype=DT, generator=gen)
     R = torch.randn(B, T, dtype=DT, generator=gen)
     # v - vo away from +-0.2, and v away from the tie (v - R)^2 == (v_clip - R)^2
     d = _away_from_boundaries(B, T, 9, (math.exp(-0.2), math.exp(0.2)), gap=0.03)
     v = vo + d
-    cfg = AlgoConfig(value_clip=clip_v)
+    cfg = AlgoConfig(value_clip=clip_v, loss_agg_mode=mode)
     loss, metrics = value_loss(v, vo, R, mask, cfg)
-    ref = ref_value_loss(v.tolist(), vo.tolist(), R.tolist(), mask.tolist(), clip_v)
+    ref = ref_value_loss(v.tolist(), vo.tolist(), R.tolist(), mask.tolist(), clip_v, mode)
     assert_close(loss, ref)
     assert set(metrics) == {"vf_clipfrac", "vf_mean", "vf_explained_var"}
     assert (metrics["vf_clipfrac"] > 0) == (clip_v > 0)
@@ -741,6 +843,25 @@ def test_value_loss_matches_reference_and_gradcheck(clip_v):
     else:
         with pytest.raises(ValueError, match="values_old"):
             value_loss(v, None, R, mask, cfg)
+
+
+def test_hand_computed_value_loss_follows_loss_agg_mode():
+    # verl's compute_value_loss aggregates with the critic's loss_agg_mode (the actor's by
+    # default). Squared errors: row 0 [1, 4], row 1 [9, pad], row 2 empty; 0.5 * agg.
+    v = torch.tensor([[1.0, 2.0], [3.0, 50.0], [7.0, 7.0]], dtype=DT)
+    R = torch.zeros(3, 2, dtype=DT)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]], dtype=DT)
+    expect = {
+        "token-mean": 0.5 * 14 / 3,
+        "seq-mean-token-sum": 0.5 * (5 + 9) / 2,
+        "seq-mean-token-mean": 0.5 * (2.5 + 9) / 2,
+        "seq-mean-token-sum-norm": 0.5 * (5 + 9) / 2,  # T = 2, no division by B
+    }
+    for mode, want in expect.items():
+        cfg = AlgoConfig(value_clip=0.0, loss_agg_mode=mode)
+        assert value_loss(v, None, R, mask, cfg)[0].item() == pytest.approx(want), mode
+    cfg = AlgoConfig(value_clip=0.0, loss_agg_mode="seq-mean-token-sum-norm", loss_norm_len=4)
+    assert value_loss(v, None, R, mask, cfg)[0].item() == pytest.approx(0.5 * 14 / 4)
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -771,6 +892,28 @@ def test_agg_loss_padding_nan_and_all_masked():
     assert agg_loss(L, mask, "token-mean").item() == pytest.approx(1.5)
 
 
+def test_hand_computed_seq_means_skip_empty_rows():
+    # rows: [1, 2] valid, [3, pad], and one with no valid token (as verl's agg_loss, it is not a
+    # sequence of the mean: dividing by 3 rows would shrink every real row's weight)
+    L = torch.tensor([[1.0, 2.0], [3.0, 100.0], [5.0, 6.0]], dtype=DT)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]], dtype=DT)
+    assert agg_loss(L, mask, "seq-mean-token-sum").item() == pytest.approx((3 + 3) / 2)
+    assert agg_loss(L, mask, "seq-mean-token-mean").item() == pytest.approx((1.5 + 3) / 2)
+    # the caller's global count of non-empty rows replaces the local one
+    got = agg_loss(L, mask, "seq-mean-token-sum", num_seqs=4).item()
+    assert got == pytest.approx(6 / 4)
+
+
+def test_hand_computed_seq_mean_token_sum_norm_has_no_batch_divisor():
+    # verl: sum over rows of the row's token sum, divided by the constant only (T or
+    # loss_norm_len), not by the number of rows
+    L = torch.tensor([[1.0, 2.0, 0.5], [3.0, 100.0, 100.0]], dtype=DT)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], dtype=DT)
+    assert agg_loss(L, mask, "seq-mean-token-sum-norm").item() == pytest.approx(6.5 / 3)
+    out = agg_loss(L, mask, "seq-mean-token-sum-norm", norm_len=10, num_seqs=7, num_tokens=9)
+    assert out.item() == pytest.approx(0.65)
+
+
 def _split_equal(fn, B, n_micro=4):
     """Sum of ``fn(rows)`` over micro-batches and its grads vs ``fn(all rows)``."""
     idx = torch.arange(B)
@@ -791,7 +934,7 @@ def test_micro_batch_invariance(mode, seed):
     mask = make_mask(B, T, "with_empty")
     lp, lo, A, _, w = make_policy_inputs(B, T, "full", seed)
     v, vo, R = (torch.randn(B, T, dtype=DT) for _ in range(3))
-    n_tok, n_seq = mask.sum(), B
+    n_tok, n_seq = mask.sum(), int((mask.sum(1) > 0).sum())  # global normalisers
     cfg = AlgoConfig(loss_agg_mode=mode, dual_clip_c=3.0, value_clip=0.2)
 
     def run(make_loss):
@@ -813,7 +956,11 @@ def test_micro_batch_invariance(mode, seed):
                 x[r], lo[r], A[r], mask[r], cfg, is_weight=w[r], num_tokens=n_tok, num_seqs=n_seq
             )[0]
         )
-    run(lambda x, y, r: value_loss(y[r], vo[r], R[r], mask[r], cfg, num_tokens=n_tok)[0])
+    run(
+        lambda x, y, r: value_loss(
+            y[r], vo[r], R[r], mask[r], cfg, num_tokens=n_tok, num_seqs=n_seq
+        )[0]
+    )
 
 
 # ----------------------------------------------------------------------------- registries
@@ -829,8 +976,8 @@ def test_registries_and_errors():
         "grpo_passk",
     }
     assert set(POLICY_LOSSES) >= {"ppo_clip", "gspo", "cispo"}
-    assert set(KL_ESTIMATORS) >= {"k1", "k2", "k3"}
-    assert get_advantage("grpo") is algos.grpo and get_policy_loss("gspo") is algos.gspo
+    assert set(KL_ESTIMATORS) >= {"k1", "k2", "k3", "abs", "k1+", "k3+"}
+    assert get_advantage("grpo") is advantages.grpo and get_policy_loss("gspo") is algos.gspo
     for getter, names in [
         (get_advantage, ADVANTAGES),
         (get_policy_loss, POLICY_LOSSES),
@@ -864,7 +1011,7 @@ def test_register_new_entry_and_reject_name_clash():
 # ----------------------------------------------------------------------------- KL and utilities
 
 
-@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("name", ["k1", "k2", "k3", "abs", "k1+", "k3+"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_kl_estimators_match_reference(name, seed):
     torch.manual_seed(seed)
@@ -873,8 +1020,41 @@ def test_kl_estimators_match_reference(name, seed):
     lr[0, 0], lp[0, 1] = lp[0, 0] + 30.0, lr[0, 1] + 30.0  # extremes hit the k3 clamps
     out = get_kl(name)(lp, lr)
     assert_close(out, ref_kl(lp.tolist(), lr.tolist(), name))
-    if name == "k3":
+    if name in ("k3", "k3+"):
         assert out[0, 0].item() == 10.0 and (out >= 0).all()
+
+
+@pytest.mark.parametrize(
+    "name,value,grad",
+    [
+        # logp = 0, logp_ref = -2 (d = logp - logp_ref = 2); gradients are d/d logp
+        ("k1", 2.0, 1.0),
+        ("k2", 2.0, 2.0),  # 0.5 d^2, gradient d
+        ("k3", math.exp(-2) + 1, 1 - math.exp(-2)),  # e^-d + d - 1, gradient 1 - e^-d
+        ("abs", 2.0, 1.0),
+        ("k1+", 2.0, 2.0),  # value of k1, gradient of k2 (straight-through)
+        ("k3+", math.exp(-2) + 1, 2.0),  # value of k3, gradient of k2
+    ],
+)
+def test_hand_computed_kl_values_and_gradients(name, value, grad):
+    lp = torch.zeros(1, 1, dtype=DT, requires_grad=True)
+    out = get_kl(name)(lp, torch.full((1, 1), -2.0, dtype=DT))
+    out.sum().backward()
+    assert out.item() == pytest.approx(value) and lp.grad.item() == pytest.approx(grad)
+    # d = -2: abs is 2 with gradient -1; the + variants keep k2's gradient d = -2
+    lp = torch.zeros(1, 1, dtype=DT, requires_grad=True)
+    out = get_kl(name)(lp, torch.full((1, 1), 2.0, dtype=DT))
+    out.sum().backward()
+    if name == "abs":
+        assert out.item() == pytest.approx(2.0) and lp.grad.item() == pytest.approx(-1.0)
+    if name.endswith("+"):
+        assert lp.grad.item() == pytest.approx(-2.0)
+    # a clamped k3 value keeps k2's gradient in k3+ (and has none in k3)
+    lp = torch.zeros(1, 1, dtype=DT, requires_grad=True)
+    out = get_kl(name)(lp, torch.full((1, 1), 30.0, dtype=DT))
+    out.sum().backward()
+    if name == "k3+":
+        assert out.item() == 10.0 and lp.grad.item() == pytest.approx(-30.0)
 
 
 def test_k3_is_unbiased_kl_estimate():
@@ -946,5 +1126,5 @@ def test_kl_to_reward(B, T, padding, seed, name, token_level):
     kl = ref_kl(lp.tolist(), lref.tolist(), name)
     ref = [[tok[i][t] - 0.1 * kl[i][t] if m[i][t] > 0 else 0.0 for t in range(T)] for i in range(B)]
     assert_close(out, ref)
-    with pytest.raises(ValueError, match="k1, k2, k3"):
+    with pytest.raises(ValueError, match=r"'kl'; valid names: abs, k1, k1\+, k2, k3, k3\+"):
         kl_to_reward(rewards, lp, lref, mask, 0.1, "kl")
