@@ -318,17 +318,10 @@ class Trainer:
         return m
 
     def _whiten(self, adv: Tensor, mask: Tensor) -> Tensor:
-        """``algos.masked_whiten`` over the global batch: with data parallelism the mean and the
-        (unbiased) std are taken over every rank's valid positions."""
-        eps = self.cfg.algo.eps
-        if self.engine.world_size == 1:
-            return algos.masked_whiten(adv, mask, eps)
-        valid = mask > 0
-        n = self.engine.all_reduce_sum(valid.sum().float())
-        mean = self.engine.all_reduce_sum(torch.where(valid, adv, 0.0).sum()) / n.clamp(min=1)
-        dev = torch.where(valid, adv - mean, 0.0)
-        var = self.engine.all_reduce_sum(dev.square().sum()) / (n - 1).clamp(min=1)
-        return dev / (var.sqrt() + eps)
+        """``algos.masked_whiten`` over the global batch: with data parallelism the count, mean
+        and (unbiased) variance are taken over every rank's valid positions."""
+        ranks = self.engine.all_reduce_sum if self.engine.world_size > 1 else None
+        return algos.masked_whiten(adv, mask, all_reduce=ranks)
 
     def _minibatch_size(self, n: int) -> int:
         """Rows of this rank's minibatch out of its ``n`` (``train.minibatch_size`` is global)."""
@@ -378,7 +371,7 @@ class Trainer:
         Share metrics (losses normalised by the global counts) add up; the others are token-
         weighted means. ``loss_fn(micro, num_tokens, num_seqs) -> (loss, metrics)``."""
         num_tokens = self.engine.all_reduce_sum(mb.mask.sum())
-        num_seqs = int(self.engine.all_reduce_sum(len(mb)))
+        num_seqs = int(self.engine.all_reduce_sum((mb.mask.sum(-1) > 0).sum()))  # non-empty rows
         sums: dict[str, float] = defaultdict(float)
         for micro in mb.split(self.cfg.train.micro_batch_size):
             loss, m = loss_fn(micro, num_tokens, num_seqs)

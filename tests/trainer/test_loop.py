@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from perceptrl.trainer import algos
+from perceptrl.trainer.batch import RolloutBatch
 from perceptrl.trainer.checkpoint import list_checkpoints
 from perceptrl.trainer.engine import TorchEngine
 from perceptrl.trainer.loop import Trainer, TrainingDiverged
@@ -314,3 +315,24 @@ def test_dynamic_sampling_gives_up_after_max_collects(toy, tmp_path):
         metrics["dynamic_sampling/skipped_step"] == 1.0
         and metrics["dynamic_sampling/collects"] == 2.0
     )
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-mean"])
+def test_seq_mean_modes_divide_by_non_empty_rows(toy, tmp_path, mode):
+    """An all-padding row (e.g. an episode cut before its first step) changes no gradient."""
+    Policy, Source, config = toy
+    cfg = config(steps=1, grad_clip=0.0)
+    cfg.algo.loss_agg_mode = mode
+    torch.manual_seed(0)
+    batch, _ = Source(groups=1, group_size=4).collect(Policy(), 0)
+    batch.advantages = torch.randn_like(batch.mask) * batch.mask
+    batch.logp_old = torch.zeros_like(batch.mask) - 1.6
+    padded = RolloutBatch.concat([batch, batch.select([0])])
+    padded.mask[-1] = 0.0
+    grads = []
+    for b in (batch, padded):
+        policy = Policy()
+        trainer = Trainer(cfg, policy, Source(), tmp_path / str(len(b)))
+        assert trainer._accumulate(b, trainer._loss)[0]
+        grads.append(policy.logits.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
