@@ -271,8 +271,6 @@ def _mkdir(path: Path) -> Path:
 
 def cmd_sim_demo(args: argparse.Namespace) -> int:
     """An mp4 of the scripted expert on every MuJoCo task."""
-    import torch  # noqa: F401  (torch before the first EGL render: measured segfault otherwise)
-
     from .sim.demo import main as sim_demo
 
     tasks = args.tasks.split(",") if args.tasks else None

@@ -12,7 +12,6 @@ multisampling, no specular light.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import os
@@ -25,6 +24,8 @@ from .clevr import COLORS
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 import mujoco  # noqa: E402  (after MUJOCO_GL is set)
+
+from ..sim.render import make_renderer  # noqa: E402  (the EGL/triton import-order guard)
 
 SHAPES: tuple[str, ...] = ("box", "sphere", "cylinder")
 _WALL_RGBA = ("0.62 0.60 0.57 1", "0.56 0.58 0.62 1", "0.60 0.62 0.56 1", "0.58 0.56 0.60 1")
@@ -275,7 +276,7 @@ class _Rig:
         self.floor = gid("floor")
         self.option = mujoco.MjvOption()
         self.option.geomgroup[_HIDDEN] = 0
-        self.renderer = mujoco.Renderer(self.model, cfg.image_size, cfg.image_size)
+        self.renderer = make_renderer(self.model, cfg.image_size, cfg.image_size)
 
     def load(self, scene: dict) -> list[int]:
         """Pose the scene's objects in their slots; returns their geom ids."""
@@ -306,17 +307,9 @@ _SIZE_IDX = {"box": [0, 1, 2], "sphere": [0], "cylinder": [0, 1]}
 _RIGS: dict[SpatialConfig, _Rig] = {}
 
 
-def _import_triton_first() -> None:
-    """Import triton (when installed) before the first EGL context: importing it afterwards, as
-    torch's optimizer, torchvision and torch._dynamo do, segfaulted under Mesa (measured)."""
-    if importlib.util.find_spec("triton") is not None:
-        importlib.import_module("triton")
-
-
 def _rig(cfg: SpatialConfig) -> _Rig:
     """The process's rig for cfg, created lazily (EGL contexts must not cross a fork)."""
     if cfg not in _RIGS:
-        _import_triton_first()
         _RIGS.clear()  # one renderer at a time
         _RIGS[cfg] = _Rig(cfg)
     return _RIGS[cfg]

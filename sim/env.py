@@ -24,6 +24,7 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
+from .render import make_renderer
 from .robot import ControlConfig, Robot
 from .scene import COLOURS, SceneSpec, build_model
 from .spaces import InstructionText
@@ -357,7 +358,7 @@ class ManipEnv(gym.Env):
 
     def _render(self, camera: str) -> np.ndarray:
         if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.model, self.cfg.height, self.cfg.width)
+            self._renderer = make_renderer(self.model, self.cfg.height, self.cfg.width)
         self._renderer.update_scene(self.data, camera)
         return self._renderer.render().copy()
 

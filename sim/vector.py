@@ -78,16 +78,54 @@ class BatchedEnv:
 
     ``step`` returns ``(batch, rewards [N] float32, terminated [N] bool, truncated [N] bool,
     infos)``; ``infos`` is the vector env's dict (``success``, ``reward/<term>``, ...).
+    ``reset(mask=...)`` resets only some envs (the collector decides who starts a new episode);
+    ``envs`` are the sub-envs of an in-process vector env, ``processes`` the workers of an
+    async one. Callers use these, never the gymnasium vector env underneath.
     """
 
     def __init__(self, env_id: str, n: int, async_: bool = False, **kwargs):
         self.env = make_vec(env_id, n, async_=async_, **kwargs)
         self.n = n
+        self.env_id = env_id
         self.single_action_space = self.env.single_action_space
+        self.single_observation_space = self.env.single_observation_space
 
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[Batch, dict]:
-        """Reset all envs (sub-env ``i`` gets seed ``seed + i``)."""
-        obs, infos = self.env.reset(seed=seed, options=options)
+    @property
+    def envs(self) -> list[gym.Env]:
+        """The N sub-envs (in-process vector envs only: their state, e.g. for scripted experts)."""
+        if isinstance(self.env, AsyncVectorEnv):
+            raise RuntimeError(
+                f"BatchedEnv({self.env_id!r}) runs its {self.n} envs in worker processes; their "
+                "objects are not in this process. Build it with async_=False (env.async_envs="
+                "false) to read the envs' state"
+            )
+        return list(self.env.envs)
+
+    @property
+    def processes(self) -> list:
+        """Worker processes of an async vector env ([] for an in-process one)."""
+        return list(getattr(self.env, "processes", []))
+
+    def reset(
+        self, mask: np.ndarray | None = None, options: dict | None = None,
+        seed: int | list[int | None] | None = None,
+    ) -> tuple[Batch, dict]:  # fmt: skip
+        """Reset all envs (``mask`` None) or those where ``mask`` [N] bool is True; the others
+        keep their state and observations. ``seed``: an int seeds sub-env ``i`` with
+        ``seed + i``, a list [N] seeds each; ``options`` go to every reset sub-env (per-env
+        lists such as ``task_id`` are indexed by its ``vector_index``). Returns the
+        observations of all N and the infos."""
+        opts = dict(options or {})
+        if mask is not None:
+            mask = np.asarray(mask, bool)
+            if mask.shape != (self.n,) or not mask.any():
+                raise ValueError(
+                    f"BatchedEnv.reset mask must be [N={self.n}] bool with at least one True "
+                    f"(got shape {mask.shape}, {int(mask.sum())} True); pass mask=None to reset all"
+                )
+            if not mask.all():
+                opts["reset_mask"] = mask
+        obs, infos = self.env.reset(seed=seed, options=opts or None)
         return split_obs(obs), infos
 
     def step(self, actions: np.ndarray):

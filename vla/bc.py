@@ -14,8 +14,8 @@ import torch
 
 from ..sim.expert import ScriptedExpert
 from ..trainer.batch import RolloutBatch
-from .collect import Episode, make_rows
 from .envs import VecRunner
+from .runner import Actor, EpisodeRunner
 
 
 class ExpertSource:
@@ -38,41 +38,28 @@ class ExpertSource:
                 "behaviour cloning from the closed-loop experts needs env.action_chunk=1"
             )
         self.policy, self.runner, self.batch_steps = policy, runner, batch_steps
-        self.experts: list[ScriptedExpert] = []
-        self.live: list[Episode] = []
-        self.successes: list[float] = []
+        self.experts: list[ScriptedExpert | None] = [None] * runner.n
+        self.loop = EpisodeRunner(runner, on_reset=self._reset_experts)
 
-    def _start(self) -> None:
-        self.runner.reset()
-        self.experts = [ScriptedExpert(e) for e in self.runner.env.env.envs]
-        self.live = [Episode() for _ in self.experts]
+    def _reset_experts(self, mask: np.ndarray) -> None:
+        """The envs in ``mask`` [N] started an episode: a fresh expert phase (a new expert
+        when the env itself is new, after a restart)."""
+        envs = self.runner.envs
+        for i in np.flatnonzero(mask):
+            ex = self.experts[i]
+            if ex is None or ex.env is not envs[i].unwrapped:
+                self.experts[i] = ScriptedExpert(envs[i])
+            else:
+                ex.reset()
+
+    def _act(self, obs: dict) -> tuple[torch.Tensor, None, None]:
+        """The experts' actions [N, A] (they read the envs' state, not ``obs``)."""
+        return torch.from_numpy(np.stack([ex.act() for ex in self.experts])), None, None
 
     def next_batch(self, step: int) -> RolloutBatch:
         """Expert demonstrations -> batch with the expert actions as targets."""
-        if not self.live:
-            self._start()
-        run, rows = self.runner, []
-        for _ in range(self.batch_steps):
-            obs = self.policy.observe(run.batch)
-            actions = np.stack([ex.act() for ex in self.experts])  # (N, A)
-            res = run.step(actions[:, None, :])
-            for i, ep in enumerate(self.live):
-                ep.add(obs, i, torch.from_numpy(actions[i]), float(res.reward[i]), 1)
-            ended = res.terminated | res.truncated
-            for i in np.flatnonzero(ended):
-                rows.append(self.live[i])
-                self.successes.append(float(res.success[i] or res.terminated[i]))
-                self.live[i] = Episode()
-            if ended.any():
-                run.reset(mask=ended)
-                for i in np.flatnonzero(ended):
-                    self.experts[i].reset()
-        for i, ep in enumerate(self.live):
-            if ep.actions:
-                rows.append(ep)
-                self.live[i] = ep.cut()
-        tokens, mask, rewards, inputs = make_rows(rows)
+        rows = self.loop.horizon(Actor(self.policy.observe, self._act), self.batch_steps).rows
         return RolloutBatch(
-            tokens=tokens, mask=mask, group_id=torch.arange(len(rows)), rewards=rewards,
-            inputs=inputs,
+            tokens=rows.actions, mask=rows.mask, group_id=torch.arange(len(rows)),
+            rewards=rows.rewards, inputs=rows.inputs,
         )  # fmt: skip

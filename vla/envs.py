@@ -69,10 +69,6 @@ class VecRunner:
     """``cfg.num_envs`` envs of ``cfg.id``; see the module docstring."""
 
     def __init__(self, cfg: EnvConfig, seed: int = 0, env_id: str | None = None):
-        # torch._dynamo (and with it triton) before the envs render: measured, a process that
-        # imports it after its first EGL render segfaults
-        import torch._dynamo  # noqa: F401
-
         import perceptrl.sim  # noqa: F401  (registers the perceptrl/* ids)
 
         self.cfg, self.seed = cfg, seed
@@ -82,7 +78,7 @@ class VecRunner:
         self.env = self._make()
         space = self.env.single_action_space
         self.action_dim = int(space.shape[0])
-        self.observation_space = self.env.env.single_observation_space
+        self.observation_space = self.env.single_observation_space
         self.action_space = space
         self.last = np.tile(self._noop_default(), (self.n, 1))  # (N, A) last executed actions
         self.batch: Batch | None = None
@@ -111,6 +107,11 @@ class VecRunner:
         a[:, -1] = self.last[:, -1]
         return a
 
+    @property
+    def envs(self) -> list:
+        """The sub-envs (synchronous envs only; see `BatchedEnv.envs`)."""
+        return self.env.envs
+
     # ------------------------------------------------------------------ reset
     def reset(
         self, mask: np.ndarray | None = None, options: dict | None = None,
@@ -120,18 +121,15 @@ class VecRunner:
         (e.g. ``task_id``/``trial_id`` lists with one entry per env) go to each reset env;
         ``seeds`` [N] seed them. The first reset without seeds seeds env i with ``seed + i``.
         Returns the observations of all N."""
-        opts = dict(options or {})
         seed = seeds
         if seed is None and self.batch is None and self._resets == 0:
             seed = self.seed
-        if mask is not None and not mask.all():
-            if not mask.any():
-                return self.batch
-            opts["reset_mask"] = np.asarray(mask, bool)
-        else:
+        if mask is None or mask.all():
             mask = np.ones(self.n, bool)
+        elif not mask.any():
+            return self.batch
         try:
-            self.batch, _ = self.env.reset(seed=seed, options=opts or None)
+            self.batch, _ = self.env.reset(mask=mask, options=options, seed=seed)
         except WORKER_ERRORS as e:
             self._restart(e)
         self._resets += 1
@@ -197,7 +195,7 @@ class VecRunner:
         them into their next episode."""
         if ended.any():
             try:
-                self.env.env.reset(options={"reset_mask": np.asarray(ended, bool)})
+                self.env.reset(mask=ended)
             except WORKER_ERRORS as e:
                 self._restart(e)
 

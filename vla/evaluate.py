@@ -17,42 +17,20 @@ import numpy as np
 
 from ..trainer.config import EnvConfig
 from .envs import VecRunner, env_kwargs
+from .runner import Actor, EpisodeRunner, EpisodeSpecs
 
 
 def run_seeded(policy, runner: VecRunner, seeds: list[int], deterministic: bool = True) -> dict:
-    """Run one episode per seed, ``runner.n`` at a time. Returns per-episode lists
-    ``success``, ``return``, ``length`` (env steps), in seed order."""
-    n, queue = runner.n, list(enumerate(seeds))
-    K = getattr(getattr(policy, "spec", None), "chunk", 1)
+    """Run one episode per seed, ``runner.n`` at a time, with the policy's mean / greedy
+    actions (``deterministic``) or sampled ones. Returns per-episode lists ``success`` (the
+    runner's `episode_success` rule), ``return``, ``length`` (env steps), in seed order."""
+    act = lambda obs: policy.act(obs, deterministic=deterministic)  # noqa: E731
+    loop = EpisodeRunner(runner, rows=False)
+    ep = loop.episodes(Actor(policy.observe, act), EpisodeSpecs.seeded(seeds)).episodes
     out = {k: [0.0] * len(seeds) for k in ("success", "return", "length")}
-    live: list[int | None] = [None] * n
-
-    def assign(free: np.ndarray) -> None:
-        take, seed_list = np.zeros(n, bool), [None] * n
-        for i in np.flatnonzero(free):
-            if queue:
-                live[i], seed_list[i] = queue.pop(0)
-                take[i] = True
-        if take.any():
-            runner.reset(mask=take, seeds=seed_list)
-
-    assign(np.ones(n, bool))
-    while any(j is not None for j in live):
-        active = np.array([j is not None for j in live])
-        action, _, _ = policy.act(policy.observe(runner.batch), deterministic=deterministic)
-        a = action.float().cpu().numpy().reshape(n, K, runner.action_dim)
-        a[~active] = runner.noop()[~active][:, None, :]
-        res = runner.step(a)
-        ended = np.zeros(n, bool)
-        for i in np.flatnonzero(active):
-            j = live[i]
-            out["return"][j] += float(res.reward[i])
-            out["length"][j] += int(res.env_steps[i])
-            out["success"][j] = max(out["success"][j], float(res.success[i] or res.terminated[i]))
-            if res.terminated[i] or res.truncated[i]:
-                live[i], ended[i] = None, True
-        if ended.any():
-            assign(ended)
+    for j, ok, ret, n in zip(ep.spec.tolist(), ep.success.tolist(), ep.ret.tolist(),
+                             ep.length.tolist()):  # fmt: skip
+        out["success"][j], out["return"][j], out["length"][j] = float(ok), ret, float(n)
     return out
 
 

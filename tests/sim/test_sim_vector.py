@@ -76,3 +76,26 @@ def test_live_texts_freeze_on_copy():
     vec.reset(options={"task_id": 1})
     assert tuple(obs["instruction"]) != frozen  # the live view followed the buffer
     vec.close()
+
+
+@pytest.mark.parametrize("async_", [False, True])
+def test_batched_env_masked_reset_spaces_and_sub_envs(async_):
+    env = BatchedEnv(ENV_IDS["push"], 3, async_=async_, obs_mode="state")
+    assert env.single_observation_space["objects"].shape[0] > 0
+    assert env.single_action_space.shape == (5,)
+    first, _ = env.reset(seed=0)
+    again, _ = env.reset(mask=np.array([False, True, False]), seed=[None, 7, None])
+    assert np.array_equal(again.objects[[0, 2]], first.objects[[0, 2]])  # untouched
+    assert not np.array_equal(again.objects[1], first.objects[1])
+    ref = gym.make(ENV_IDS["push"], obs_mode="state")
+    assert np.array_equal(again.objects[1], ref.reset(seed=7)[0]["objects"])
+    ref.close()
+    with pytest.raises(ValueError, match="at least one True"):
+        env.reset(mask=np.zeros(3, bool))
+    if async_:
+        assert len(env.processes) == 3
+        with pytest.raises(RuntimeError, match="async_=False"):
+            env.envs  # noqa: B018
+    else:
+        assert env.processes == [] and [e.unwrapped.cfg.vector_index for e in env.envs] == [0, 1, 2]
+    env.close()

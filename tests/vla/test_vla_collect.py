@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from perceptrl.trainer.config import EnvConfig, RolloutConfig  # noqa: E402
+from perceptrl.trainer.config import EnvConfig  # noqa: E402
 from perceptrl.vla.collect import GRPOCollector, PPOCollector  # noqa: E402
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
 from perceptrl.vla.envs import VecRunner  # noqa: E402
@@ -36,8 +36,8 @@ class ExpertActions:
         from perceptrl.sim.expert import ScriptedExpert
 
         self.policy, self.runner = policy, runner
-        self.experts = [ScriptedExpert(e) for e in runner.env.env.envs]
-        self.observe = policy.observe
+        self.experts = [ScriptedExpert(e) for e in runner.envs]
+        self.observe, self.value = policy.observe, policy.value
 
     def act(self, obs, deterministic=False):
         _, logp, value = self.policy.act(obs)
@@ -64,7 +64,8 @@ def test_ppo_segments_right_padded_with_bootstrap_on_truncation():
     _, _, v_now = policy.act(policy.observe(runner.batch))
     cut = [b for b, meta in enumerate(batch.meta) if meta["end"] == "cut"]
     torch.testing.assert_close(sorted(batch.bootstrap_value[cut].tolist()), sorted(v_now.tolist()))
-    lp, _, v = policy.evaluate(batch)
+    ev = policy.evaluate(batch)
+    lp, v = ev.logp, ev.value
     assert torch.isfinite(lp).all()
     # the log-probs and values recorded while acting are what the trainer would recompute
     torch.testing.assert_close(batch.logp_old, lp, rtol=1e-5, atol=1e-5)
@@ -100,7 +101,7 @@ def test_action_chunks_execute_k_env_steps():
 def test_grpo_groups_share_initial_state():
     runner = VecRunner(state_env(num_envs=3), seed=0)
     policy = policy_for(runner)
-    col = GRPOCollector(runner.cfg, RolloutConfig(prompts_per_step=2, group_size=3), runner=runner)
+    col = GRPOCollector(runner.cfg, groups=2, group_size=3, runner=runner)
     batch, m = col.collect(policy, 0)
     assert len(batch) == 6 and batch.rewards.shape == (6,)
     assert m["rollout/episodes"] == 6
@@ -125,7 +126,7 @@ def test_nan_action_replaced_counted_and_never_sent(caplog):
 
     runner = VecRunner(state_env(), seed=0)
     runner.reset()
-    for env in runner.env.env.envs:  # the env itself would now raise on a NaN action
+    for env in runner.envs:  # the env itself would now raise on a NaN action
         env.unwrapped.cfg = dataclasses.replace(env.unwrapped.cfg, invalid_action="raise")
     tcp0 = runner.batch.proprio[:, :3].copy()
     actions = np.zeros((2, 1, 5), np.float32)
@@ -145,11 +146,11 @@ def test_dead_worker_restarts_and_counts_dropped_episodes():
     col = PPOCollector(runner.cfg, runner=runner)
     try:
         col.collect(policy, 0)
-        runner.env.env.processes[0].kill()
-        runner.env.env.processes[0].join(timeout=10)
+        runner.env.processes[0].kill()
+        runner.env.processes[0].join(timeout=10)
         batch, m = col.collect(policy, 1)
         assert m["rollout/env_restarts"] == 1 and m["rollout/dropped_episodes"] == 2
-        assert torch.isfinite(policy.evaluate(batch)[0]).all()
+        assert torch.isfinite(policy.evaluate(batch).logp).all()
         batch, m = col.collect(policy, 2)  # the rebuilt env keeps working
         assert batch.mask.sum() == 2 * 4
     finally:
