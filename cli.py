@@ -11,7 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from .trainer.config import Config, ConfigError, describe, load_config, save_config
+from . import wiring
+from .datasets.registry import GENERATORS
+from .trainer.config import ConfigError, describe, save_config
+from .wiring import Config, load_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -86,10 +89,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
 def cmd_train(args: argparse.Namespace) -> int:
     """RL training (GRPO, PPO, ...) of the recipe's side; one rank of several under torchrun or
     the deepspeed launcher (train.backend=deepspeed)."""
-    from . import wiring
-
     cfg, run_dir, main = prepare_distributed_run(args)
-    trainer = wiring.side(wiring.TRAINERS, cfg, "RL trainer")(cfg, run_dir)
+    trainer = wiring.side(cfg).build_trainer(cfg, run_dir)
     trainer.fit(resume=bool(args.resume))
     if main:
         print_summary(run_dir)
@@ -131,31 +132,20 @@ def prepare_distributed_run(args: argparse.Namespace) -> tuple[Config, Path, boo
 
 def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start of the recipe's side."""
-    from . import wiring
-
     cfg, run_dir = prepare_run(args)
-    wiring.side(wiring.SFT, cfg, "SFT")(cfg, run_dir)
+    wiring.side(cfg).run_sft(cfg, run_dir)
     print_summary(run_dir)
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a saved model on the recipe's held-out data (vlm) or tasks (vla)."""
-    from . import wiring
-
     more = [a for a in args.overrides if "=" not in a]  # further recipes: more task sets (vlm)
     recipe, overrides = split_recipe(args.recipe, [a for a in args.overrides if "=" in a])
     cfg = load_config(recipe, [*overrides, f"model.path={args.model}"])
     out = _mkdir(Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"))
-    if more:
-        if cfg.side != "vlm":
-            raise ConfigError(f"several recipes ({', '.join(more)}) evaluate only on side vlm")
-        sets = [
-            load_config(resolve_recipe(r), [*overrides, f"model.path={args.model}"]) for r in more
-        ]
-        result = wiring.vlm_eval(cfg, out, more=sets)
-    else:
-        result = wiring.side(wiring.EVALS, cfg, "evaluation")(cfg, out)
+    sets = [load_config(resolve_recipe(r), [*overrides, f"model.path={args.model}"]) for r in more]
+    result = wiring.side(cfg).run_eval(cfg, out, more=sets)
     print(result["table"])
     for path in result["files"]:
         print(f"wrote {path}")
@@ -163,48 +153,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_data_generate(args: argparse.Namespace) -> int:
-    from .datasets.clevr import FAMILIES, generate
+    """Write a synthetic set of the registered generator ``--kind`` (datasets/registry.py)."""
+    from .datasets.registry import get_generator
 
-    if args.kind == "video":
-        return _data_generate_video(args)
-    if args.kind == "spatial":
-        return _data_generate_spatial(args)
+    gen = get_generator(args.kind)
+    families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else []
     splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test, "ood": args.n_ood}
-    paths = generate(
-        args.out, splits={k: v for k, v in splits.items() if v > 0},
-        families=args.families.split(",") if args.families else FAMILIES, seed=args.seed,
-        image_size=args.image_size,
-    )  # fmt: skip
-    for split, path in paths.items():
-        print(f"{split}: {path}")
-    return 0
-
-
-def _data_generate_video(args: argparse.Namespace) -> int:
-    """Moving-shape mp4 clips with temporal questions (no "ood" split)."""
-    from .datasets.video import FAMILIES, generate
-
-    families = args.families.split(",") if args.families else list(FAMILIES)
-    splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test}
-    paths = generate(
-        args.out, splits={k: v for k, v in splits.items() if v > 0}, families=families,
-        seed=args.seed, size=args.image_size, seconds=args.seconds, fps=args.fps,
-    )  # fmt: skip
-    for split, path in paths.items():
-        print(f"{split}: {path}")
-    return 0
-
-
-def _data_generate_spatial(args: argparse.Namespace) -> int:
-    """MuJoCo rooms in several views with VSI-style 3D questions (no "ood" split)."""
-    from .datasets.spatial import FAMILIES, generate
-
-    families = args.families.split(",") if args.families else list(FAMILIES)
-    splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test}
-    paths = generate(
-        args.out, splits={k: v for k, v in splits.items() if v > 0}, families=families,
-        seed=args.seed, image_size=args.image_size, n_views=args.views, depth=args.depth,
-    )  # fmt: skip
+    try:
+        paths = gen.generate(
+            args.out, splits, families or list(gen.families), seed=args.seed,
+            image_size=args.image_size, seconds=args.seconds, fps=args.fps, views=args.views,
+            depth=args.depth,
+        )  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"--families: {e}") from e
     for split, path in paths.items():
         print(f"{split}: {path}")
     return 0
@@ -214,10 +176,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The default job on the embedded default (tiny models, synthetic data, CPU): GRPO on
     synthetic counting from the shipped SFT base with a before/after held-out accuracy table,
     then PPO on the MuJoCo reach task with its success-rate curve and evaluation videos."""
-    from . import wiring
+    from .trainer.runtime import resolve_path
 
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    base = wiring.resolve_path("assets/vlm_base")
+    base = resolve_path("assets/vlm_base")
     base_overrides = []
     if not (base / "config.json").exists():
         print(
@@ -225,7 +187,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         sft_cfg = load_config(CONFIGS / "vlm_sft.yaml", [f"train.time_limit_min={args.minutes}"])
         save_config(sft_cfg, _mkdir(out / "vlm_sft") / "config.yaml")
-        wiring.vlm_sft(sft_cfg, out / "vlm_sft")
+        wiring.side(sft_cfg).run_sft(sft_cfg, out / "vlm_sft")
         base_overrides = [
             f"model.path={sorted((out / 'vlm_sft' / 'checkpoints').glob('step_*'))[-1] / 'model'}"
         ]
@@ -236,7 +198,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(
         f"perceptrl demo [1/2]: GRPO on synthetic counting for up to {args.minutes:g} min -> {run_dir}"
     )
-    wiring.vlm_trainer(cfg, run_dir).fit()
+    wiring.side(cfg).build_trainer(cfg, run_dir).fit()
     print_summary(run_dir)
     demo_vla(out / "vla_ppo_reach")
     return 0
@@ -244,14 +206,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def demo_vla(run_dir: Path) -> None:
     """Part 2: PPO trains the compact VLA on the reach task; success-rate curve and videos."""
-    from . import wiring
     from .trainer.metrics import read_metrics
     from .vla.evaluate import write_report
 
     cfg = load_config(CONFIGS / "vla_ppo_reach_state.yaml", ["log.progress=false"])
     save_config(cfg, _mkdir(run_dir) / "config.yaml")
     print(f"\nperceptrl demo [2/2]: PPO on the reach task ({cfg.train.steps} steps) -> {run_dir}")
-    trainer = wiring.side(wiring.TRAINERS, cfg, "RL trainer")(cfg, run_dir)
+    trainer = wiring.side(cfg).build_trainer(cfg, run_dir)
     trainer.fit()
     print(f"\n{'step':>6}  held-out success ({cfg.env.eval_episodes} episodes, deterministic)")
     for row in read_metrics(run_dir / "metrics.jsonl"):
@@ -378,10 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="write synthetic questions: CLEVR-like images (PNG) or videos (mp4) + JSONL",
     )
     g.add_argument(
-        "--kind", choices=["clevr", "video", "spatial"], default="clevr",
-        help="clevr: image questions; video: moving-shape clips (temporal order, direction, "
-        "event count, temporal grounding); spatial: MuJoCo rooms in several views (VSI-style "
-        "count, distance, size, relative direction/distance, appearance order)",
+        "--kind", choices=list(GENERATORS), default="clevr",
+        help="; ".join(f"{g.name}: {g.description}" for g in GENERATORS.values()),
     )  # fmt: skip
     g.add_argument("--out", required=True, help="output directory")
     g.add_argument("--n-train", type=int, default=2000)

@@ -135,7 +135,7 @@ def param_counts(model) -> dict[str, int]:
 def recipe(args, run_dir: Path):
     """configs/vlm_clevr.yaml with the benchmark's sizes."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.trainer.config import load_config
+    from perceptrl.wiring import load_config
 
     px = args.image_size * args.image_size
     return load_config(
@@ -164,8 +164,8 @@ def build_trainer(args, run_dir: Path):
     from perceptrl.vlm.model import resolve_dtype, set_pixel_bounds
     from perceptrl.vlm.policy import VLMPolicy
     from perceptrl.vlm.prompts import PromptConfig
+    from perceptrl.vlm.run import samples as vlm_samples
     from perceptrl.vlm.source import VLMRolloutSource
-    from perceptrl.wiring import vlm_samples
 
     cfg = recipe(args, run_dir)
     train, _ = vlm_samples(cfg, run_dir)

@@ -40,7 +40,7 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from perceptrl.trainer.config import VLLMConfig
+    from perceptrl.vlm.config import VLLMConfig
     from perceptrl.vlm.policy import VLMPolicy
     from perceptrl.vlm.prompts import PromptConfig
     from perceptrl.vlm.rollout import SamplingParams

@@ -56,7 +56,7 @@ def our_config(args):
     """The GRPO recipe with the benchmark's sizes (no dynamic sampling: TRL has none)."""
     share = args.arm != "perceptrl_noshare"
     from perceptrl.cli import CONFIGS
-    from perceptrl.trainer.config import load_config
+    from perceptrl.wiring import load_config
 
     return load_config(
         CONFIGS / "vlm_clevr.yaml",
@@ -84,7 +84,7 @@ def data_order(n: int, seed: int) -> list[int]:
 
 def run_perceptrl(args) -> dict:
     from perceptrl.trainer.runtime import seed_everything
-    from perceptrl.wiring import vlm_trainer
+    from perceptrl.vlm.run import build_trainer as vlm_trainer
 
     cfg = our_config(args)
     trainer = vlm_trainer(cfg, Path(args.arm_dir))
@@ -480,7 +480,7 @@ def main() -> None:
     from common import machine, write_results
 
     from perceptrl.datasets.clevr import generate
-    from perceptrl.wiring import resolve_path
+    from perceptrl.trainer.runtime import resolve_path
 
     out = Path(args.out).resolve()
     args.base = resolve_path(args.base).resolve()

@@ -27,9 +27,9 @@ RECIPE = Path(__file__).resolve().parents[1] / "configs" / "vla_ppo_reach.yaml"
 
 
 def run(minutes: float, final_episodes: int, eval_every: int, overrides: list[str]) -> dict:
-    from perceptrl.trainer.config import load_config
     from perceptrl.vla.evaluate import evaluate_policy
     from perceptrl.vla.run import build_trainer
+    from perceptrl.wiring import load_config
 
     cfg = load_config(
         RECIPE,

@@ -29,9 +29,9 @@ def measure(num_envs: int, rollouts: int) -> dict:
     """One setting, in this process: ``rollouts`` collections after one warm-up collection."""
     import torch  # before any rendering
 
-    from perceptrl.trainer.config import load_config
     from perceptrl.vla.envs import VecRunner
     from perceptrl.vla.run import build_policy, build_source
+    from perceptrl.wiring import load_config
 
     cfg = load_config(RECIPE, [f"env.num_envs={num_envs}", "train.device=cpu"])
     runner = VecRunner(cfg.env, seed=0)

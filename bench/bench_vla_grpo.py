@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*", help="dotted overrides for the GRPO recipe")
     args = ap.parse_args(argv)
 
-    from perceptrl.trainer.config import load_config
     from perceptrl.vla.evaluate import task_name
     from perceptrl.vla.run import build_trainer, load_policy, run_sft
+    from perceptrl.wiring import load_config
 
     out = Path(args.out)
     task = task_name(args.task)

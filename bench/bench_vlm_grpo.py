@@ -25,9 +25,9 @@ def score(model: Path, splits: dict[str, list[dict]], out: Path) -> dict:
     """Greedy accuracy per split, prompted exactly as in training (the recipe's system prompt)."""
     from perceptrl.cli import CONFIGS
     from perceptrl.rewards import build_reward
-    from perceptrl.trainer.config import load_config
+    from perceptrl.vlm.run import build_policy as vlm_policy
     from perceptrl.vlm.source import evaluate_accuracy
-    from perceptrl.wiring import vlm_policy
+    from perceptrl.wiring import load_config
 
     policy = vlm_policy(load_config(CONFIGS / "vlm_clevr.yaml", [f"model.path={model}"]), out)
     reward = build_reward({"accuracy": 1.0})
@@ -65,7 +65,7 @@ def main() -> None:
 
     from perceptrl.datasets.clevr import generate
     from perceptrl.datasets.loader import load_samples
-    from perceptrl.wiring import resolve_path
+    from perceptrl.trainer.runtime import resolve_path
 
     out = Path(args.out)
     base = resolve_path(args.base)

@@ -32,10 +32,10 @@ def score(model: Path, samples: list[dict], out: Path) -> dict:
     """Greedy accuracy per family, prompted exactly as in training (the recipe's settings)."""
     from perceptrl.cli import CONFIGS
     from perceptrl.rewards import build_reward
-    from perceptrl.trainer.config import load_config
     from perceptrl.vlm.report import family_rows, write_report
+    from perceptrl.vlm.run import build_policy as vlm_policy
     from perceptrl.vlm.source import evaluate_accuracy
-    from perceptrl.wiring import vlm_policy
+    from perceptrl.wiring import load_config
 
     cfg = load_config(CONFIGS / "vlm_spatial.yaml", [f"model.path={model}"])
     policy = vlm_policy(cfg, out)
@@ -103,7 +103,7 @@ def main() -> None:
 
     from perceptrl.datasets.loader import load_samples
     from perceptrl.datasets.spatial import generate
-    from perceptrl.wiring import resolve_path
+    from perceptrl.trainer.runtime import resolve_path
 
     out = Path(args.out)
     base = resolve_path(args.base)

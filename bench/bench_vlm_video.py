@@ -81,9 +81,9 @@ def shuffled_copy(src: Path, out_dir: Path, seed: int = 0) -> Path:
 def score(model: Path, splits: dict[str, Path], out: Path) -> dict:
     from perceptrl.datasets.loader import load_samples
     from perceptrl.rewards import build_reward
-    from perceptrl.trainer.config import load_config
+    from perceptrl.vlm.run import build_policy as vlm_policy
     from perceptrl.vlm.source import evaluate_accuracy
-    from perceptrl.wiring import vlm_policy
+    from perceptrl.wiring import load_config
 
     policy = vlm_policy(load_config(RECIPE, [f"model.path={model}", "train.device=cpu"]), out)
     reward = build_reward({"accuracy": 1.0})
@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_vlm_video")
     a = ap.parse_args()
     from perceptrl.datasets.video import FAMILIES, generate
-    from perceptrl.wiring import resolve_path
+    from perceptrl.trainer.runtime import resolve_path
 
     out = Path(a.out)
     base = resolve_path(a.base)

@@ -27,7 +27,7 @@ Splits and seeds: sample ``i`` of split ``s`` draws from its own stream
 colour–shape pairs in ``ClevrConfig.held_out_combos`` and the object counts in
 ``ClevrConfig.held_out_counts``; every ``ood`` scene has a held-out count, a held-out pair, or both.
 
-Use :func:`generate` (or :func:`generate_cli`) to write ``<out>/<split>.jsonl`` and
+Use :func:`generate` to write ``<out>/<split>.jsonl`` and
 ``<out>/images/<split>/<id>.png``; :func:`reasoning_trace` gives a templated
 ``<think>…</think><answer>…</answer>`` target for the SFT warm start.
 """
@@ -492,23 +492,6 @@ def generate(
                 f.write(json.dumps(sample) + "\n")
         paths[split] = path
     return paths
-
-
-def generate_cli(
-    out: str | Path,
-    n_train: int = 1000,
-    n_val: int = 200,
-    n_test: int = 200,
-    n_ood: int = 200,
-    families: Sequence[str] | str = FAMILIES,
-    seed: int = 0,
-    image_size: int = 112,
-) -> dict[str, Path]:
-    """Flat-argument form of :func:`generate` for the CLI (families may be comma-separated)."""
-    if isinstance(families, str):
-        families = [f.strip() for f in families.split(",") if f.strip()]
-    splits = {"train": n_train, "val": n_val, "test": n_test, "ood": n_ood}
-    return generate(out, {k: v for k, v in splits.items() if v > 0}, families, seed, image_size)
 
 
 # --------------------------------------------------------------------------- SFT traces

@@ -113,8 +113,9 @@ def test_config_errors_are_reported_not_raised(tmp_path):
 
 
 def test_unknown_data_generator_is_a_config_error(tmp_path):
-    from perceptrl.trainer.config import ConfigError, load_config
-    from perceptrl.wiring import vlm_samples
+    from perceptrl.trainer.config import ConfigError
+    from perceptrl.vlm.run import samples as vlm_samples
+    from perceptrl.wiring import load_config
 
     with pytest.raises(ConfigError, match="data.generator='clever'.*clevr, video, spatial"):
         vlm_samples(load_config(None, ["data.generator=clever"]), tmp_path)

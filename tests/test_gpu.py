@@ -97,9 +97,9 @@ def test_bench_script_runs_tiny_on_cpu(tmp_path):
 @pytest.mark.gpu
 @cuda_only
 def test_vlm_grpo_run_on_cuda(tmp_path):
-    from perceptrl.trainer.config import load_config
     from perceptrl.trainer.metrics import read_metrics
-    from perceptrl.wiring import vlm_trainer
+    from perceptrl.vlm.run import build_trainer as vlm_trainer
+    from perceptrl.wiring import load_config
 
     cfg = load_config(
         CONFIGS / "vlm_clevr.yaml",
@@ -125,9 +125,9 @@ def test_vlm_grpo_run_on_cuda(tmp_path):
 @pytest.mark.gpu
 @cuda_only
 def test_vla_ppo_run_on_cuda(tmp_path):
-    from perceptrl.trainer.config import load_config
     from perceptrl.trainer.metrics import read_metrics
     from perceptrl.vla.run import build_trainer
+    from perceptrl.wiring import load_config
 
     cfg = load_config(
         CONFIGS / "vla_ppo_reach_state.yaml",

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from perceptrl.trainer.config import Config
 from perceptrl.trainer.loop import Trainer
 from perceptrl.vlm.lora import LoraVLMPolicy, apply_lora
 from perceptrl.vlm.policy import VLMPolicy
+from perceptrl.wiring import Config
 
 _spec = importlib.util.spec_from_file_location(
     "zero_worker", Path(__file__).resolve().parent / "zero_worker.py"
@@ -189,8 +189,8 @@ def test_checkpoint_holds_adapter_and_merged_export(tiny, samples, tmp_path):
 
 
 def test_wiring_builds_a_lora_policy(tiny, tmp_path):
-    from perceptrl.trainer.config import load_config
-    from perceptrl.wiring import vlm_policy
+    from perceptrl.vlm.run import build_policy as vlm_policy
+    from perceptrl.wiring import load_config
 
     cfg = load_config(None, [f"model.path={tiny}", "model.lora_rank=2", "train.device=cpu"])
     policy = vlm_policy(cfg, tmp_path)

@@ -13,17 +13,55 @@ import inspect
 import textwrap
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 
+def choice(default: Any, valid: Sequence | Callable[[], Iterable]) -> Any:
+    """A field whose value must be one of ``valid``: a tuple, or a function returning the names
+    of a registry (called when a recipe loads, so registries stay open to user entries)."""
+    return field(default=default, metadata={"choices": valid})
+
+
+def choices(f) -> list | None:
+    """The valid values of a `choice` field ``f`` (None for a free field)."""
+    valid = f.metadata.get("choices")
+    if valid is None:
+        return None
+    return list(valid() if callable(valid) else valid)
+
+
+def _advantages() -> list[str]:
+    from .advantages import ADVANTAGES
+
+    return sorted(ADVANTAGES)
+
+
+def _policy_losses() -> list[str]:
+    from .algos import POLICY_LOSSES
+
+    return sorted(POLICY_LOSSES)
+
+
+def _kl_estimators() -> list[str]:
+    from .algos import KL_ESTIMATORS
+
+    return sorted(KL_ESTIMATORS)
+
+
+def _agg_modes() -> list[str]:
+    from .algos import AGG_MODES
+
+    return list(AGG_MODES)
+
+
 @dataclass
 class AlgoConfig:
-    adv_estimator: str = "grpo"
+    adv_estimator: str = choice("grpo", _advantages)
     """advantage estimator: grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae | grpo_passk"""
     norm_by_std: bool = True
     """grpo: divide by the group std (False gives Dr.GRPO)"""
@@ -31,7 +69,7 @@ class AlgoConfig:
     """discount factor (gae, reinforce_pp)"""
     lam: float = 1.0
     """GAE lambda"""
-    policy_loss: str = "ppo_clip"
+    policy_loss: str = choice("ppo_clip", _policy_losses)
     """policy loss: ppo_clip | gspo | cispo"""
     clip_low: float = 0.2
     """PPO lower clip range: ratio >= 1 - clip_low"""
@@ -47,7 +85,7 @@ class AlgoConfig:
     """CISPO: the stop-gradient importance weight is capped at 1 + cispo_clip_high"""
     cispo_clip_low: float = 0.0
     """CISPO: the importance weight is floored at 1 - cispo_clip_low (0 disables the floor)"""
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = choice("token-mean", _agg_modes)
     """token-mean | seq-mean-token-sum | seq-mean-token-mean (means over rows with a valid token) |
     seq-mean-token-sum-norm (summed row token sums / loss_norm_len, no division by rows), as
     verl; the policy, KL, entropy and value losses all use it"""
@@ -55,7 +93,7 @@ class AlgoConfig:
     """constant divisor for seq-mean-token-sum-norm (Dr.GRPO); 0 uses the batch's T"""
     kl_coef: float = 0.0
     """weight of the KL(policy || reference) term in the loss; 0 skips the reference model"""
-    kl_estimator: str = "k3"
+    kl_estimator: str = choice("k3", _kl_estimators)
     """KL estimator: k1 | k2 | k3 (low variance) | abs | k1+ | k3+ (value of k1/k3, gradient
     of k2: straight-through); verl's kl / mse / low_var_kl are k1 / k2 / k3"""
     kl_in_reward: bool = False
@@ -79,159 +117,6 @@ class AlgoConfig:
     eps: float = 1e-6
     """grpo: added to the group std before dividing (verl's epsilon); whitening adds a fixed
     1e-8 to the variance instead (as verl)"""
-
-
-@dataclass
-class ModelConfig:
-    path: str = ""
-    """local directory of a Hugging Face model (or a VLA checkpoint); empty builds the tiny default"""
-    tiny_arch: str = "qwen2_5_vl"
-    """architecture of the tiny random-initialised default when `path` is empty: qwen2_5_vl | qwen3_vl"""
-    dtype: str = "float32"
-    """parameter dtype: float32 | bfloat16 | float16"""
-    gradient_checkpointing: bool = False
-    """recompute activations in the backward pass to save memory"""
-    share_prefix: bool = True
-    """training forward: each distinct prompt runs once and its G completions attend to its
-    keys/values (same log-probs and gradients, fewer tokens; Qwen2/2.5-VL, falls back to one
-    forward per row for videos, activation checkpointing, ZeRO-3 and other model families)"""
-    trust_remote_code: bool = False
-    """allow the model directory to run its own Python code (off unless you trust it)"""
-    min_pixels: int = 0
-    """processor min_pixels per image (0 keeps the processor's setting)"""
-    max_pixels: int = 0
-    """processor max_pixels per image (0 keeps the processor's setting)"""
-    lora_rank: int = 0
-    """LoRA rank of peft adapters on the language model (0: full fine-tuning); the reference
-    policy is then the same model with its adapters disabled (no second copy)"""
-    lora_alpha: float = 16.0
-    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)"""
-    lora_dropout: float = 0.0
-    """dropout on the LoRA input (keep 0 for RL: logp_old and logp must match)"""
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-    )
-    """names of the language model's linear layers that get adapters"""
-    lora_vision: bool = False
-    """also put adapters on the vision tower (its attention qkv/proj and MLP projections)"""
-
-
-@dataclass
-class DataConfig:
-    train: str = ""
-    """training JSONL/Parquet (images relative to the file); empty generates the synthetic set"""
-    val: str = ""
-    """held-out JSONL/Parquet for periodic evaluation; empty uses the synthetic validation split"""
-    families: list[str] = field(default_factory=lambda: ["count_all", "count_color", "count_shape"])
-    """synthetic question families to generate"""
-    n_train: int = 2000
-    """synthetic training questions"""
-    n_val: int = 200
-    """synthetic validation questions"""
-    image_size: int = 112
-    """side of the synthetic images in pixels"""
-    strict: bool = True
-    """strict: a bad sample (malformed line, corrupt image) is an error; False skips and counts"""
-    seed: int = 0
-    """seed of the synthetic generator"""
-    generator: str = "clevr"
-    """synthetic set when data.train is empty: clevr (images) | video (moving shapes, mp4) |
-    spatial (MuJoCo rooms, several views per question)"""
-    video_seconds: float = 4.0
-    """video generator: clip length in seconds"""
-    video_fps: int = 4
-    """video generator: frames per second written to the mp4"""
-
-
-@dataclass
-class VLLMConfig:
-    gpu_memory_utilization: float = 0.3
-    """fraction of accelerator memory vLLM may take (weights + KV cache); training keeps the rest"""
-    kv_cache_bytes: int = 0
-    """explicit KV cache size in bytes (0: from gpu_memory_utilization); set it on the CPU"""
-    max_model_len: int = 0
-    """longest prompt + completion (0: rollout.max_prompt_length + rollout.max_new_tokens)"""
-    enforce_eager: bool = False
-    """no CUDA graphs / compilation: faster start, slower decoding"""
-    sleep: bool = True
-    """sleep between rollouts (weights offloaded, KV cache freed) so training gets the memory;
-    GPU only (vLLM's CPU worker has no sleep mode)"""
-    bucket_mb: int = 256
-    """weight sync bucket size in MiB (parameters packed into flat buffers of this size)"""
-    logprobs_mode: str = "processed_logprobs"
-    """processed_logprobs (tempered/filtered, what the trainer scores) | raw_logprobs"""
-    seed: int = 0
-    """vLLM engine seed (each rollout also draws per-request seeds from the step's RNG)"""
-
-
-@dataclass
-class RolloutConfig:
-    engine: str = "hf"
-    """rollout engine: hf (transformers generate) | vllm (colocated vLLM, see rollout.vllm)"""
-    prompts_per_step: int = 8
-    """prompts (groups) sampled per training step"""
-    group_size: int = 4
-    """completions per prompt (G)"""
-    temperature: float = 1.0
-    """sampling temperature"""
-    top_p: float = 1.0
-    """nucleus sampling threshold"""
-    max_new_tokens: int = 64
-    """completion length limit"""
-    max_prompt_length: int = 512
-    """prompt length limit in tokens, vision tokens included (never truncated: too long is an error)"""
-    token_budget: int = 16384
-    """prompt + completion tokens per generation call (sets the generation micro-batch)"""
-    system_prompt: str = (
-        "First think about the question step by step inside <think> </think>, "
-        "then give the final answer inside <answer> </answer>."
-    )
-    """system prompt of the chat template"""
-    reward: dict[str, float | dict[str, Any]] = field(
-        default_factory=lambda: {"format": 0.2, "accuracy": 1.0}
-    )
-    """reward components (registered names or module:function): name -> weight, or name ->
-    {weight, gate, parameters}, e.g. {accuracy: 1, overlong: {max_len: 256, cache_len: 64}}"""
-    reward_timeout_s: float = 10.0
-    """time limit of one reward call; a timeout scores 0 and is counted"""
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    """vLLM engine settings (rollout.engine=vllm)"""
-    tgrpo_alpha: float = 0.0
-    """T-GRPO (Video-R1): bonus added to correct rollouts of a video prompt whose group is at least
-    tgrpo_mu times as accurate on ordered frames as on shuffled ones; 0 turns T-GRPO off"""
-    tgrpo_mu: float = 1.0
-    """T-GRPO: the bonus needs accuracy(ordered) >= tgrpo_mu * accuracy(shuffled)"""
-    tgrpo_shuffled: int = 0
-    """T-GRPO: extra rollouts per video prompt on shuffled frames (generated, never trained on);
-    0 uses group_size"""
-    tgrpo_threshold: float = 0.5
-    """T-GRPO: a rollout is correct when its accuracy reward is at least this"""
-
-
-@dataclass
-class VideoConfig:
-    fps: float = 2.0
-    """frames sampled per second of video (qwen-vl-utils' FPS)"""
-    min_frames: int = 4
-    """fewest frames sampled from one video (rounded up to frame_factor)"""
-    max_frames: int = 16
-    """most frames sampled from one video (rounded down to frame_factor)"""
-    frame_factor: int = 2
-    """the frame count is a multiple of this (the vision tower's temporal patch)"""
-    min_pixels: int = 0
-    """smallest frame area after resizing (0: one merged patch)"""
-    max_pixels: int = 768 * 28 * 28
-    """largest area of one frame after resizing"""
-    total_pixels: int = 24576 * 28 * 28
-    """pixel budget of one video: frames shrink so (frames / frame_factor) * area stays within it"""
 
 
 @dataclass
@@ -264,10 +149,10 @@ class TrainConfig:
     """evaluate on held-out data every N steps (0: only before and after training)"""
     eval_samples: int = 200
     """held-out questions per evaluation"""
-    backend: str = "torch"
+    backend: str = choice("torch", ("torch", "deepspeed"))
     """optimisation engine: torch (one process) | deepspeed (ZeRO, data parallel under torchrun
     or the deepspeed launcher; bf16 on GPU, fp32 on CPU)"""
-    zero_stage: int = 2
+    zero_stage: int = choice(2, (2, 3))
     """DeepSpeed ZeRO stage when backend=deepspeed: 2 (optimizer state + gradients partitioned)
     | 3 (parameters too; rollouts gather the full weights)"""
 
@@ -300,7 +185,7 @@ class EnvConfig:
     """envs stepped in parallel by the collector (rows of a PPO batch, groups fill them for GRPO)"""
     async_envs: bool = False
     """one subprocess per env (AsyncVectorEnv) instead of stepping them in a loop"""
-    obs_mode: str = "rgb"
+    obs_mode: str = choice("rgb", ("rgb", "state"))
     """rgb: camera images + proprio + instruction; state: entity poses + proprio + instruction"""
     image_size: int = 64
     """side of the square camera images in pixels (rgb mode)"""
@@ -311,9 +196,9 @@ class EnvConfig:
     """rgb mode: the env also returns the true entity poses, for ``vla.critic=state`` (an
     asymmetric critic) and ``vla.aux``; the actor never reads them, so a trained policy also
     acts (evaluates, deploys) on an env without them"""
-    control: str = "ee"
+    control: str = choice("ee", ("ee", "joint"))
     """action space: ee (dx, dy, dz, dyaw, gripper) | joint (q1..q7, gripper)"""
-    reward_mode: str = "sparse"
+    reward_mode: str = choice("sparse", ("sparse", "dense"))
     """sparse: 1 on success | dense: success + the task's shaping terms"""
     terminate_on_success: bool = True
     """end an episode on its first success (with dense rewards, false avoids teaching the policy
@@ -336,9 +221,9 @@ class EnvConfig:
 
 @dataclass
 class VLAConfig:
-    policy: str = "compact"
+    policy: str = choice("compact", ("compact", "token"))
     """VLA policy: compact (CNN/MLP + FiLM, Gaussian and value heads) | token (VLM action tokens)"""
-    encoder: str = "cnn"
+    encoder: str = choice("cnn", ("cnn", "keypoint", "state"))
     """compact policy observation encoder: cnn (camera images) | keypoint (CNN + spatial softmax) | state (entity poses, MLP)"""
     channels: list[int] = field(default_factory=lambda: [32, 64, 64])
     """CNN channels of the three conv layers (8x8/4, 4x4/2, 3x3/1), each FiLM-conditioned"""
@@ -346,17 +231,17 @@ class VLAConfig:
     """width of the fused trunk (and of the state MLP)"""
     embed_dim: int = 64
     """instruction word-embedding size"""
-    instruction_encoder: str = "bag"
+    instruction_encoder: str = choice("bag", ("bag", "gru"))
     """bag (mean of word embeddings) | gru (a one-layer GRU over the words)"""
     max_words: int = 16
     """instruction length in words (longer ones are cut)"""
     init_log_std: float = -0.5
     """initial log standard deviation of the Gaussian action head (state-independent)"""
-    critic: str = "shared"
+    critic: str = choice("shared", ("shared", "state"))
     """value function of the compact policy: shared (a head on the actor's trunk) | state (an
     asymmetric critic: a separate MLP on the true entity poses + proprio, needs
     env.privileged_state=true with an image encoder)"""
-    aux: str = "none"
+    aux: str = choice("none", ("none", "subject"))
     """auxiliary loss of the compact policy: none | subject (regress the position of the entity
     the instruction names, relative to the gripper, from the actor's features; needs
     env.privileged_state=true)"""
@@ -364,33 +249,28 @@ class VLAConfig:
     """weight of the auxiliary loss in the trainer's loss"""
 
 
-@dataclass
-class Config:
-    side: str = "vlm"
-    """which policy side the recipe trains: vlm | vla"""
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    video: VideoConfig = field(default_factory=VideoConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    vla: VLAConfig = field(default_factory=VLAConfig)
+class TrainerConfig(Protocol):
+    """What the trainer reads of a run's config: its own sections (the composed ``Config`` of
+    wiring.py has them, beside the sides' sections)."""
+
+    algo: AlgoConfig
+    train: TrainConfig
+    log: LogConfig
+    checkpoint: CheckpointConfig
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading, overrides, validation
+# Loading, overrides, validation (for any root dataclass: the composed `Config` of wiring.py)
 # ---------------------------------------------------------------------------------------------
 
 
 class ConfigError(ValueError):
-    """A recipe or override that does not fit the dataclasses above."""
+    """A recipe or override that does not fit the config dataclasses."""
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Build a `Config` from a YAML recipe and ``key.sub=value`` overrides (applied in order).
+def load(root: type, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
+    """Build a ``root`` dataclass from a YAML recipe and ``key.sub=value`` overrides (applied
+    in order).
 
     Override values are parsed as YAML scalars/lists/maps (``algo.kl_coef=0.01``,
     ``data.families=[count_all]``, ``rollout.reward={format: 0.5}``).
@@ -409,38 +289,50 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         _set_dotted(raw, key.strip(), yaml.safe_load(value) if value.strip() else "")
-    return from_dict(Config, raw, where="")
+    return from_dict(root, raw, where="", root=root)
 
 
-def from_dict(cls: type, raw: dict[str, Any], where: str) -> Any:
-    """Instantiate dataclass ``cls`` from ``raw``, recursing into nested dataclasses."""
+def from_dict(cls: type, raw: dict[str, Any], where: str, root: type | None = None) -> Any:
+    """Instantiate dataclass ``cls`` from ``raw``, recursing into nested dataclasses; names
+    with a fixed set of values (`choice` fields) are checked here."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
+    by_name = {f.name: f for f in fields(cls)}
     kwargs = {}
     for key, value in raw.items():
         dotted = f"{where}.{key}" if where else str(key)
-        if key not in names:
-            raise ConfigError(_unknown_key_message(dotted, where, names))
+        if key not in by_name:
+            raise ConfigError(_unknown_key_message(dotted, where, list(by_name), root or cls))
         kind = hints[key]
         if is_dataclass(kind):
-            kwargs[key] = from_dict(kind, value or {}, dotted)
+            kwargs[key] = from_dict(kind, value or {}, dotted, root)
         else:
-            kwargs[key] = _check_type(value, kind, dotted)
+            kwargs[key] = _check_choice(_check_type(value, kind, dotted), by_name[key], dotted)
     return cls(**kwargs)
+
+
+def _check_choice(value: Any, f, dotted: str) -> Any:
+    valid = choices(f)
+    if valid is None or value in valid:
+        return value
+    near = difflib.get_close_matches(str(value), [str(v) for v in valid], n=1, cutoff=0.5)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    raise ConfigError(
+        f"{dotted}={value!r} is not a valid value{hint} (valid: {', '.join(map(str, valid))})"
+    )
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     return asdict(cfg)
 
 
-def save_config(cfg: Config, path: str | Path) -> None:
+def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config (every field, defaults included) as YAML."""
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+def all_keys(cls: type, prefix: str = "") -> list[str]:
     """Every dotted key of ``cls`` (``algo.kl_coef`` ...)."""
     out = []
     hints = typing.get_type_hints(cls)
@@ -470,7 +362,7 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
     """(dotted key, type, default, help) for every leaf field, for ``perceptrl config``."""
     rows = []
     hints = typing.get_type_hints(cls)
@@ -503,8 +395,8 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _unknown_key_message(dotted: str, where: str, names: list[str]) -> str:
-    candidates = all_keys() + [f.name for f in fields(Config)]
+def _unknown_key_message(dotted: str, where: str, names: list[str], root: type) -> str:
+    candidates = all_keys(root) + [f.name for f in fields(root)]
     near = difflib.get_close_matches(dotted, candidates, n=1, cutoff=0.5)
     if not near:
         near = difflib.get_close_matches(dotted.rsplit(".", 1)[-1], names, n=1, cutoff=0.4)

@@ -32,7 +32,7 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from .config import Config
+from .config import TrainerConfig
 from .engine import build_engine
 from .metrics import MetricsLogger
 from .policy import Evaluation, Policy, RolloutSource, SFTSource
@@ -76,7 +76,7 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: Config,
+        cfg: TrainerConfig,
         policy: Policy,
         source: RolloutSource | SFTSource,
         run_dir: str | Path,

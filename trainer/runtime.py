@@ -5,9 +5,23 @@ from __future__ import annotations
 import os
 import random
 import resource
+from pathlib import Path
 
 import numpy as np
 import torch
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+"""the ``perceptrl`` package directory (configs/, assets/ ...)"""
+
+
+def resolve_path(path: str | Path) -> Path:
+    """A path as given (absolute or relative to the working directory), else relative to the
+    package, so recipes can name shipped files such as ``assets/vlm_base``."""
+    p = Path(path).expanduser()
+    if p.exists() or p.is_absolute():
+        return p
+    shipped = PACKAGE_ROOT / p
+    return shipped if shipped.exists() else p
 
 
 def peak_rss_mb() -> float:

@@ -1,6 +1,6 @@
 """Builds the VLA side from a `Config`: env runner, policy, rollout source, evaluator, trainer.
 
-``wiring.py`` registers :func:`build_trainer` and :func:`run_sft` under ``side: vla``.
+``wiring.py`` maps ``side: vla`` to this module's `build_trainer`, `run_sft` and `run_eval`.
 ``algo.adv_estimator=gae`` trains with per-step PPO experience (`PPOCollector`); any group
 estimator (grpo, rloo, ...) with whole-episode groups (`GRPOCollector`).
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from ..trainer.config import Config, ConfigError
+from ..trainer.config import ConfigError
 from ..trainer.loop import Trainer
-from ..trainer.runtime import resolve_device
+from ..trainer.runtime import resolve_device, resolve_path
 from .collect import GRPOCollector, PPOCollector
 from .compact import CompactVLA, spec_from_config
 from .envs import VecRunner
@@ -22,7 +22,7 @@ PER_STEP_ESTIMATORS = ("gae",)
 """advantage estimators that need per-step rewards and values (PPO collection)"""
 
 
-def build_policy(cfg: Config, runner: VecRunner, run_dir: str | Path | None = None):
+def build_policy(cfg, runner: VecRunner, run_dir: str | Path | None = None):
     """``model.path`` (a saved CompactVLA, e.g. a BC warm start) or a fresh policy sized from
     the env's spaces, on ``train.device``; ``vla.policy=token``: see `build_token_policy`."""
     device = resolve_device(cfg.train.device)
@@ -43,7 +43,7 @@ def build_policy(cfg: Config, runner: VecRunner, run_dir: str | Path | None = No
     return CompactVLA(spec).to(device)
 
 
-def build_token_policy(cfg: Config, runner: VecRunner, device, run_dir=None):
+def build_token_policy(cfg, runner: VecRunner, device, run_dir=None):
     """A `TokenVLA` on the local VLM directory ``model.path``, or on a tiny random-initialised
     ``model.tiny_arch`` built under ``run_dir/init_model`` when the path is empty."""
     from ..vlm.tiny import build_tiny
@@ -88,7 +88,7 @@ def load_policy(path: str | Path, device: str = "cpu"):
     return CompactVLA.from_pretrained(path, device=device)
 
 
-def build_source(cfg: Config, runner: VecRunner):
+def build_source(cfg, runner: VecRunner):
     if cfg.algo.adv_estimator in PER_STEP_ESTIMATORS:
         return PPOCollector(cfg.env, seed=cfg.train.seed, runner=runner)
     return GRPOCollector(
@@ -97,14 +97,14 @@ def build_source(cfg: Config, runner: VecRunner):
     )  # fmt: skip
 
 
-def build_evaluator(cfg: Config):
+def build_evaluator(cfg):
     """Deterministic success on ``env.eval_episodes`` held-out seeds, or None when 0."""
     if cfg.env.eval_episodes <= 0:
         return None
     return functools.partial(evaluate_policy, env_cfg=cfg.env)
 
 
-def build_trainer(cfg: Config, run_dir: str | Path) -> Trainer:
+def build_trainer(cfg, run_dir: str | Path) -> Trainer:
     """PPO (GAE) or GRPO-family training of a VLA policy on ``env.id``."""
     runner = VecRunner(cfg.env, seed=cfg.train.seed)
     policy = build_policy(cfg, runner, run_dir)
@@ -117,7 +117,7 @@ def build_trainer(cfg: Config, run_dir: str | Path) -> Trainer:
     return Trainer(cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg))
 
 
-def run_sft(cfg: Config, run_dir: str | Path) -> dict[str, float]:
+def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
     """Behaviour cloning from the scripted expert: the trainer's SFT objective."""
     from .bc import ExpertSource
 
@@ -131,3 +131,23 @@ def run_sft(cfg: Config, run_dir: str | Path) -> dict[str, float]:
         return trainer.fit()
     finally:
         runner.close()
+
+
+def run_eval(cfg, out_dir: Path, more=()) -> dict:
+    """Deterministic success per task over ``env.eval_episodes`` fixed seeds, with a table and an
+    mp4 per task (``env.eval_videos`` episodes). Returns ``{"table", "files"}``."""
+    from .evaluate import write_report
+
+    if more:
+        raise ConfigError("several recipes evaluate together only on side vlm")
+    if not cfg.model.path:
+        raise ConfigError(
+            "perceptrl eval needs --model (a saved VLA, e.g. <run>/checkpoints/step_N/model)"
+        )
+    policy = load_policy(resolve_path(cfg.model.path), resolve_device(cfg.train.device))
+    report = write_report(policy, cfg.env, out_dir)
+    table = (out_dir / "eval.md").read_text().rstrip()
+    return {
+        "table": table,
+        "files": [out_dir / "eval.json", out_dir / "eval.md", *report["videos"].values()],
+    }

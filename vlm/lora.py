@@ -85,9 +85,10 @@ def apply_lora(
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=pattern, bias="none"
     )
     peft_model = get_peft_model(policy.model, config, adapter_name=ADAPTER_NAME)
-    out = LoraVLMPolicy(peft_model, policy.processor, policy.prompt)
-    out.temperature = policy.temperature
-    out.share_prefix = policy.share_prefix
+    out = LoraVLMPolicy(
+        peft_model, policy.processor, policy.prompt, policy.sampling,
+        share_prefix=policy.share_prefix,
+    )  # fmt: skip
     return out
 
 
@@ -99,8 +100,8 @@ class LoraVLMPolicy(VLMPolicy):
     adapters off, save them and merge them.
     """
 
-    def __init__(self, peft_model: nn.Module, processor, prompt=None):
-        super().__init__(peft_model.get_base_model(), processor, prompt)
+    def __init__(self, peft_model: nn.Module, processor, prompt=None, sampling=None, **kwargs):
+        super().__init__(peft_model.get_base_model(), processor, prompt, sampling, **kwargs)
         self.peft_model = peft_model
 
     def trainable_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:

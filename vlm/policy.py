@@ -62,6 +62,8 @@ class VLMPolicy:
         model: an ``AutoModelForImageTextToText`` model.
         processor: its ``AutoProcessor``.
         prompt: how samples become prompts (system prompt, max_prompt_length, pixel bounds).
+        sampling: how the rollouts sample; ``evaluate`` scores the same tempered distribution,
+            so this is the one place the rollout temperature is set.
     """
 
     def __init__(
@@ -69,18 +71,18 @@ class VLMPolicy:
         model: nn.Module,
         processor,
         prompt: PromptConfig | None = None,
+        sampling: SamplingParams | None = None,
         *,
         share_prefix: bool = True,
     ):
         self.model = model
         self.processor = processor
         self.prompt = prompt or PromptConfig()
+        self.sampling = sampling or SamplingParams()
+        """the rollouts' sampling settings (the rollout source samples with them)"""
         self.stop_ids = rollout.stop_token_ids(model, processor)
         self.pad_id = rollout.pad_token_id(processor, self.stop_ids)
         self.banned_ids = vision_token_ids(processor)
-        self.temperature = 1.0
-        """sampling temperature of the rollouts: ``evaluate`` scores the same tempered
-        distribution, so PPO ratios compare like with like (as verl does)"""
         params = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in params
         self._share_vision = (
@@ -103,6 +105,7 @@ class VLMPolicy:
         path: str | Path,
         *,
         prompt: PromptConfig | None = None,
+        sampling: SamplingParams | None = None,
         share_prefix: bool = True,
         **load_kwargs,
     ) -> VLMPolicy:
@@ -111,11 +114,18 @@ class VLMPolicy:
         load_kwargs.setdefault("min_pixels", prompt.min_pixels)
         load_kwargs.setdefault("max_pixels", prompt.max_pixels)
         model, processor = load_vlm(path, **load_kwargs)
-        return cls(model, processor, prompt, share_prefix=share_prefix)
+        return cls(model, processor, prompt, sampling, share_prefix=share_prefix)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def temperature(self) -> float:
+        """Temperature of the distribution ``evaluate`` scores: the rollouts' (1 for greedy
+        rollouts), so PPO ratios compare like with like (as verl does)."""
+        t = self.sampling.temperature
+        return t if t > 0 else 1.0
 
     # ---- trainer protocol -------------------------------------------------------------------
 
@@ -128,7 +138,7 @@ class VLMPolicy:
             logp [B, T] float32 and entropy [B, T] float32 (0 where mask is 0); no value.
         """
         logits = self.completion_logits(batch)  # [B, T, V]
-        logp_all = (logits.float() / self.temperature).log_softmax(-1)
+        logp_all = (logits.float() / self.temperature).log_softmax(-1)  # what the rollouts sample
         tokens = batch.tokens.to(logp_all.device)
         mask = batch.mask.to(logp_all.device, torch.float32)
         logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
@@ -298,7 +308,9 @@ class VLMPolicy:
         """A frozen copy (eval mode, no gradients) for ``logp_ref``."""
         ref_model = copy.deepcopy(self.model)
         ref_model.requires_grad_(False)
-        ref = VLMPolicy(ref_model, self.processor, self.prompt, share_prefix=self.share_prefix)
+        ref = VLMPolicy(
+            ref_model, self.processor, self.prompt, self.sampling, share_prefix=self.share_prefix
+        )
         return ref.eval()
 
     # ---- rollout ----------------------------------------------------------------------------
@@ -310,10 +322,11 @@ class VLMPolicy:
         return encode_prompts(self.processor, samples, self.prompt, strict=strict, indices=indices)
 
     def sample(
-        self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams
+        self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams | None = None
     ) -> RolloutBatch:
-        """``n`` completions per encoded prompt (see ``rollout.sample``); rewards not filled."""
-        return rollout.sample(self.model, self.processor, prompts, n, sampling)
+        """``n`` completions per encoded prompt (see ``rollout.sample``) with ``sampling`` (default:
+        the policy's own, the distribution ``evaluate`` scores); rewards not filled."""
+        return rollout.sample(self.model, self.processor, prompts, n, sampling or self.sampling)
 
     def completions_batch(self, samples: list[dict], completions: list[str]) -> RolloutBatch:
         """A batch that scores the given completion texts (e.g. SFT targets): each is tokenized
@@ -326,4 +339,4 @@ class VLMPolicy:
     ) -> RolloutBatch:
         """Encode ``samples`` (strict about images) and sample ``n`` completions for each."""
         prompts, _ = self.encode(samples, strict=True)
-        return self.sample(prompts, n, sampling or SamplingParams())
+        return self.sample(prompts, n, sampling)

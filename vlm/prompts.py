@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from ..trainer.config import RolloutConfig, VideoConfig
+from .config import RolloutConfig, VideoConfig
 from .video import Video, VideoLoadError, load_video, shuffle_frames, spatial_factor
 
 DEFAULT_SYSTEM_PROMPT = RolloutConfig.system_prompt

@@ -12,8 +12,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-MODALITIES: tuple[str, ...] = ("image", "video", "3d")
-"""Display order; other modality names follow alphabetically."""
+from ..datasets.registry import modalities
+
+MODALITIES: tuple[str, ...] = modalities()
+"""Display order: the generators' (datasets/registry.py); other modality names follow
+alphabetically."""
 _COLORS = {"image": "#4C72B0", "video": "#DD8452", "3d": "#55A868"}
 
 

@@ -22,10 +22,9 @@ import numpy as np
 import torch
 
 from ..trainer.batch import RolloutBatch
-from ..trainer.config import RolloutConfig, VideoConfig
 from . import rollout
+from .config import RolloutConfig
 from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
-from .rollout import SamplingParams
 
 RewardFn = Callable[[list[str], list[dict]], tuple[list[float], dict[str, list[float]], dict]]
 """``(completions, samples) -> (totals [B], components {name: [B]}, stats)``."""
@@ -127,10 +126,10 @@ class VLMRolloutSource:
         cfg: rollout settings (prompts per step, group size, sampling, lengths, system prompt).
         seed: seed of the data order and of each step's sampling.
         strict: an unreadable image raises (naming file and sample); False skips and counts it.
-        min_pixels, max_pixels: image resize bounds (None keeps the processor's).
-        video: video frame sampling and frame pixel bounds (None: the defaults).
-        top_k: top-k sampling (0 disables it).
-        return_logprobs: keep the engine's log-probs as ``logp_rollout`` (for TIS).
+
+    Prompts are encoded with the policy's prompt settings and sampled with its sampling settings
+    (``policy.prompt``, ``policy.sampling``): the distribution the trainer scores is the one the
+    rollouts drew from, because both read the one setting.
     """
 
     def __init__(
@@ -141,32 +140,12 @@ class VLMRolloutSource:
         *,
         seed: int = 0,
         strict: bool = True,
-        min_pixels: int | None = None,
-        max_pixels: int | None = None,
-        video: VideoConfig | None = None,
-        top_k: int = 0,
-        return_logprobs: bool = False,
     ):
         if not samples:
             raise ValueError("VLMRolloutSource needs at least one sample")
         cfg = cfg or RolloutConfig()
         self.samples, self.reward, self.cfg = samples, reward, cfg
         self.seed, self.strict = seed, strict
-        self.sampling = SamplingParams(
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=top_k,
-            max_new_tokens=cfg.max_new_tokens,
-            token_budget=cfg.token_budget,
-            return_logprobs=return_logprobs,
-        )
-        self.prompt = PromptConfig(
-            system_prompt=cfg.system_prompt,
-            max_prompt_length=cfg.max_prompt_length,
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-            video=video or VideoConfig(),
-        )
         self.tgrpo_key = tgrpo_correct_key(cfg.reward) if cfg.tgrpo_alpha > 0 else None
         self.epoch, self.pos, self.skipped_total = 0, 0, 0
         self._order: np.ndarray | None = None
@@ -184,17 +163,13 @@ class VLMRolloutSource:
         self.pos += 1
         return i
 
-    def _next_prompts(self, processor) -> tuple[list, int]:
+    def _next_prompts(self, policy) -> tuple[list, int]:
         """``prompts_per_step`` encoded prompts; lenient mode replaces unreadable samples."""
         prompts, skipped = [], 0
         while len(prompts) < self.cfg.prompts_per_step:
             idx = [self._next_index() for _ in range(self.cfg.prompts_per_step - len(prompts))]
-            enc, bad = encode_prompts(
-                processor,
-                [self.samples[i] for i in idx],
-                self.prompt,
-                strict=self.strict,
-                indices=idx,
+            enc, bad = policy.encode(
+                [self.samples[i] for i in idx], strict=self.strict, indices=idx
             )
             prompts += enc
             skipped += len(bad)
@@ -211,9 +186,9 @@ class VLMRolloutSource:
     def collect(self, policy, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """One scored batch of ``prompts_per_step * group_size`` completions, and its metrics."""
         t0 = time.perf_counter()
-        prompts, skipped = self._next_prompts(policy.processor)
+        prompts, skipped = self._next_prompts(policy)
         with _step_rng(self.seed, step, policy.device):
-            batch = policy.sample(prompts, self.cfg.group_size, self.sampling)
+            batch = policy.sample(prompts, self.cfg.group_size)
             shuffled = self._shuffled_rollouts(policy, prompts, step) if self.tgrpo_key else None
         t1 = time.perf_counter()
         completions = [m["completion"] for m in batch.meta]
@@ -250,12 +225,12 @@ class VLMRolloutSource:
             if not p.sample.get("videos"):
                 continue
             seed = int(np.random.SeedSequence([self.seed, step, j, 7]).generate_state(1)[0])
-            shuf.append(encode_prompt(policy.processor, p.sample, self.prompt, shuffle_seed=seed))
+            shuf.append(encode_prompt(policy.processor, p.sample, policy.prompt, shuffle_seed=seed))
             groups.append(j)
         if not shuf:
             return None
         n = self.cfg.tgrpo_shuffled or self.cfg.group_size
-        b = policy.sample(shuf, n, self.sampling)
+        b = policy.sample(shuf, n)
         gid = torch.tensor(groups).repeat_interleave(n)
         return b, gid
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trainer.config import VideoConfig
+from .config import VideoConfig
 
 __all__ = [
     "Video",

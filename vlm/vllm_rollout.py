@@ -47,8 +47,8 @@ import torch
 from torch import Tensor, nn
 
 from ..trainer.batch import RolloutBatch
-from ..trainer.config import VLLMConfig
 from . import rollout
+from .config import VLLMConfig
 from .policy import VLMPolicy
 from .prompts import EncodedPrompt, load_images, vision_token_ids
 from .rollout import SamplingParams
@@ -444,19 +444,21 @@ class VLLMRolloutPolicy(VLMPolicy):
     rollout the engine wakes up and receives the current weights, after it the engine sleeps.
     ``evaluate`` (training) and greedy evaluation stay on the HF model."""
 
-    def __init__(self, model: nn.Module, processor, prompt, engine: VLLMEngine):
-        super().__init__(model, processor, prompt)
+    def __init__(self, model: nn.Module, processor, prompt, sampling, engine: VLLMEngine, **kwargs):
+        super().__init__(model, processor, prompt, sampling, **kwargs)
         self.engine = engine
         self.sync_stats: dict[str, float] = {}
 
     @classmethod
     def colocate(cls, policy: VLMPolicy, engine: VLLMEngine) -> VLLMRolloutPolicy:
         """Wrap an existing policy (same model, processor and prompt settings)."""
-        out = cls(policy.model, policy.processor, policy.prompt, engine)
-        out.temperature = policy.temperature
-        return out
+        return cls(
+            policy.model, policy.processor, policy.prompt, policy.sampling, engine,
+            share_prefix=policy.share_prefix,
+        )  # fmt: skip
 
-    def sample(self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams):
+    def sample(self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams | None = None):
+        sampling = sampling or self.sampling
         self.engine.wake_up(["weights"])
         self.sync_stats = self.engine.sync_weights(self.model)
         self.engine.wake_up(["kv_cache"])

@@ -232,8 +232,25 @@ def test_bad_arguments_are_named(tmp_path):
         )
 
 
-def test_generate_cli(tmp_path):
-    paths = clevr.generate_cli(tmp_path, 3, 2, 0, 2, "count_all,grounding", seed=1, image_size=64)
+def test_registry_generates_the_splits_it_can(tmp_path):
+    from perceptrl.datasets.registry import GENERATORS, get_generator, modalities
+
+    gen = get_generator("clevr")
+    paths = gen.generate(
+        tmp_path, {"train": 3, "val": 2, "test": 0, "ood": 2}, ["count_all", "grounding"],
+        seed=1, image_size=64, seconds=9.0,  # an option clevr does not take is not passed
+    )  # fmt: skip
     assert set(paths) == {"train", "val", "ood"}
     rows = [json.loads(line) for line in open(paths["train"])]
     assert [r["family"] for r in rows] == ["count_all", "grounding", "count_all"]
+    assert gen.check_families([]) == ["count_all", "count_color", "count_shape"]
+    with pytest.raises(ValueError, match="valid: count_all"):
+        gen.check_families(["count_all", "temporal_order"])
+    assert get_generator("video").check_families([]) == list(get_generator("video").families)
+    assert modalities() == ("image", "video", "3d") and set(GENERATORS) == {
+        "clevr",
+        "video",
+        "spatial",
+    }
+    with pytest.raises(KeyError, match="valid: clevr, video, spatial"):
+        get_generator("kitti")

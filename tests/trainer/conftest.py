@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from perceptrl.trainer.batch import RolloutBatch
-from perceptrl.trainer.config import Config
 from perceptrl.trainer.policy import Evaluation
+from perceptrl.wiring import Config
 
 
 class ToySeqPolicy(nn.Module):

@@ -5,14 +5,13 @@ import yaml
 
 from perceptrl.trainer.config import (
     AlgoConfig,
-    Config,
     ConfigError,
     all_keys,
     describe,
     field_docs,
-    load_config,
     save_config,
 )
+from perceptrl.wiring import Config, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -68,7 +67,7 @@ def test_resolved_config_round_trips(tmp_path):
 
 def test_every_field_has_help():
     rows = describe(Config)
-    assert {r[0] for r in rows} == set(all_keys())
+    assert {r[0] for r in rows} == set(all_keys(Config))
     missing = [key for key, _, _, help_ in rows if not help_]
     assert not missing, f"fields without a docstring: {missing}"
     assert "Dr.GRPO" in field_docs(AlgoConfig)["norm_by_std"]
@@ -77,3 +76,44 @@ def test_every_field_has_help():
 @pytest.mark.parametrize("recipe", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_recipes_load(recipe):
     load_config(recipe)
+
+
+@pytest.mark.parametrize(
+    "override, valid",
+    [
+        ("algo.adv_estimator=grpoo", "did you mean 'grpo'.*valid: gae, grpo"),
+        ("algo.policy_loss=ppo", "valid: cispo, gspo, ppo_clip"),
+        ("algo.kl_estimator=k4", "valid: .*k3"),
+        ("algo.loss_agg_mode=token_mean", "did you mean 'token-mean'"),
+        ("rollout.engine=sglang", "valid: hf, vllm"),
+        ("data.generator=kitti", "valid: clevr, video, spatial"),
+        ("vla.encoder=resnet", "valid: cnn, keypoint, state"),
+        ("vla.critic=twin", "valid: shared, state"),
+        ("train.backend=fsdp", "valid: torch, deepspeed"),
+        ("side=vision", "valid: vlm, vla"),
+    ],
+)
+def test_names_with_a_fixed_set_of_values_are_checked_at_load(override, valid):
+    with pytest.raises(ConfigError, match=f"{override.split('=')[0]}=.*{valid}"):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("recipe", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_recipes_list_every_key_in_perceptrl_config(recipe, capsys):
+    """``perceptrl config <recipe>`` prints every key with its value and help."""
+    from perceptrl.cli import main
+
+    assert main(["config", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    for key in all_keys(Config):
+        assert f"\n{key} = " in "\n" + out, key
+
+
+def test_sections_live_with_their_owners():
+    """The trainer's config module holds the trainer's sections; each side holds its own."""
+    from perceptrl.trainer import config as trainer_config
+    from perceptrl.vlm import config as vlm_config
+
+    for name in ("ModelConfig", "DataConfig", "RolloutConfig", "VideoConfig", "VLLMConfig"):
+        assert hasattr(vlm_config, name) and not hasattr(trainer_config, name)
+    assert not hasattr(trainer_config, "Config")

@@ -14,11 +14,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from perceptrl.trainer.batch import RolloutBatch  # noqa: E402
-from perceptrl.trainer.config import load_config  # noqa: E402
 from perceptrl.vla.envs import VecRunner  # noqa: E402
 from perceptrl.vla.run import build_trainer, load_policy  # noqa: E402
 from perceptrl.vla.token_vla import TokenSpec, TokenVLA, action_block  # noqa: E402
 from perceptrl.vlm.tiny import build_tiny  # noqa: E402
+from perceptrl.wiring import load_config  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 QUIET = ["log.tensorboard=false", "log.progress=false", "train.device=cpu"]

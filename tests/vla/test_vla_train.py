@@ -11,8 +11,8 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from perceptrl.trainer.config import load_config  # noqa: E402
 from perceptrl.vla.run import build_trainer, run_sft  # noqa: E402
+from perceptrl.wiring import load_config  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 QUIET = ["log.tensorboard=false", "log.progress=false", "train.device=cpu"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import pytest
 import torch
 from PIL import Image, ImageDraw
@@ -69,6 +72,26 @@ def samples(images) -> list[dict]:
         }
         for i, p in enumerate(images)
     ]
+
+
+@contextlib.contextmanager
+def settings(policy: VLMPolicy, *, video=None, **sampling):
+    """The policy's sampling settings (and video frame sampling) changed for a block: the tests
+    share session-scoped policies, and a rollout source samples with the policy's settings."""
+    saved = policy.sampling, policy.prompt
+    policy.sampling = dataclasses.replace(policy.sampling, **sampling)
+    if video is not None:
+        policy.prompt = dataclasses.replace(policy.prompt, video=video)
+    try:
+        yield policy
+    finally:
+        policy.sampling, policy.prompt = saved
+
+
+@pytest.fixture(scope="session")
+def with_settings():
+    """``with_settings(policy, video=..., **sampling)``: see `settings`."""
+    return settings
 
 
 @pytest.fixture(scope="session", params=ARCHS)

@@ -5,6 +5,7 @@ reproducibility and two training steps with rollouts on vLLM. Run with ``make te
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 from perceptrl.trainer import algos  # noqa: E402
-from perceptrl.trainer.config import Config, VLLMConfig  # noqa: E402
+from perceptrl.vlm.config import VLLMConfig  # noqa: E402
 from perceptrl.vlm.policy import VLMPolicy  # noqa: E402
 from perceptrl.vlm.prompts import PromptConfig  # noqa: E402
 from perceptrl.vlm.rollout import SamplingParams  # noqa: E402
@@ -23,6 +24,7 @@ from perceptrl.vlm.vllm_rollout import (  # noqa: E402
     VLLMRolloutPolicy,
     build_tiny_text,
 )
+from perceptrl.wiring import Config  # noqa: E402
 
 QUESTIONS = ["How many red circles are there?", "Count the small cubes.", "Is it left of it?"]
 
@@ -43,7 +45,7 @@ def setup(tmp_path_factory):
 
 
 def _gap(policy, batch, temperature=1.0):
-    policy.temperature = temperature
+    policy.sampling = dataclasses.replace(policy.sampling, temperature=temperature)
     with torch.no_grad():
         logp = policy.evaluate(batch).logp
     return algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)["rollout_gap/abs_max"]
@@ -132,6 +134,7 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     """Two GRPO steps whose rollouts come from vLLM: the gap is logged, TIS applies, and the
     second rollout already uses the weights of the first update (synced before sampling)."""
     from perceptrl.trainer.loop import Trainer
+    from perceptrl.vlm.run import sampling_params
     from perceptrl.vlm.source import VLMRolloutSource
 
     policy, engine, _ = setup
@@ -148,6 +151,7 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
 
     samples = [{"id": i, "question": q} for i, q in enumerate(QUESTIONS)]
     source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0)
+    policy.sampling = sampling_params(cfg)  # the rollouts' settings, built once from the recipe
     vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     try:
@@ -169,8 +173,8 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
 def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
     """``rollout.engine=vllm`` glue: the policy is saved, vLLM starts from that directory with
     the recipe's settings, and its rollouts score like the trainer's."""
-    from perceptrl.trainer.config import load_config
-    from perceptrl.wiring import vllm_policy
+    from perceptrl.vlm.run import vllm_policy
+    from perceptrl.wiring import load_config
 
     policy, _, prompts = setup
     cfg = load_config(

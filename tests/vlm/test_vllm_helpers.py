@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from perceptrl.trainer import algos
-from perceptrl.trainer.config import ConfigError, load_config
+from perceptrl.trainer.config import ConfigError
 from perceptrl.vlm.prompts import PromptConfig, encode_prompt, vision_token_ids
 from perceptrl.vlm.vllm_rollout import (
     PromptMismatchError,
@@ -23,6 +23,7 @@ from perceptrl.vlm.vllm_rollout import (
     plan_buckets,
     strip_vision_tokens,
 )
+from perceptrl.wiring import load_config
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +183,9 @@ def test_text_model_runs_through_policy_and_hf_engine(text_model):
         logp = policy.evaluate(batch).logp
     gap = algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)
     assert gap["rollout_gap/abs_max"] < 1e-4  # HF engine and trainer agree at T = 1
-    policy.temperature = 0.7  # the trainer scores the tempered distribution; so must the engine
-    batch = policy.sample(
-        prompts, 2, SamplingParams(max_new_tokens=6, temperature=0.7, return_logprobs=True)
-    )
+    # the rollouts' temperature is the policy's: evaluate scores the tempered distribution
+    policy.sampling = SamplingParams(max_new_tokens=6, temperature=0.7, return_logprobs=True)
+    batch = policy.sample(prompts, 2)
     with torch.no_grad():
         logp = policy.evaluate(batch).logp
     gap = algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)
@@ -197,16 +197,13 @@ def test_text_model_runs_through_policy_and_hf_engine(text_model):
 # ---- config and wiring --------------------------------------------------------------------------
 
 
-def test_vllm_config_keys_and_engine_validation(tmp_path):
-    from perceptrl.wiring import vlm_trainer
-
+def test_vllm_config_keys_and_engine_validation():
     cfg = load_config(None, ["rollout.engine=vllm", "rollout.vllm.bucket_mb=64"])
     assert cfg.rollout.engine == "vllm" and cfg.rollout.vllm.bucket_mb == 64
     with pytest.raises(ConfigError, match="bucket_mb"):
         load_config(None, ["rollout.vllm.bucket_m=64"])
-    bad = load_config(None, ["rollout.engine=sglang"])
-    with pytest.raises(ConfigError, match="hf, vllm"):
-        vlm_trainer(bad, tmp_path)
+    with pytest.raises(ConfigError, match="hf, vllm"):  # checked when the recipe loads
+        load_config(None, ["rollout.engine=sglang"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
@@ -218,7 +215,7 @@ def test_engine_without_vllm_says_how_to_install(text_model, tmp_path):
 
 
 def test_vllm_engine_refuses_what_it_cannot_sync(tmp_path):
-    from perceptrl.wiring import vllm_policy
+    from perceptrl.vlm.run import vllm_policy
 
     for override, match in (("model.lora_rank=8", "LoRA"), ("train.zero_stage=3", "ZeRO-3")):
         extra = ["train.backend=deepspeed"] if "zero" in override else []

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perceptrl.trainer.config import Config
 from perceptrl.trainer.engine import TorchEngine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.trainer.metrics import read_metrics
 from perceptrl.vlm.policy import VLMPolicy
+from perceptrl.vlm.run import sampling_params
 from perceptrl.vlm.source import VLMRolloutSource, evaluate_accuracy
 from perceptrl.vlm.tiny import ARCHS
+from perceptrl.wiring import Config
 
 
 def grpo_config(**train) -> Config:
@@ -36,7 +37,7 @@ def length_reward(completions, samples):
 def test_one_grpo_step_with_kl(tiny_dirs, samples, tmp_path, arch):
     cfg = grpo_config()
     cfg.algo.kl_coef = 0.05
-    policy = VLMPolicy.from_pretrained(tiny_dirs[arch])
+    policy = VLMPolicy.from_pretrained(tiny_dirs[arch], sampling=sampling_params(cfg))
     before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
     source = VLMRolloutSource(samples, length_reward, cfg.rollout, seed=0)
     trainer = Trainer(cfg, policy, source, tmp_path, ref_policy=policy.reference())
@@ -63,7 +64,7 @@ def test_micro_batch_accumulation_is_invariant_with_padding(tiny_dirs, samples, 
     grads = []
     for micro in (4, 12):
         cfg = grpo_config(micro_batch_size=micro)
-        policy = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"])
+        policy = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"], sampling=sampling_params(cfg))
         source = VLMRolloutSource(samples, length_reward, cfg.rollout, seed=0)
         engine = RecordingEngine(policy.parameters(), cfg.train)
         Trainer(cfg, policy, source, tmp_path / str(micro), engine=engine).train_step()
@@ -76,7 +77,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_dirs, samples, tmp_path):
     def run(run_dir, steps, resume=False):
         cfg = grpo_config(steps=steps)
         cfg.checkpoint.every, cfg.checkpoint.keep_last = 1, 3
-        policy = VLMPolicy.from_pretrained(tiny_dirs["qwen3_vl"])
+        policy = VLMPolicy.from_pretrained(tiny_dirs["qwen3_vl"], sampling=sampling_params(cfg))
         source = VLMRolloutSource(samples, length_reward, cfg.rollout, seed=0)
 
         def evaluator(p):

@@ -71,14 +71,12 @@ def test_evaluate_is_independent_of_minibatch_composition(policy, batch):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 1.5])
-def test_evaluate_matches_generation_scores(policy, samples, temperature):
+def test_evaluate_matches_generation_scores(policy, samples, temperature, with_settings):
     """Sampling with top_p 1, top_k 0 at the policy's temperature: the scores generate sampled
     from are the policy's (tempered) distribution, so their log-softmax equals ``evaluate``."""
-    policy.temperature = temperature
-    try:
+    with with_settings(policy, temperature=temperature):
+        assert policy.temperature == temperature
         _check_evaluate_matches_generation(policy, samples, temperature)
-    finally:
-        policy.temperature = 1.0
 
 
 def _check_evaluate_matches_generation(policy, samples, temperature):

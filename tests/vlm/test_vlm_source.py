@@ -3,10 +3,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perceptrl.trainer.config import RolloutConfig
 from perceptrl.trainer.policy import RolloutSource
+from perceptrl.vlm.config import RolloutConfig
 from perceptrl.vlm.prompts import ImageLoadError
 from perceptrl.vlm.source import VLMRolloutSource, evaluate_accuracy
+
+
+@pytest.fixture
+def policy(policy, with_settings):
+    """The session policy sampling at most 10 new tokens (what these sources ask for)."""
+    with with_settings(policy, max_new_tokens=10):
+        yield policy
 
 
 def make_source(samples, reward, **kw) -> VLMRolloutSource:

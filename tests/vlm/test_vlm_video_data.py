@@ -21,7 +21,7 @@ from perceptrl.datasets.video import (
     write_mp4,
 )
 from perceptrl.rewards import build_reward
-from perceptrl.trainer.config import load_config
+from perceptrl.wiring import load_config
 
 CFG = VideoTaskConfig()
 

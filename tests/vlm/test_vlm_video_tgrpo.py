@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from perceptrl.datasets.video import generate
-from perceptrl.trainer.config import RolloutConfig, VideoConfig
+from perceptrl.vlm.config import RolloutConfig, VideoConfig
 from perceptrl.vlm.source import VLMRolloutSource, tgrpo_bonus, tgrpo_correct_key
 
 A = 0.3
@@ -118,15 +118,16 @@ def _reward(shuffled_correct: float):
 
 @pytest.mark.parametrize("mu, shuffled_correct, bonus", [(1.0, 0.0, A), (1.5, 1.0, 0.0)])
 def test_source_adds_the_bonus_from_shuffled_rollouts(
-    policy, order_samples, mu, shuffled_correct, bonus
+    policy, order_samples, mu, shuffled_correct, bonus, with_settings
 ):
     cfg = RolloutConfig(
         prompts_per_step=2, group_size=3, max_new_tokens=6, tgrpo_alpha=A, tgrpo_mu=mu,
         tgrpo_shuffled=2, reward={"format": 0.2, "accuracy": 1.0},
     )  # fmt: skip
     reward = _reward(shuffled_correct)
-    src = VLMRolloutSource(order_samples, reward, cfg, seed=0, video=VideoConfig(max_frames=8))
-    batch, m = src.collect(policy, step=0)
+    src = VLMRolloutSource(order_samples, reward, cfg, seed=0)
+    with with_settings(policy, video=VideoConfig(max_frames=8), max_new_tokens=6):
+        batch, m = src.collect(policy, step=0)
     assert len(batch) == 6  # the trained batch holds only the ordered rollouts
     assert all("frame_order" not in x["sample"]["meta"] for x in batch.meta)
     assert batch.rewards.tolist() == pytest.approx([1.0 + bonus] * 6)
@@ -139,12 +140,17 @@ def test_source_adds_the_bonus_from_shuffled_rollouts(
     assert m["reward/tgrpo_shuffled_samples"] == 4.0
 
 
-def test_source_without_video_or_alpha_samples_no_shuffled_rollouts(policy, order_samples, samples):
-    cfg = RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=4, tgrpo_alpha=A)
+def test_source_without_video_or_alpha_samples_no_shuffled_rollouts(
+    policy, order_samples, samples, with_settings
+):
+    cfg = RolloutConfig(prompts_per_step=2, group_size=2, tgrpo_alpha=A)
     reward = _reward(0.0)
     src = VLMRolloutSource(samples, reward, cfg)  # image prompts: T-GRPO has nothing to shuffle
-    _, m = src.collect(policy, step=0)
-    assert len(reward.seen) == 1 and "reward/tgrpo_bonus_rate" not in m
-    off = VLMRolloutSource(order_samples, reward, RolloutConfig(prompts_per_step=1, group_size=2))
-    off.collect(policy, step=0)  # alpha 0 (the default): plain GRPO
+    with with_settings(policy, max_new_tokens=4):
+        _, m = src.collect(policy, step=0)
+        assert len(reward.seen) == 1 and "reward/tgrpo_bonus_rate" not in m
+        off = VLMRolloutSource(
+            order_samples, reward, RolloutConfig(prompts_per_step=1, group_size=2)
+        )
+        off.collect(policy, step=0)  # alpha 0 (the default): plain GRPO
     assert len(reward.seen) == 2

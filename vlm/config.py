@@ -1,0 +1,177 @@
+"""The VLM side's recipe sections: ``model``, ``data``, ``rollout`` (with ``rollout.vllm``) and
+``video``. One small dataclass per section, help beside each field (see ``trainer/config.py`` for
+loading, overrides and validation; the top-level ``Config`` is composed in ``wiring.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..trainer.config import choice
+
+
+def _generators() -> list[str]:
+    from ..datasets.registry import GENERATORS
+
+    return list(GENERATORS)
+
+
+def _tiny_archs() -> list[str]:
+    from .tiny import ARCHS
+
+    return list(ARCHS)
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """local directory of a Hugging Face model (or a VLA checkpoint); empty builds the tiny default"""
+    tiny_arch: str = choice("qwen2_5_vl", _tiny_archs)
+    """architecture of the tiny random-initialised default when `path` is empty: qwen2_5_vl | qwen3_vl"""
+    dtype: str = choice("float32", ("float32", "bfloat16", "float16"))
+    """parameter dtype: float32 | bfloat16 | float16"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory"""
+    share_prefix: bool = True
+    """training forward: each distinct prompt runs once and its G completions attend to its
+    keys/values (same log-probs and gradients, fewer tokens; Qwen2/2.5-VL, falls back to one
+    forward per row for videos, activation checkpointing, ZeRO-3 and other model families)"""
+    trust_remote_code: bool = False
+    """allow the model directory to run its own Python code (off unless you trust it)"""
+    min_pixels: int = 0
+    """processor min_pixels per image (0 keeps the processor's setting)"""
+    max_pixels: int = 0
+    """processor max_pixels per image (0 keeps the processor's setting)"""
+    lora_rank: int = 0
+    """LoRA rank of peft adapters on the language model (0: full fine-tuning); the reference
+    policy is then the same model with its adapters disabled (no second copy)"""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)"""
+    lora_dropout: float = 0.0
+    """dropout on the LoRA input (keep 0 for RL: logp_old and logp must match)"""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    """names of the language model's linear layers that get adapters"""
+    lora_vision: bool = False
+    """also put adapters on the vision tower (its attention qkv/proj and MLP projections)"""
+
+
+@dataclass
+class DataConfig:
+    train: str = ""
+    """training JSONL/Parquet (images relative to the file); empty generates the synthetic set"""
+    val: str = ""
+    """held-out JSONL/Parquet for periodic evaluation; empty uses the synthetic validation split"""
+    families: list[str] = field(default_factory=list)
+    """synthetic question families to generate (empty: the generator's defaults; clevr:
+    count_all, count_color, count_shape; video and spatial: all of theirs)"""
+    n_train: int = 2000
+    """synthetic training questions"""
+    n_val: int = 200
+    """synthetic validation questions"""
+    image_size: int = 112
+    """side of the synthetic images in pixels"""
+    strict: bool = True
+    """strict: a bad sample (malformed line, corrupt image) is an error; False skips and counts"""
+    seed: int = 0
+    """seed of the synthetic generator"""
+    generator: str = choice("clevr", _generators)
+    """synthetic set when data.train is empty: clevr (images) | video (moving shapes, mp4) |
+    spatial (MuJoCo rooms, several views per question)"""
+    video_seconds: float = 4.0
+    """video generator: clip length in seconds"""
+    video_fps: int = 4
+    """video generator: frames per second written to the mp4"""
+
+
+@dataclass
+class VideoConfig:
+    fps: float = 2.0
+    """frames sampled per second of video (qwen-vl-utils' FPS)"""
+    min_frames: int = 4
+    """fewest frames sampled from one video (rounded up to frame_factor)"""
+    max_frames: int = 16
+    """most frames sampled from one video (rounded down to frame_factor)"""
+    frame_factor: int = 2
+    """the frame count is a multiple of this (the vision tower's temporal patch)"""
+    min_pixels: int = 0
+    """smallest frame area after resizing (0: one merged patch)"""
+    max_pixels: int = 768 * 28 * 28
+    """largest area of one frame after resizing"""
+    total_pixels: int = 24576 * 28 * 28
+    """pixel budget of one video: frames shrink so (frames / frame_factor) * area stays within it"""
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = 0.3
+    """fraction of accelerator memory vLLM may take (weights + KV cache); training keeps the rest"""
+    kv_cache_bytes: int = 0
+    """explicit KV cache size in bytes (0: from gpu_memory_utilization); set it on the CPU"""
+    max_model_len: int = 0
+    """longest prompt + completion (0: rollout.max_prompt_length + rollout.max_new_tokens)"""
+    enforce_eager: bool = False
+    """no CUDA graphs / compilation: faster start, slower decoding"""
+    sleep: bool = True
+    """sleep between rollouts (weights offloaded, KV cache freed) so training gets the memory;
+    GPU only (vLLM's CPU worker has no sleep mode)"""
+    bucket_mb: int = 256
+    """weight sync bucket size in MiB (parameters packed into flat buffers of this size)"""
+    logprobs_mode: str = choice("processed_logprobs", ("processed_logprobs", "raw_logprobs"))
+    """processed_logprobs (tempered/filtered, what the trainer scores) | raw_logprobs"""
+    seed: int = 0
+    """vLLM engine seed (each rollout also draws per-request seeds from the step's RNG)"""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = choice("hf", ("hf", "vllm"))
+    """rollout engine: hf (transformers generate) | vllm (colocated vLLM, see rollout.vllm)"""
+    prompts_per_step: int = 8
+    """prompts (groups) sampled per training step"""
+    group_size: int = 4
+    """completions per prompt (G)"""
+    temperature: float = 1.0
+    """sampling temperature"""
+    top_p: float = 1.0
+    """nucleus sampling threshold"""
+    max_new_tokens: int = 64
+    """completion length limit"""
+    max_prompt_length: int = 512
+    """prompt length limit in tokens, vision tokens included (never truncated: too long is an error)"""
+    token_budget: int = 16384
+    """prompt + completion tokens per generation call (sets the generation micro-batch)"""
+    system_prompt: str = (
+        "First think about the question step by step inside <think> </think>, "
+        "then give the final answer inside <answer> </answer>."
+    )
+    """system prompt of the chat template"""
+    reward: dict[str, float | dict[str, Any]] = field(
+        default_factory=lambda: {"format": 0.2, "accuracy": 1.0}
+    )
+    """reward components (registered names or module:function): name -> weight, or name ->
+    {weight, gate, parameters}, e.g. {accuracy: 1, overlong: {max_len: 256, cache_len: 64}}"""
+    reward_timeout_s: float = 10.0
+    """time limit of one reward call; a timeout scores 0 and is counted"""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """vLLM engine settings (rollout.engine=vllm)"""
+    tgrpo_alpha: float = 0.0
+    """T-GRPO (Video-R1): bonus added to correct rollouts of a video prompt whose group is at least
+    tgrpo_mu times as accurate on ordered frames as on shuffled ones; 0 turns T-GRPO off"""
+    tgrpo_mu: float = 1.0
+    """T-GRPO: the bonus needs accuracy(ordered) >= tgrpo_mu * accuracy(shuffled)"""
+    tgrpo_shuffled: int = 0
+    """T-GRPO: extra rollouts per video prompt on shuffled frames (generated, never trained on);
+    0 uses group_size"""
+    tgrpo_threshold: float = 0.5
+    """T-GRPO: a rollout is correct when its accuracy reward is at least this"""

@@ -1,0 +1,255 @@
+"""Builds the VLM side from a recipe: data, policy, rollout source, reward, evaluator, trainer.
+
+``wiring.py`` maps ``side: vlm`` to this module's `build_trainer`, `run_sft` and `run_eval`
+(``vla/run.py`` does the same for the VLA side). The prompt settings (`prompt_config`) and the
+sampling settings (`sampling_params`) are built once, here, and handed to the policy; the rollout
+source and ``evaluate`` both read them from it, so the distribution the trainer scores is the
+one the rollouts sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..datasets.registry import get_generator
+from ..trainer.config import ConfigError
+from ..trainer.deepspeed_engine import on_rank0
+from ..trainer.engine import build_engine
+from ..trainer.loop import Trainer
+from ..trainer.runtime import resolve_device, resolve_path
+from .prompts import PromptConfig
+from .rollout import SamplingParams
+
+EVAL_REWARD = {"accuracy": 1.0}
+"""Held-out accuracy: the correctness reward alone (no format bonus)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# settings built once
+# ---------------------------------------------------------------------------------------------
+
+
+def prompt_config(cfg) -> PromptConfig:
+    """How samples become prompts: ``rollout.system_prompt``/``max_prompt_length``, the
+    ``model`` pixel bounds and the ``video`` section."""
+    return PromptConfig(
+        system_prompt=cfg.rollout.system_prompt, max_prompt_length=cfg.rollout.max_prompt_length,
+        min_pixels=cfg.model.min_pixels or None, max_pixels=cfg.model.max_pixels or None,
+        video=cfg.video,
+    )  # fmt: skip
+
+
+def sampling_params(cfg) -> SamplingParams:
+    """How the rollouts sample (``rollout`` section); the engine's own log-probs are kept when
+    truncated importance sampling needs them (``algo.tis_cap``)."""
+    r = cfg.rollout
+    return SamplingParams(
+        temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+        token_budget=r.token_budget, return_logprobs=cfg.algo.tis_cap > 0,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------------
+
+
+def samples(cfg, run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(train, val) samples: the user's files, or the ``data.generator`` set generated into
+    ``run_dir/data`` (deterministic in ``data.seed``)."""
+    from ..datasets.loader import load_samples
+
+    d = cfg.data
+    if d.train:
+        train, stats = load_samples(resolve_path(d.train), strict=d.strict)
+        _report_skips(d.train, stats)
+        val = []
+        if d.val:
+            val, stats = load_samples(resolve_path(d.val), strict=d.strict)
+            _report_skips(d.val, stats)
+        return train, val
+    try:
+        paths = get_generator(d.generator).generate(
+            run_dir / "data", {"train": d.n_train, "val": d.n_val}, d.families, seed=d.seed,
+            image_size=d.image_size, seconds=d.video_seconds, fps=d.video_fps,
+        )  # fmt: skip
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"data.generator={d.generator!r}, data.families: {e}") from e
+    return load_samples(paths["train"])[0], load_samples(paths["val"])[0]
+
+
+def _report_skips(path: str, stats: dict) -> None:
+    skipped = {k: v for k, v in stats.items() if k.startswith("skipped") and v}
+    if skipped:
+        print(f"perceptrl: lenient data mode skipped samples of {path}: {skipped}")
+
+
+def data_shard(cfg, train: list[dict], rank: int, world: int):
+    """This rank's (samples, rollout config, seed) under data parallelism: samples
+    ``rank::world``, ``prompts_per_step / world`` prompts a step (the global batch stays
+    ``rollout.prompts_per_step`` prompts) and its own sampling seed. Identity in one process."""
+    if world == 1:
+        return train, cfg.rollout, cfg.train.seed
+    if cfg.rollout.prompts_per_step % world:
+        raise ConfigError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over {world} "
+            "ranks; make it a multiple of the number of processes"
+        )
+    if len(train) < world:
+        raise ConfigError(f"{len(train)} training samples cannot be split over {world} ranks")
+    per_rank = dataclasses.replace(
+        cfg.rollout, prompts_per_step=cfg.rollout.prompts_per_step // world
+    )
+    return train[rank::world], per_rank, cfg.train.seed + 1_000_003 * rank
+
+
+# ---------------------------------------------------------------------------------------------
+# policy, evaluator, trainer
+# ---------------------------------------------------------------------------------------------
+
+
+def build_policy(cfg, run_dir: Path):
+    """The policy from ``model.path`` (a local HF directory), or a freshly built tiny model,
+    with the recipe's prompt and sampling settings (and LoRA adapters if asked)."""
+    from .policy import VLMPolicy
+    from .tiny import build_tiny
+
+    m = cfg.model
+    if m.path:
+        path = resolve_path(m.path)
+    else:
+        path = build_tiny(m.tiny_arch, run_dir / "init_model", seed=cfg.train.seed)
+    policy = VLMPolicy.from_pretrained(
+        path, prompt=prompt_config(cfg), sampling=sampling_params(cfg), dtype=m.dtype,
+        device=resolve_device(cfg.train.device), gradient_checkpointing=m.gradient_checkpointing,
+        trust_remote_code=m.trust_remote_code, share_prefix=m.share_prefix,
+    )  # fmt: skip
+    if m.lora_rank > 0:
+        from .lora import apply_lora
+
+        policy = apply_lora(
+            policy, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
+            targets=m.lora_target_modules, vision=m.lora_vision,
+        )  # fmt: skip
+    return policy
+
+
+def build_evaluator(cfg, val: list[dict]):
+    """Greedy held-out accuracy per question family, or None without validation data."""
+    if not val or cfg.train.eval_samples <= 0:
+        return None
+    from ..rewards import build_reward
+    from .source import evaluate_accuracy
+
+    return functools.partial(
+        evaluate_accuracy, samples=val[: cfg.train.eval_samples],
+        reward=build_reward(EVAL_REWARD, timeout_s=cfg.rollout.reward_timeout_s),
+        batch_size=max(cfg.rollout.prompts_per_step * cfg.rollout.group_size, 16),
+        max_new_tokens=cfg.rollout.max_new_tokens, strict=cfg.data.strict,
+        token_budget=cfg.rollout.token_budget,
+    )  # fmt: skip
+
+
+def vllm_policy(cfg, policy, run_dir: Path):
+    """The policy with its rollouts on a colocated vLLM engine (``rollout.engine=vllm``); the
+    engine starts from the policy's weights, written to ``run_dir/rollout_init``, and receives the
+    trainer's weights before every rollout."""
+    from .vllm_rollout import VLLMEngine, VLLMRolloutPolicy
+
+    if cfg.model.lora_rank:
+        raise ConfigError(
+            "rollout.engine=vllm does not sync LoRA adapters yet; use model.lora_rank=0"
+        )
+    if cfg.train.backend == "deepspeed" and cfg.train.zero_stage == 3:
+        raise ConfigError(
+            "rollout.engine=vllm pushes each rank's full weights to its engine, but ZeRO-3 "
+            "partitions them; use train.zero_stage=2"
+        )
+    r, m = cfg.rollout, cfg.model
+    init = run_dir / "rollout_init"
+    policy.save(init)
+    pixels = {"min_pixels": m.min_pixels, "max_pixels": m.max_pixels}
+    engine = VLLMEngine(
+        init, policy.processor, r.vllm, dtype=m.dtype, stop_ids=policy.stop_ids,
+        max_model_len=r.vllm.max_model_len or r.max_prompt_length + r.max_new_tokens,
+        mm_processor_kwargs={k: v for k, v in pixels.items() if v} or None,
+    )  # fmt: skip
+    return VLLMRolloutPolicy.colocate(policy, engine)
+
+
+def build_trainer(cfg, run_dir: Path) -> Trainer:
+    """GRPO (or any registered estimator/loss) on the VLM side."""
+    from ..rewards import build_reward
+    from .source import VLMRolloutSource
+
+    train, val = on_rank0(samples, cfg, run_dir)
+    policy = build_policy(cfg, run_dir)
+    if cfg.rollout.engine == "vllm":
+        policy = vllm_policy(cfg, policy, run_dir)
+    reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
+    # LoRA: the base with adapters disabled (no copy); full fine-tuning: a frozen copy, taken
+    # before a DeepSpeed engine partitions the weights
+    ref = policy.reference() if cfg.algo.kl_coef > 0 else None
+    engine = build_engine(policy, cfg.train)
+    train, rollout_cfg, seed = data_shard(cfg, train, engine.rank, engine.world_size)
+    source = VLMRolloutSource(train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict)
+    return Trainer(
+        cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg, val),
+        engine=engine,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# SFT and evaluation runs
+# ---------------------------------------------------------------------------------------------
+
+
+def run_sft(cfg, run_dir: Path) -> dict[str, float]:
+    """Supervised warm start on the generator's templated reasoning traces."""
+    from .sft import VLMSFTSource
+
+    train, val = samples(cfg, run_dir)
+    policy = build_policy(cfg, run_dir)
+    try:
+        targets = [get_generator(cfg.data.generator).reasoning_trace(s) for s in train]
+    except (KeyError, ValueError) as e:
+        raise ConfigError(
+            f"perceptrl sft builds targets from the synthetic generator's scene metadata; sample "
+            f"lacks it ({e}). Use data.train= empty (synthetic) or samples written by "
+            "`perceptrl data generate`."
+        ) from e
+    source = VLMSFTSource(
+        policy, train, targets, batch_size=cfg.rollout.prompts_per_step, seed=cfg.train.seed
+    )
+    trainer = Trainer(
+        cfg, policy, source, run_dir, evaluator=build_evaluator(cfg, val), objective="sft"
+    )
+    return trainer.fit()
+
+
+def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
+    """Greedy held-out accuracy of ``model.path`` per question family, grouped by modality
+    (image, video, 3D), on the recipe's task set and on each of ``more`` (other recipes, each with
+    its own data and prompt settings; the model is the first recipe's). Writes ``eval.json``,
+    ``eval.md`` and the bar chart ``eval.png`` into ``out_dir`` (see vlm/report.py)."""
+    from .report import family_rows, write_report
+
+    policy, rows, sets = None, [], []
+    for i, c in enumerate([cfg, *more]):
+        if not c.data.train:
+            c.data.n_train = 1  # only the validation split is needed
+        _, val = samples(c, out_dir if i == 0 else out_dir / f"taskset_{i}")
+        evaluator = build_evaluator(c, val)
+        if evaluator is None:
+            raise ConfigError(
+                "nothing to evaluate: set data.val (or leave it empty for synthetic) and "
+                "train.eval_samples > 0"
+            )
+        policy = policy or build_policy(cfg, out_dir)
+        metrics = evaluator(policy, prompt=prompt_config(c))
+        rows += family_rows(metrics, val[: c.train.eval_samples])
+        sets.append({"data": c.data.val or f"synthetic {c.data.generator}", "metrics": metrics})
+    return write_report(rows, out_dir, model=cfg.model.path, extra={"task_sets": sets})
