@@ -273,6 +273,53 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="run directory (default: log.dir/<recipe>-<time>)")
 
 
+def _add_sim_parser(sub) -> None:
+    """``perceptrl sim demo``."""
+    p = sub.add_parser("sim", help="MuJoCo manipulation suite")
+    sim = p.add_subparsers(dest="sim_command", metavar="ACTION", required=True)
+    g = sim.add_parser("demo", help="write an mp4 of the scripted expert on every task")
+    g.add_argument("--out", default="runs/sim_demo", help="output directory")
+    g.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--size", type=int, default=224, help="camera resolution")
+    g.add_argument("--episodes", type=int, default=1)
+    g.set_defaults(func=cmd_sim_demo)
+
+
+def _add_data_parser(sub) -> None:
+    """``perceptrl data generate`` over the registered generators."""
+    p = sub.add_parser("data", help="synthetic data sets")
+    data = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    g = data.add_parser(
+        "generate",
+        help="write synthetic questions: CLEVR-like images (PNG) or videos (mp4) + JSONL",
+    )
+    g.add_argument(
+        "--kind", choices=list(GENERATORS), default="clevr",
+        help="; ".join(f"{g.name}: {g.description}" for g in GENERATORS.values()),
+    )  # fmt: skip
+    g.add_argument("--out", required=True, help="output directory")
+    g.add_argument("--n-train", type=int, default=2000)
+    g.add_argument("--n-val", type=int, default=200)
+    g.add_argument("--n-test", type=int, default=500)
+    g.add_argument("--n-ood", type=int, default=500, help="held-out colour-shape pairs and counts")
+    g.add_argument(
+        "--families",
+        default=None,
+        help="comma-separated families (default: all of the kind; clevr: count_all,count_color,"
+        "count_shape,attr_mcq,spatial,grounding; video: temporal_order,direction,event_count,"
+        "grounding; spatial: obj_count,abs_distance,obj_size,rel_direction,rel_distance,"
+        "appearance_order)",
+    )
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--image-size", type=int, default=112, help="image side / video frame side")
+    g.add_argument("--seconds", type=float, default=4.0, help="video clip length (video)")
+    g.add_argument("--fps", type=int, default=4, help="frames per second written (video)")
+    g.add_argument("--views", type=int, default=4, help="views along the camera path (spatial)")
+    g.add_argument("--depth", action="store_true", help="also write depth PNGs in mm (spatial)")
+    g.set_defaults(func=cmd_data_generate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perceptrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -322,46 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default: runs/eval-<time>)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("sim", help="MuJoCo manipulation suite")
-    sim = p.add_subparsers(dest="sim_command", metavar="ACTION", required=True)
-    g = sim.add_parser("demo", help="write an mp4 of the scripted expert on every task")
-    g.add_argument("--out", default="runs/sim_demo", help="output directory")
-    g.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--size", type=int, default=224, help="camera resolution")
-    g.add_argument("--episodes", type=int, default=1)
-    g.set_defaults(func=cmd_sim_demo)
-
-    p = sub.add_parser("data", help="synthetic data sets")
-    data = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
-    g = data.add_parser(
-        "generate",
-        help="write synthetic questions: CLEVR-like images (PNG) or videos (mp4) + JSONL",
-    )
-    g.add_argument(
-        "--kind", choices=list(GENERATORS), default="clevr",
-        help="; ".join(f"{g.name}: {g.description}" for g in GENERATORS.values()),
-    )  # fmt: skip
-    g.add_argument("--out", required=True, help="output directory")
-    g.add_argument("--n-train", type=int, default=2000)
-    g.add_argument("--n-val", type=int, default=200)
-    g.add_argument("--n-test", type=int, default=500)
-    g.add_argument("--n-ood", type=int, default=500, help="held-out colour-shape pairs and counts")
-    g.add_argument(
-        "--families",
-        default=None,
-        help="comma-separated families (default: all of the kind; clevr: count_all,count_color,"
-        "count_shape,attr_mcq,spatial,grounding; video: temporal_order,direction,event_count,"
-        "grounding; spatial: obj_count,abs_distance,obj_size,rel_direction,rel_distance,"
-        "appearance_order)",
-    )
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--image-size", type=int, default=112, help="image side / video frame side")
-    g.add_argument("--seconds", type=float, default=4.0, help="video clip length (video)")
-    g.add_argument("--fps", type=int, default=4, help="frames per second written (video)")
-    g.add_argument("--views", type=int, default=4, help="views along the camera path (spatial)")
-    g.add_argument("--depth", action="store_true", help="also write depth PNGs in mm (spatial)")
-    g.set_defaults(func=cmd_data_generate)
+    _add_sim_parser(sub)
+    _add_data_parser(sub)
     return parser
 
 

@@ -230,6 +230,34 @@ def _processor(arch: str, tokenizer, patch: int, min_pixels: int, max_pixels: in
     )
 
 
+def _model_config(
+    arch,
+    tokenizer,
+    ids,
+    hidden_size,
+    layers,
+    heads,
+    vision_hidden_size,
+    vision_depth,
+    patch,
+    tie_word_embeddings,
+):
+    """The HF config of a tiny model (embedding padded to a multiple of 64 ids)."""
+    from transformers import AutoConfig
+
+    vocab = -(-len(tokenizer) // 64) * 64
+    return AutoConfig.for_model(
+        arch,
+        text_config=_text_config(arch, vocab, hidden_size, layers, heads, ids),
+        vision_config=_vision_config(arch, vision_hidden_size, vision_depth, hidden_size, patch),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=tie_word_embeddings,
+    )
+
+
 def build_tiny(
     arch: str,
     out_dir: str | Path,
@@ -263,7 +291,7 @@ def build_tiny(
     Returns:
         ``Path(out_dir)``.
     """
-    from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
+    from transformers import AutoModelForImageTextToText, GenerationConfig
 
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; valid: {', '.join(ARCHS)}")
@@ -275,17 +303,10 @@ def build_tiny(
 
     tokenizer = build_tokenizer(vocab_size)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    vocab = -(-len(tokenizer) // 64) * 64  # pad the embedding to a multiple of 64
-    config = AutoConfig.for_model(
-        arch,
-        text_config=_text_config(arch, vocab, hidden_size, layers, heads, ids),
-        vision_config=_vision_config(arch, vision_hidden_size, vision_depth, hidden_size, patch),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=tie_word_embeddings,
-    )
+    config = _model_config(
+        arch, tokenizer, ids, hidden_size, layers, heads, vision_hidden_size, vision_depth,
+        patch, tie_word_embeddings,
+    )  # fmt: skip
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig(
