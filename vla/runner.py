@@ -394,7 +394,7 @@ class EpisodeRunner:
                     "layout for every step"
                 )
             self.tensors[key] = buf = torch.zeros(self.cap, *v.shape, dtype=v.dtype)
-        buf[t].copy_(v)
+        _copy_into(buf[t], v)
 
     def _values_at(self, t: int) -> np.ndarray | None:
         v = self.tensors.get("value") if self.store else None
@@ -408,48 +408,78 @@ class EpisodeRunner:
             episodes = Episodes(*(np.zeros(0, d) for d in (np.int64, bool, float, np.int64)))
         return RunResult(self._rows(T) if self.store else None, episodes, self.env_steps)
 
-    def _rows(self, T: int) -> Rows:
-        """Cut every segment that ended in rows [0, T) out of the buffers: rows ordered by
-        their last step, then segments cut at the horizon (or restart) after episode ends,
-        then env index."""
+    def _segments(self, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every segment that ended in rows [0, T): (last row, env, end code, length), each
+        [B], ordered by last row, then horizon (or restart) cuts after episode ends, then env."""
         end = self.end[:T]
-        tt, nn = np.nonzero(end)  # (B,) last step and env of every segment
-        codes = end[tt, nn]
-        order = np.lexsort((nn, codes == CUT, tt))
-        tt, nn, codes = tt[order], nn[order], codes[order]
-        # valid steps since the previous segment end of the same env
+        tt, nn = np.nonzero(end)
+        order = np.lexsort((nn, end[tt, nn] == CUT, tt))
+        tt, nn = tt[order], nn[order]
+        # a segment's length: valid steps since the previous segment end of the same env
         count = np.cumsum(self.valid[:T], axis=0)[tt, nn]  # (B,)
         by_env = np.lexsort((tt, nn))
         prev = np.r_[0, count[by_env][:-1]]
         prev[np.r_[True, nn[by_env][1:] != nn[by_env][:-1]]] = 0
         lens = np.empty_like(count)
         lens[by_env] = count[by_env] - prev
-        L = int(lens.max()) if len(lens) else 0
-        steps = np.arange(L)
-        valid = steps[None] < lens[:, None]  # (B, L)
-        ti = np.where(valid, (tt - lens + 1)[:, None] + steps[None], 0)
-        ni = np.broadcast_to(nn[:, None], ti.shape)
-        mask = torch.from_numpy(valid)
-        it, inn = torch.from_numpy(ti), torch.from_numpy(np.ascontiguousarray(ni))
-        pad = lambda x: torch.where(mask.view(*mask.shape, *[1] * (x.dim() - 2)), x, 0)  # noqa: E731
-        get = lambda k: pad(self.tensors[k][it, inn]) if k in self.tensors else None  # noqa: E731
-        ft, fn = torch.from_numpy(ti[valid]), torch.from_numpy(ni[valid])  # row-major valid steps
+        return tt, nn, end[tt, nn], lens
+
+    def _rows(self, T: int) -> Rows:
+        """Cut the segments (`_segments`) out of the buffers: one gather per buffer."""
+        tt, nn, codes, lens = self._segments(T)
+        steps = np.arange(int(lens.max()) if len(lens) else 0)
+        valid = steps[None] < lens[:, None]  # (B, L) right-padded
+        ti = np.where(valid, (tt - lens + 1)[:, None] + steps[None], 0)  # (B, L) buffer rows
+        ni = np.broadcast_to(nn[:, None], ti.shape)  # (B, L) envs
+
+        def padded(key: str) -> Tensor | None:
+            if key not in self.tensors:
+                return None
+            x = _take(self.tensors[key], ti, ni)  # (B, L, ...)
+            x[torch.from_numpy(~valid)] = 0
+            return x
+
         split = lens.tolist()
+        ft, fn = ti[valid], ni[valid]  # the valid steps, row after row
         inputs = {
-            k[4:]: list(torch.split(x[ft, fn], split))
+            k[4:]: list(torch.split(_take(x, ft, fn), split))
             for k, x in self.tensors.items()
             if k.startswith("obs/")
         }
-        for k, steps_list in self.lists.items():
+        for k, per_step in self.lists.items():
             inputs[k] = [
-                torch.stack([steps_list[t][n] for t in range(e - m + 1, e + 1)])
+                torch.stack([per_step[t][n] for t in range(e - m + 1, e + 1)])
                 for e, n, m in zip(tt.tolist(), nn.tolist(), split)
             ]
         return Rows(
-            get("actions"), mask.float(), get("rewards"), get("logp"), get("value"), inputs,
+            padded("actions"), torch.from_numpy(valid).float(), padded("rewards"),
+            padded("logp"), padded("value"), inputs,
             torch.from_numpy(self.boot[tt, nn].astype(np.float32)), codes.astype(np.int8),
             self.end_spec[tt, nn], self.end_success[tt, nn],
         )  # fmt: skip
+
+
+def _on_host(x: Tensor) -> bool:
+    """A CPU tensor numpy can view (torch's intra-op threads cost more than the copies and
+    gathers of a step's observations: 1.1 ms vs 0.06 ms for 8 envs' images, 2 busy cores)."""
+    return x.device.type == "cpu" and x.dtype != torch.bfloat16
+
+
+def _copy_into(dst: Tensor, src: Tensor) -> None:
+    """``dst[...] = src`` (same shape and dtype)."""
+    if _on_host(dst) and _on_host(src):
+        np.copyto(dst.numpy(), src.numpy())
+    else:
+        dst.copy_(src)
+
+
+def _take(x: Tensor, ti: np.ndarray, ni: np.ndarray) -> Tensor:
+    """``x[ti, ni]`` [*ti.shape, ...] for buffer rows ``ti`` and envs ``ni`` (one shape)."""
+    if _on_host(x):
+        return torch.from_numpy(x.numpy()[ti, ni])
+    return x[
+        torch.from_numpy(ti).to(x.device), torch.from_numpy(np.ascontiguousarray(ni)).to(x.device)
+    ]
 
 
 def _numpy(x) -> np.ndarray:
