@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,9 +22,15 @@ import torch
 from safetensors.torch import load_file
 
 from perceptrl.trainer.checkpoint import load_trainer_state
-from perceptrl.trainer.config import Config, TrainConfig, load_config
-from perceptrl.trainer.deepspeed_engine import DeepSpeedEngine, ds_config
+from perceptrl.trainer.config import TrainConfig
+from perceptrl.trainer.deepspeed_engine import (
+    DeepSpeedEngine,
+    UnsafeCheckpointError,
+    ds_config,
+    weights_only_torch_load,
+)
 from perceptrl.trainer.engine import TorchEngine, build_engine, policy_module
+from perceptrl.wiring import Config, load_config
 
 WORKER = Path(__file__).resolve().parent / "zero_worker.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +87,13 @@ def single(tiny, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def zero2(tiny, tmp_path_factory) -> Path:
+    """2 ranks, ZeRO-2, a checkpoint every 2 steps."""
+    out = tmp_path_factory.mktemp("zero2") / "run"
+    return _worker(out, tiny, "--stage", "2", "--ckpt-every", "2", nproc=2)
+
+
+@pytest.fixture(scope="module")
 def zero3(tiny, tmp_path_factory) -> Path:
     """2 ranks, ZeRO-3, a checkpoint every 2 steps."""
     out = tmp_path_factory.mktemp("zero3") / "run"
@@ -106,9 +120,8 @@ def _assert_same_trajectory(ref: Path, run: Path, tiny: Path) -> None:
 
 
 @pytest.mark.slow
-def test_zero2_two_ranks_match_single_process(tiny, single, tmp_path):
-    run = _worker(tmp_path / "z2", tiny, "--stage", "2", nproc=2)
-    _assert_same_trajectory(single, run, tiny)
+def test_zero2_two_ranks_match_single_process(tiny, single, zero2):
+    _assert_same_trajectory(single, zero2, tiny)
 
 
 @pytest.mark.slow
@@ -142,22 +155,60 @@ def test_skipped_minibatch_leaves_no_gradient_behind(tiny, single_nan, tmp_path,
 
 
 @pytest.mark.slow
-def test_zero3_checkpoint_resume_gives_the_same_next_losses(tiny, zero3, tmp_path):
-    ckpts = zero3 / "checkpoints"
-    step2 = ckpts / "step_000002"
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_checkpoint_resume_gives_the_same_next_losses(tiny, request, tmp_path, stage):
+    """Resuming (DeepSpeed's files read with weights_only=True) continues bit for bit."""
+    run = request.getfixturevalue(f"zero{stage}")
+    step2 = run / "checkpoints" / "step_000002"
     assert (step2 / "zero").is_dir() and (step2 / "trainer_state.rank1.pt").is_file()
-    assert load_trainer_state(step2, rank=1)[0]["engine"]["zero_stage"] == 3
+    assert load_trainer_state(step2, rank=1)[0]["engine"]["zero_stage"] == stage
     resumed = tmp_path / "resumed"
-    shutil.copytree(zero3, resumed)
+    shutil.copytree(run, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_000004")
-    _worker(resumed, tiny, "--stage", "3", "--ckpt-every", "2", "--resume", nproc=2)
-    a, b = _steps(zero3), _steps(resumed)
+    _worker(resumed, tiny, "--stage", str(stage), "--ckpt-every", "2", "--resume", nproc=2)
+    a, b = _steps(run), _steps(resumed)
     for s in (3, 4):
         assert b[s]["actor/pg_loss"] == pytest.approx(a[s]["actor/pg_loss"], abs=1e-6)
         assert b[s]["grad_norm"] == pytest.approx(a[s]["grad_norm"], rel=1e-5)
-    wa = load_file(str(zero3 / "final_state.safetensors"))
+    wa = load_file(str(run / "final_state.safetensors"))
     wb = load_file(str(resumed / "final_state.safetensors"))
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
+
+
+class _Payload:
+    """What a malicious checkpoint would hold: unpickling it runs ``touch <marker>``."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def _tamper(path: Path, marker: Path) -> None:
+    """Add a payload to a DeepSpeed state file, keeping everything else in it."""
+    with weights_only_torch_load():
+        state = torch.load(path, map_location="cpu")
+    state["extra"] = _Payload(marker)
+    torch.save(state, path)
+
+
+@pytest.mark.slow
+def test_zero3_resume_refuses_a_tampered_checkpoint(tiny, zero3, tmp_path):
+    """A pickled object injected into rank 1's ZeRO file stops the resume with a message naming
+    the file, and the object's code never runs (on any rank)."""
+    resumed, marker = tmp_path / "tampered", tmp_path / "payload_ran"
+    shutil.copytree(zero3, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000004")
+    bad = resumed / "checkpoints/step_000002/zero/state/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    _tamper(bad, marker)
+    with pytest.raises(AssertionError, match="failed"):
+        _worker(resumed, tiny, "--stage", "3", "--ckpt-every", "2", "--resume", nproc=2)
+    log = resumed.with_suffix(".log").read_text()
+    assert f"refusing to load {bad}: it holds a pickled posix.system object" in log
+    assert "model.path=<checkpoint>/model" in log
+    assert not marker.exists()
+    assert not (resumed / "checkpoints" / "step_000004").exists()  # it never trained on
 
 
 @pytest.mark.slow
@@ -240,8 +291,46 @@ def test_torch_engine_seam_is_identity_and_rejects_deepspeed_state():
         )
 
 
+def test_weights_only_torch_load_reads_deepspeed_state_and_refuses_other_objects(tmp_path):
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    original = torch.load
+    ok = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    optim = {
+        "loss_scaler": LossScaler(1.0),
+        "zero_stage": ZeroStageEnum.weights,
+        "fp32": [torch.arange(3.0)],
+        "param_slice_mappings": [{"w": fragment_address(numel=3, start=0)}],
+    }
+    state = {
+        "optimizer_state_dict": optim,
+        "param_shapes": [{"w": torch.Size([3])}],
+        "ds_version": "0.19.8",
+    }
+    torch.save(state, ok)
+    with weights_only_torch_load():
+        got = torch.load(ok, map_location="cpu", weights_only=False)  # DeepSpeed's call
+    assert got["optimizer_state_dict"]["zero_stage"] is ZeroStageEnum.weights
+    assert got["optimizer_state_dict"]["loss_scaler"].cur_scale == 1.0
+    assert torch.equal(got["optimizer_state_dict"]["fp32"][0], torch.arange(3.0))
+    assert got["optimizer_state_dict"]["param_slice_mappings"][0]["w"].numel == 3
+    assert torch.load is original  # restored on exit
+
+    marker = tmp_path / "payload_ran"
+    _tamper(ok, marker)
+    refused = "refusing to load .*optim_states.pt: it holds a pickled posix.system object"
+    with pytest.raises(UnsafeCheckpointError, match=refused):
+        with weights_only_torch_load():
+            torch.load(ok, map_location="cpu", weights_only=False)
+    assert not marker.exists() and torch.load is original
+    torch.load(ok, weights_only=False)  # the payload is live: an unguarded load runs it
+    assert marker.exists()
+
+
 def test_config_fields_and_data_shard():
-    from perceptrl.wiring import data_shard
+    from perceptrl.vlm.run import data_shard
 
     cfg = load_config(
         None, ["train.backend=deepspeed", "train.zero_stage=3", "rollout.prompts_per_step=6"]

@@ -22,12 +22,12 @@ import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
-from perceptrl.trainer.config import Config
 from perceptrl.trainer.deepspeed_engine import shutdown_distributed
 from perceptrl.trainer.engine import build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
+from perceptrl.wiring import Config
 
 PROMPTS, GROUP = 4, 2
 COMPLETIONS = ["<answer>2</answer>", "I count 3. <answer>3</answer>", "one", "<answer>1"]

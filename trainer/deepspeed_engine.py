@@ -21,8 +21,11 @@ weights once on every rank and removes the gathering hooks until it exits (DeepS
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -33,6 +36,67 @@ from .config import TrainConfig
 ZERO_DIR = "zero"
 """sub-directory of a checkpoint with DeepSpeed's own per-rank files (optimizer and, under
 ZeRO-3, parameter partitions); ``zero_to_fp32.py`` in it consolidates them offline"""
+
+SAFE_DEEPSPEED_GLOBALS = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+"""The only classes resuming unpickles from DeepSpeed's files, all plain data: the ZeRO
+optimizer state stores its static loss scaler (a scale and a flag) and its ZeRO stage (an enum),
+and ZeRO-2's its parameter slice map (``fragment_address``: numel, start). Measured with
+deepspeed 0.19.8, ZeRO-2 and ZeRO-3, fp32 on the CPU; everything else in the files is tensors,
+OrderedDicts, containers, numbers and strings."""
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file holds a pickled object that resuming refuses to load (loading it could
+    run arbitrary code)."""
+
+
+def _refusal(f, err: Exception) -> str:
+    found = re.search(r"GLOBAL (\S+)", str(err))
+    what = f"a pickled {found.group(1)} object" if found else "pickled data that is not tensors"
+    return (
+        f"refusing to load {f}: it holds {what}. Resuming loads DeepSpeed's files with "
+        "torch.load(weights_only=True): tensors, containers, numbers, strings and "
+        f"{', '.join(n.rsplit('.', 1)[1] for n in SAFE_DEEPSPEED_GLOBALS)} only, so this file was "
+        "not written by this project's DeepSpeed engine or was altered since. Resume from a "
+        "checkpoint your run wrote, or start a new run from the consolidated weights "
+        "(model.path=<checkpoint>/model). If a newer DeepSpeed stores another class, check it and "
+        "add it to SAFE_DEEPSPEED_GLOBALS in trainer/deepspeed_engine.py."
+    )
+
+
+@contextlib.contextmanager
+def weights_only_torch_load(allowed: tuple[str, ...] = SAFE_DEEPSPEED_GLOBALS):
+    """Within the block every ``torch.load`` runs with ``weights_only=True`` and the classes named
+    in ``allowed`` ("module.Class") allow-listed, whatever its caller passes (DeepSpeed's loaders
+    pass ``weights_only=False``), so no file read inside can execute pickled code.
+
+    Raises (from a load inside the block):
+        UnsafeCheckpointError: a file holds any other pickled object; it names the file and what
+            to do, and nothing of the file was run.
+    """
+    classes = []
+    for name in allowed:
+        module, _, attr = name.rpartition(".")
+        classes.append(getattr(importlib.import_module(module), attr))
+    original = torch.load
+
+    def load(f, *args, **kwargs):
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(classes):
+                return original(f, *args, **kwargs)
+        except pickle.UnpicklingError as e:
+            raise UnsafeCheckpointError(_refusal(f, e)) from None
+
+    torch.load = load  # DeepSpeed calls torch.load by attribute, at call time
+    try:
+        yield
+    finally:
+        torch.load = original
 
 
 def launched_distributed() -> bool:
@@ -85,6 +149,15 @@ def broadcast_object(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_rank0(fn, *args):
+    """``fn(*args)`` computed once, by rank 0, and its result sent to every rank (a single
+    writer, e.g. for synthetic data under data parallelism); a plain call in one process."""
+    if not launched_distributed():
+        return fn(*args)
+    init_distributed()
+    return broadcast_object(fn(*args) if rank_and_world()[0] == 0 else None)
 
 
 def ds_config(cfg: TrainConfig, bf16: bool) -> dict:
@@ -253,7 +326,11 @@ class DeepSpeedEngine:
     def restore(self, ckpt_dir: Path, state: dict, policy) -> None:
         """Resume from checkpoint ``ckpt_dir``: after checking that ``state`` (``state_dict``'s)
         comes from the same backend and launch, weights, optimizer and scheduler come from
-        ``save_sharded``'s per-rank files (``policy`` holds the partitioned module already)."""
+        ``save_sharded``'s per-rank files (``policy`` holds the partitioned module already).
+
+        DeepSpeed's files are read as tensor data only (:func:`weights_only_torch_load`): a
+        foreign or altered file holding other pickled objects raises UnsafeCheckpointError and
+        none of it runs."""
         if state.get("backend") != "deepspeed":
             raise ValueError(
                 "this checkpoint was written by the torch backend; resume it with "
@@ -266,10 +343,11 @@ class DeepSpeedEngine:
                 f", resumed with {self.world_size} ranks under ZeRO-{self.cfg.zero_stage}; resume "
                 "with the same launch, or start a new run from its consolidated model/ directory"
             )
-        path, _ = self.ds.load_checkpoint(
-            str(Path(ckpt_dir) / ZERO_DIR), tag="state",
-            load_optimizer_states=True, load_lr_scheduler_states=True,
-        )  # fmt: skip
+        with weights_only_torch_load():
+            path, _ = self.ds.load_checkpoint(
+                str(Path(ckpt_dir) / ZERO_DIR), tag="state",
+                load_optimizer_states=True, load_lr_scheduler_states=True,
+            )  # fmt: skip
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed state under {Path(ckpt_dir) / ZERO_DIR}")
 
