@@ -24,7 +24,12 @@ of one prompt). It hands each to the terms whose function has a parameter of tha
 
 Preparation: a reward function may carry a ``prepare(**params)`` attribute; building the
 composite calls it once with the term's parameters, outside any time limit — the ``judge``
-loads its model there, so a wrong path fails at start-up and loading never eats a call's limit.
+starts its worker and loads its model there, so a wrong path fails at start-up and loading never
+eats a call's limit.
+
+Counters: a reward function may carry a ``counters(**params)`` attribute returning running
+totals ``{counter: value}`` (the ``judge``: its worker's ``restarts``); the composite logs each
+total's change during a call as ``reward/<counter>/<name>`` and their sum as ``reward/<counter>``.
 
 Failures never stop a run:
 
@@ -33,6 +38,11 @@ Failures never stop a run:
   non-finite scores and outputs of the wrong length);
 - a call that exceeds ``timeout_s`` scores 0 for every sample of that call, counted in
   ``reward/timeouts`` and ``reward/timeouts/<name>``.
+
+Self-timed rewards: a function with a ``timeout_s`` parameter enforces the limit itself — the
+composite passes it ``timeout_s=`` (its own limit) instead of timing the call, and the function
+raises :class:`RewardTimeout` when it runs out. The ``judge`` does so: it kills its worker
+process, which no timer in this process could stop inside native code.
 
 Time limit: on the main thread (and when no other interval timer is running) the limit is a
 ``signal.setitimer(ITIMER_REAL)`` alarm that interrupts the reward at the next Python bytecode;
@@ -108,6 +118,9 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: An
 CONTEXT_KEYS = ("lengths", "group_ids")
 """Per-completion context a composite passes to the terms that name it as a parameter."""
 
+SELF_TIMED_KEY = "timeout_s"
+"""A reward function with this parameter enforces the composite's time limit itself."""
+
 
 def context_params(fn: Callable[..., Any]) -> tuple[str, ...]:
     """The context keywords (see :data:`CONTEXT_KEYS`) that ``fn`` names as parameters."""
@@ -130,10 +143,23 @@ class RewardTerm:
     """term name -> minimum (ungated) score of that term for this one to count; all must hold"""
     context: tuple[str, ...] = ()
     """context keywords fn accepts (lengths, group_ids); filled from fn's signature if empty"""
+    counters: Callable[[], Mapping[str, float]] | None = None
+    """running totals of fn (e.g. worker restarts); their change per call is logged"""
+    self_timed: bool | None = None
+    """fn takes ``timeout_s`` and enforces it; None: read from fn's signature"""
 
     def __post_init__(self):
         if not self.context:
             self.context = context_params(self.fn)
+        if self.self_timed is None:
+            self.self_timed = _takes(self.fn, SELF_TIMED_KEY)
+
+
+def _takes(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _valid_scores(out: Any, n: int) -> list[float | None]:
@@ -151,9 +177,21 @@ def _valid_scores(out: Any, n: int) -> list[float | None]:
     return vals
 
 
-def _bind(term: RewardTerm, ctx: dict[str, list]) -> Callable[..., Any]:
-    kw = {k: ctx[k] for k in term.context if ctx.get(k) is not None}
+def _bind(term: RewardTerm, ctx: dict[str, list], timeout_s: float | None) -> Callable[..., Any]:
+    kw: dict[str, Any] = {k: ctx[k] for k in term.context if ctx.get(k) is not None}
+    if term.self_timed:
+        kw[SELF_TIMED_KEY] = timeout_s
     return functools.partial(term.fn, **kw) if kw else term.fn
+
+
+def _counters(term: RewardTerm) -> dict[str, float]:
+    if term.counters is None:
+        return {}
+    try:
+        return {str(k): float(v) for k, v in term.counters().items()}
+    except Exception as e:  # counters are diagnostics: never let them fail a step
+        log.warning("reward %r: counters failed: %s: %s", term.name, type(e).__name__, e)
+        return {}
 
 
 class CompositeReward:
@@ -183,15 +221,22 @@ class CompositeReward:
     def names(self) -> list[str]:
         return [t.name for t in self.terms]
 
+    def _call(
+        self, term: RewardTerm, ctx: dict[str, list], completions: list[str], samples: list[dict]
+    ) -> Any:
+        """The term's raw output, within the time limit (its own, for a self-timed term)."""
+        fn = _bind(term, ctx, self.timeout_s)
+        if term.self_timed:
+            return fn(completions, samples)
+        return call_with_timeout(fn, self.timeout_s, completions, samples)
+
     def _score(
         self, term: RewardTerm, completions: list[str], samples: list[dict], ctx: dict[str, list]
     ) -> tuple[list[float], int, int]:
         """(scores [B], errors, timeouts) for one term."""
         n = len(completions)
         try:
-            vals = _valid_scores(
-                call_with_timeout(_bind(term, ctx), self.timeout_s, completions, samples), n
-            )
+            vals = _valid_scores(self._call(term, ctx, completions, samples), n)
         except RewardTimeout:
             log.warning(
                 "reward %r timed out after %s s on %d samples; they score 0",
@@ -218,8 +263,7 @@ class CompositeReward:
                 continue
             one = {k: None if v is None else [v[i]] for k, v in ctx.items()}
             try:
-                fn = _bind(term, one)
-                v = _valid_scores(call_with_timeout(fn, self.timeout_s, [c], [s]), 1)[0]
+                v = _valid_scores(self._call(term, one, [c], [s]), 1)[0]
             except RewardTimeout:
                 timeouts += 1
                 continue
@@ -254,8 +298,10 @@ class CompositeReward:
         Returns:
             totals [B] (weighted sums), components name -> [B] scores (after gating), and
             stats: ``reward/total``, ``reward/<name>`` (means), ``reward/errors[/<name>]`` and
-            ``reward/timeouts[/<name>]`` (counts of failed samples), and for gated terms
-            ``reward/<name>/gate_open`` and ``reward/<name>/ungated``.
+            ``reward/timeouts[/<name>]`` (counts of failed samples), for gated terms
+            ``reward/<name>/gate_open`` and ``reward/<name>/ungated``, and for terms with
+            counters their change in this call, ``reward/<counter>[/<name>]`` (e.g.
+            ``reward/restarts/judge``).
         """
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions for {len(samples)} samples")
@@ -269,12 +315,16 @@ class CompositeReward:
         raw: dict[str, list[float]] = {}
         stats: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
         for term in self.terms:
+            before = _counters(term)
             scores, errors, timeouts = self._score(term, list(completions), list(samples), ctx)
             raw[term.name] = scores
             stats[f"reward/errors/{term.name}"] = float(errors)
             stats[f"reward/timeouts/{term.name}"] = float(timeouts)
             stats["reward/errors"] += errors
             stats["reward/timeouts"] += timeouts
+            for k, v in _counters(term).items():
+                stats[f"reward/{k}/{term.name}"] = v - before.get(k, 0.0)
+                stats[f"reward/{k}"] = stats.get(f"reward/{k}", 0.0) + v - before.get(k, 0.0)
         components: dict[str, list[float]] = {}
         totals = [0.0] * n
         for term in self.terms:
@@ -341,10 +391,16 @@ def _term(name: str, value: Any) -> RewardTerm:
             raise ValueError(
                 f"reward {name!r}: {bad} come from the rollout at each call, not from the recipe"
             )
+        if SELF_TIMED_KEY in params and _takes(fn, SELF_TIMED_KEY):
+            raise ValueError(
+                f"reward {name!r}: its time limit per call is the composite's, "
+                "rollout.reward_timeout_s; remove timeout_s from its recipe entry"
+            )
         try:
             inspect.signature(fn).bind([], [], **params)
         except TypeError as e:
-            names = [p for p in list(inspect.signature(fn).parameters)[2:] if p not in CONTEXT_KEYS]
+            skip = (*CONTEXT_KEYS, SELF_TIMED_KEY)
+            names = [p for p in list(inspect.signature(fn).parameters)[2:] if p not in skip]
             raise ValueError(
                 f"reward {name!r} does not take parameters {sorted(params)} ({e}); "
                 f"its parameters: {', '.join(names) or 'none'}"
@@ -352,9 +408,15 @@ def _term(name: str, value: Any) -> RewardTerm:
     prepare = getattr(fn, "prepare", None)
     if callable(prepare):
         prepare(**params)
+    counters = getattr(fn, "counters", None)
+    counters = functools.partial(counters, **params) if callable(counters) else None
+    self_timed = _takes(fn, SELF_TIMED_KEY)
     if params:
         fn = functools.partial(fn, **params)
-    return RewardTerm(name=name, fn=fn, weight=float(weight), gate=gate, context=context)
+    return RewardTerm(
+        name=name, fn=fn, weight=float(weight), gate=gate, context=context,
+        counters=counters, self_timed=self_timed,
+    )  # fmt: skip
 
 
 def build_reward(

@@ -1,16 +1,34 @@
 """``judge``: a generative reward — a local VLM grades each completion against a rubric.
 
-The judge is any Hugging Face image-text-to-text model in a local directory (``model=``). It is
-loaded once per (path, device, dtype) and kept for the process. For every completion it reads a
-rubric prompt holding the question, the reference answer and the completion (plus the sample's
-images), decodes greedily with our HF rollout engine, and its verdict ``<score>N</score>`` on the
-stated 0..``scale`` scale becomes ``N / scale`` in [0, 1]. A verdict that is missing, unreadable
-or off the scale scores 0; an empty or non-text completion scores 0 without asking the judge.
+The judge is any Hugging Face image-text-to-text model in a local directory (``model=``). For
+every completion it reads a rubric prompt holding the question, the reference answer and the
+completion (plus the sample's images), decodes greedily with our HF rollout engine, and its
+verdict ``<score>N</score>`` on the stated 0..``scale`` scale becomes ``N / scale`` in [0, 1]. A
+verdict that is missing, unreadable or off the scale scores 0; an empty or non-text completion
+scores 0 without asking the judge.
 
-This is the one reward that runs a model. It imports ``perceptrl.vlm`` only when first used, so
-importing the reward registry still loads nothing of the model side. ``build_reward`` loads the
-judge once, when the composite is built (a wrong path fails there); the composite's
-``reward_timeout_s`` then bounds each judging call: raise it for a large judge.
+The model runs in a supervised worker process (:mod:`perceptrl.rewards.judge_worker`), one per
+(model, device, dtype, limits) for the life of the trainer, so a judge that hangs in native code,
+crashes or runs out of memory cannot stall or kill training:
+
+- ``build_reward`` starts the worker and waits for the model to load (``start_timeout_s``), so a
+  wrong path or a judge that cannot load fails at start-up, never inside a call's limit;
+- each call is bounded by the composite's ``rollout.reward_timeout_s`` (measured from sending the
+  prompts to the verdicts; raise it for a large judge). Past it the worker is killed and
+  restarted, and the call's samples score 0, counted in ``reward/timeouts/judge``;
+- a worker that dies (segfault, the OOM killer) is restarted; the samples of the call are
+  retried one by one on the new worker, and only those that fail again score 0
+  (``reward/errors/judge``);
+- ``memory_limit_gb`` caps the worker's address space (default: half the machine's memory, at
+  least 8 GiB; address space exceeds resident memory, see judge_worker). It is applied on the
+  CPU only: the CUDA driver reserves far more address space than it uses, so on a GPU the limit
+  is not set;
+- restarts are logged per step as ``reward/restarts/judge``; after ``max_failures`` failures in a
+  row the judge stops restarting and its calls fail (scoring 0, counted as errors) with a
+  message naming the setting to change.
+
+The parent process imports nothing of the model side (``perceptrl.vlm`` and torch load in the
+worker only).
 
 Recipe::
 
@@ -19,11 +37,11 @@ Recipe::
 
 from __future__ import annotations
 
-import functools
 import re
 from pathlib import Path
 
 from .builtin import _check
+from .judge_worker import SupervisedWorker
 from .registry import register_reward
 
 JUDGE_SYSTEM_PROMPT = (
@@ -81,18 +99,77 @@ def build_judge_sample(
     return {"id": f"judge:{sid}", "images": images, "question": text, "answer": "", "meta": {}}
 
 
-@functools.lru_cache(maxsize=2)
-def load_judge(path: str, device: str = "cpu", dtype: str = "float32"):
-    """(model, processor) of the judge at ``path``, loaded once per (path, device, dtype)."""
-    from ..vlm.model import load_vlm
+class JudgeModel:
+    """The judge inside its worker process: loads the model once, then turns judge prompts
+    (``build_judge_sample`` dicts) into verdict texts."""
 
-    return load_vlm(path, dtype=dtype, device=device)
+    def __init__(self, path: str, device: str, dtype: str):
+        from ..vlm.model import load_vlm
+
+        self.model, self.processor = load_vlm(path, dtype=dtype, device=device)
+
+    def __call__(self, request: dict) -> list[str]:
+        """``request``: ``samples`` (judge prompts), ``batch_size``, ``max_new_tokens``,
+        ``max_prompt_length`` -> one greedy verdict text per prompt."""
+        from ..vlm import rollout
+        from ..vlm.prompts import PromptConfig, encode_prompts
+
+        cfg = PromptConfig(
+            system_prompt=JUDGE_SYSTEM_PROMPT, max_prompt_length=request["max_prompt_length"]
+        )
+        js, bs, out = request["samples"], request["batch_size"], []
+        for start in range(0, len(js), bs):
+            enc, _ = encode_prompts(self.processor, js[start : start + bs], cfg, strict=True)
+            batch = rollout.greedy(self.model, self.processor, enc, request["max_new_tokens"])
+            out += [m["completion"] for m in batch.meta]
+        return out
 
 
-def _judge_model(model: str, device: str, dtype: str):
+_WORKERS: dict[tuple, SupervisedWorker] = {}
+
+
+def _model_dir(model: str) -> str:
+    """The judge's directory, resolved; a missing one fails here, before a worker starts."""
     if not model:
         raise ValueError("judge needs model=<local model directory> in its recipe entry")
-    return load_judge(str(Path(model).expanduser().resolve()), str(device), str(dtype))
+    p = Path(model).expanduser().resolve()
+    if not (p / "config.json").is_file():
+        what = "holds no config.json" if p.is_dir() else "does not exist"
+        raise ValueError(
+            f"judge: model directory {str(p)!r} {what}; give a local Hugging Face model "
+            "directory (the output of save_pretrained; models are never downloaded)"
+        )
+    return str(p)
+
+
+def judge_worker(
+    model: str = "",
+    device: str = "cpu",
+    dtype: str = "float32",
+    memory_limit_gb: float | None = None,
+    start_timeout_s: float = 300.0,
+    max_failures: int = 3,
+    **_,
+) -> SupervisedWorker:
+    """The worker of a judge configuration (the judge's keyword parameters), created (not
+    started) on first use and kept for the process."""
+    path = _model_dir(model)
+    if not str(device).startswith("cpu"):
+        memory_limit_gb = 0  # CUDA reserves more address space than any useful cap
+    key = (path, str(device), str(dtype), memory_limit_gb, float(start_timeout_s), max_failures)
+    if key not in _WORKERS:
+        _WORKERS[key] = SupervisedWorker(
+            JudgeModel, (path, str(device), str(dtype)), name="judge",
+            memory_limit_gb=memory_limit_gb, start_timeout_s=start_timeout_s,
+            max_failures=max_failures,
+        )  # fmt: skip
+    return _WORKERS[key]
+
+
+def close_judges() -> None:
+    """Stop every judge worker of this process (they also stop at exit)."""
+    while _WORKERS:
+        _WORKERS.popitem()[1].close()
 
 
 @register_reward("judge")
@@ -109,50 +186,74 @@ def judge(
     with_images: bool = True,
     max_prompt_length: int = 4096,
     max_response_chars: int = 4000,
+    memory_limit_gb: float | None = None,
+    start_timeout_s: float = 300.0,
+    max_failures: int = 3,
+    timeout_s: float | None = None,
 ) -> list[float]:
-    """Scores in [0, 1] from a local judge VLM (see the module docstring).
+    """Scores in [0, 1] from a local judge VLM in a worker process (see the module docstring).
 
     Args:
+        completions: [B] generated texts.
+        samples: [B] samples (``question``, ``answer``, ``images``).
         model: local directory of the judge (``save_pretrained`` output).
         rubric: template with ``{question}``, ``{reference}``, ``{response}``, ``{scale}``.
         scale: top of the score scale the rubric states.
         max_new_tokens: longest verdict.
         batch_size: judge prompts per generate call.
-        device, dtype: where and how the judge runs (loaded once per combination).
+        device, dtype: where and how the judge runs.
         with_images: show the judge the sample's images.
         max_prompt_length, max_response_chars: prompt bound and completion clip.
+        memory_limit_gb: cap on the worker's address space (CPU only); None: half the
+            machine's memory, at least 8 GiB; 0: none.
+        start_timeout_s: longest wait for the worker to load the model.
+        max_failures: hangs, deaths or failed starts in a row after which the judge gives up.
+        timeout_s: limit per call, set by the composite (``rollout.reward_timeout_s``), not in
+            the recipe; None or 0: none.
+    Returns:
+        [B] scores.
     Raises:
-        ValueError: no ``model`` or a bad scale; errors loading the judge or its prompts propagate
-            (the composite counts them).
+        ValueError: no ``model``, a missing directory or a bad scale.
+        RewardTimeout: no verdicts within ``timeout_s`` (the worker is killed and restarted).
+        WorkerError: the worker died (restarted), failed the call (e.g. an unreadable image),
+            or gave up; the composite counts these.
     """
-    from ..vlm import rollout
-    from ..vlm.prompts import PromptConfig, encode_prompts
-
     _check(completions, samples)
     if not scale > 0:
         raise ValueError(f"judge: scale must be > 0, got {scale}")
-    jm, proc = _judge_model(model, device, dtype)
-    cfg = PromptConfig(system_prompt=JUDGE_SYSTEM_PROMPT, max_prompt_length=max_prompt_length)
+    worker = judge_worker(model, device, dtype, memory_limit_gb, start_timeout_s, max_failures)
     out = [0.0] * len(completions)
     todo = [i for i, c in enumerate(completions) if isinstance(c, str) and c.strip()]
-    for start in range(0, len(todo), batch_size):
-        idx = todo[start : start + batch_size]
-        js = [
-            build_judge_sample(
-                completions[i], samples[i], rubric, scale, max_response_chars, with_images
-            )
-            for i in idx
-        ]
-        enc, _ = encode_prompts(proc, js, cfg, strict=True)
-        verdicts = rollout.greedy(jm, proc, enc, max_new_tokens).meta
-        for i, m in zip(idx, verdicts):
-            out[i] = parse_score(m["completion"], scale)
+    if not todo:
+        return out
+    js = [
+        build_judge_sample(
+            completions[i], samples[i], rubric, scale, max_response_chars, with_images
+        )
+        for i in todo
+    ]
+    request = {
+        "samples": js,
+        "batch_size": max(1, int(batch_size)),
+        "max_new_tokens": max_new_tokens,
+        "max_prompt_length": max_prompt_length,
+    }
+    verdicts = worker.call(request, timeout_s)
+    for i, v in zip(todo, verdicts):
+        out[i] = parse_score(v, scale)
     return out
 
 
-def _prepare(model: str = "", device: str = "cpu", dtype: str = "float32", **_) -> None:
-    """Load the judge when the composite is built, outside the per-call time limit."""
-    _judge_model(model, device, dtype)
+def _prepare(**params) -> None:
+    """Start the judge's worker and load its model when the composite is built, outside the
+    per-call time limit (a wrong path or a model that cannot load fails here)."""
+    judge_worker(**params).start()
+
+
+def _counters(**params) -> dict[str, float]:
+    """Running totals of the judge's worker (``restarts``), for the composite's stats."""
+    return judge_worker(**params).counters()
 
 
 judge.prepare = _prepare  # called once by build_reward (see rewards/compose.py)
+judge.counters = _counters

@@ -1,7 +1,15 @@
-"""judge: verdict parsing by hand, prompt building, and an end-to-end call with a tiny random VLM;
-the rollout source hands token lengths and group ids to the composite."""
+"""judge: verdict parsing by hand, prompt building, and the whole path with a judge whose verdicts
+are known — a tiny VLM rigged to answer ``<score>7</score>`` — in its worker process: judge
+prompt -> worker -> generate -> parse -> composite -> ``VLMRolloutSource.collect``; the real
+worker killed at the time limit (stopped with SIGSTOP: it cannot answer) and killed mid-call is
+restarted, counted and scores as expected. The rollout source hands token lengths and group ids
+to the composite."""
 
 from __future__ import annotations
+
+import os
+import signal
+import threading
 
 import pytest
 import torch
@@ -12,21 +20,55 @@ from perceptrl.rewards.judge import (
     DEFAULT_RUBRIC,
     JUDGE_SYSTEM_PROMPT,
     build_judge_sample,
-    load_judge,
+    close_judges,
+    judge_worker,
     parse_score,
 )
 from perceptrl.rewards.shaping import overlong_penalty
-from perceptrl.trainer.config import RolloutConfig
 from perceptrl.vlm import rollout
+from perceptrl.vlm.config import RolloutConfig
+from perceptrl.vlm.model import load_vlm
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.prompts import PromptConfig, encode_prompts
 from perceptrl.vlm.source import VLMRolloutSource
 from perceptrl.vlm.tiny import build_tiny
 
+VERDICT = "<score>7</score>"
+
 
 @pytest.fixture(scope="module")
 def judge_dir(tmp_path_factory):
     return build_tiny("qwen2_5_vl", tmp_path_factory.mktemp("judge") / "tiny", seed=1)
+
+
+@pytest.fixture(scope="module")
+def rigged_dir(tmp_path_factory):
+    """A tiny judge whose greedy answer to any prompt is exactly ``<score>7</score>``.
+
+    With every attention and MLP output projection zeroed, each position's last hidden state is
+    its own token embedding. All embeddings are e0 except that of an added token ``VERDICT``
+    (e1); the LM head maps e0 to ``VERDICT`` and e1 to ``<|im_end|>``. So after any prompt the
+    judge writes ``VERDICT`` and then stops."""
+    d = build_tiny("qwen2_5_vl", tmp_path_factory.mktemp("rigged") / "judge", seed=2,
+                   tie_word_embeddings=False)  # fmt: skip
+    model, proc = load_vlm(d)
+    proc.tokenizer.add_tokens([VERDICT])
+    model.resize_token_embeddings(len(proc.tokenizer), pad_to_multiple_of=64, mean_resizing=False)
+    v, end = proc.tokenizer.convert_tokens_to_ids([VERDICT, "<|im_end|>"])
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if name.endswith(("o_proj", "down_proj")):
+                m.weight.zero_()
+        emb.zero_()
+        emb[:, 0] = 1.0
+        emb[v] = torch.nn.functional.one_hot(torch.tensor(1), emb.shape[1]).float()
+        head.zero_()
+        head[v, 0], head[end, 1] = 10.0, 10.0
+    model.save_pretrained(d)
+    proc.save_pretrained(d)
+    yield d
+    close_judges()
 
 
 @pytest.fixture(scope="module")
@@ -78,43 +120,87 @@ def test_judge_prompt_holds_question_reference_response_and_images(samples):
     )
 
 
-def test_judge_end_to_end_with_tiny_random_vlm(judge_dir, samples):
+def test_rigged_judge_writes_the_known_verdict_in_process(rigged_dir, samples):
+    """The construction itself, without the worker: greedy decoding gives VERDICT and stops."""
+    jm, proc = load_vlm(rigged_dir)
+    cfg = PromptConfig(system_prompt=JUDGE_SYSTEM_PROMPT, max_prompt_length=4096)
+    js = [build_judge_sample(c, s) for c, s in zip(["<answer>red</answer>", "blue"], samples)]
+    enc, _ = encode_prompts(proc, js, cfg)
+    assert enc[0].num_vision_tokens > 0  # the image is in the judge's prompt
+    batch = rollout.greedy(jm, proc, enc, 12)
+    assert [m["completion"] for m in batch.meta] == [VERDICT, VERDICT]
+    assert batch.mask.sum(1).tolist() == [2, 2]  # VERDICT, <|im_end|>
+
+
+def test_judge_in_worker_scores_known_verdicts_through_the_rollout_source(
+    rigged_dir, judge_dir, samples
+):
+    reward = build_reward({"judge": {"model": str(rigged_dir), "max_new_tokens": 8}}, timeout_s=120)
+    worker = judge_worker(model=str(rigged_dir))
+    assert worker.pid not in (None, os.getpid())  # started by build_reward, in a child process
     comps = ["<think>it is red</think><answer>red</answer>", "", "<answer>green</answer>", None]
     ss = [samples[0], samples[1], samples[1], samples[0]]
-    fn = get_reward("judge")
-    load_judge.cache_clear()
-    got = fn(comps, ss, model=str(judge_dir), max_new_tokens=12, batch_size=2)
-    assert len(got) == 4 and all(0.0 <= v <= 1.0 for v in got)
-    assert got[1] == 0.0 and got[3] == 0.0  # empty / non-text: not judged
-    # the scores are the parsed greedy verdicts of the judge on the rubric prompts
-    jm, proc = load_judge(str(judge_dir.resolve()), "cpu", "float32")
-    cfg = PromptConfig(system_prompt=JUDGE_SYSTEM_PROMPT, max_prompt_length=4096)
-    js = [build_judge_sample(comps[i], ss[i]) for i in (0, 2)]
-    enc, _ = encode_prompts(proc, js, cfg)
-    assert enc[0].num_vision_tokens > 0  # the image reached the judge
-    verdicts = [m["completion"] for m in rollout.greedy(jm, proc, enc, 12).meta]
-    assert [got[0], got[2]] == [parse_score(v) for v in verdicts]
-    # loaded once: a second call hits the cache
-    fn(comps[:1], ss[:1], model=str(judge_dir), max_new_tokens=4)
-    assert load_judge.cache_info().misses == 1 and load_judge.cache_info().hits >= 2
-    assert DEFAULT_RUBRIC.count("{scale}") >= 1
+    totals, parts, stats = reward(comps, ss)
+    assert totals == pytest.approx([0.7, 0.0, 0.7, 0.0])  # empty / non-text: not judged
+    assert stats["reward/errors"] == 0 and stats["reward/restarts/judge"] == 0
+    # the whole path: policy samples -> composite -> judge worker -> rewards on the batch
+    torch.manual_seed(0)
+    policy = VLMPolicy.from_pretrained(judge_dir)
+    cfg = RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=6)
+    batch, metrics = VLMRolloutSource(samples, reward, cfg, seed=3).collect(policy, step=0)
+    texts = [m["completion"] for m in batch.meta]
+    expected = [0.7 if t.strip() else 0.0 for t in texts]
+    assert any(expected) and batch.rewards.tolist() == pytest.approx(expected)
+    assert metrics["reward/judge"] == pytest.approx(sum(expected) / len(expected))
+    assert metrics["reward/restarts/judge"] == 0 and metrics["reward/timeouts/judge"] == 0
+    assert worker.restarts == 0
 
 
-def test_judge_in_composite_counts_errors_and_never_raises(judge_dir, samples):
-    reward = build_reward({"judge": {"model": str(judge_dir), "max_new_tokens": 4}})
-    totals, parts, stats = reward(["<answer>red</answer>", "x"], samples)
-    assert len(totals) == 2 and stats["reward/errors"] == 0
-    # a judge that cannot load fails when the reward is built, naming the directory
+@pytest.mark.slow  # two model-process restarts; fast stand-in: test_rewards_judge_worker.py
+def test_judge_worker_hang_and_death_restart_count_and_score(rigged_dir, samples):
+    spec = {"judge": {"model": str(rigged_dir), "max_new_tokens": 8}}
+    reward, hasty = build_reward(spec, timeout_s=120), build_reward(spec, timeout_s=1.0)
+    worker = judge_worker(model=str(rigged_dir))
+    comps, ss = ["<answer>red</answer>", "<answer>blue</answer>"], samples
+    # hang: a stopped worker cannot answer; it is killed at the limit, its samples score 0
+    hung = worker.pid
+    os.kill(hung, signal.SIGSTOP)
+    totals, _, stats = hasty(comps, ss)
+    assert totals == [0.0, 0.0] and stats["reward/timeouts/judge"] == 2
+    assert stats["reward/restarts/judge"] == 1 and worker.pid != hung
+    # death mid-call: the worker is stopped, then killed while the call waits; the call's
+    # samples are retried one by one on the restarted worker and get their verdicts
+    reward(comps[:1], ss[:1])  # the replacement has loaded
+    dead = worker.pid
+    os.kill(dead, signal.SIGSTOP)
+    threading.Timer(0.5, os.kill, (dead, signal.SIGKILL)).start()
+    totals, _, stats = reward(comps, ss)
+    assert totals == pytest.approx([0.7, 0.7]) and stats["reward/errors/judge"] == 0
+    assert stats["reward/restarts/judge"] == 1 and worker.pid != dead
+    assert worker.restarts == 2
+
+
+def test_judge_errors_are_counted_and_bad_settings_fail_at_build(rigged_dir, judge_dir, samples):
+    reward = build_reward({"judge": {"model": str(rigged_dir), "max_new_tokens": 8}}, timeout_s=120)
+    # an error at call time (an unreadable image) is counted, not raised; the worker stays up
+    pid = judge_worker(model=str(rigged_dir)).pid
+    bad = {**samples[0], "images": [str(judge_dir / "missing.png")]}
+    totals, _, stats = reward(["<answer>red</answer>", "<answer>red</answer>"], [bad, samples[0]])
+    assert totals == pytest.approx([0.0, 0.7]) and stats["reward/errors/judge"] == 1
+    assert judge_worker(model=str(rigged_dir)).pid == pid
+    # settings that cannot work fail when the reward is built, naming what to change
     with pytest.raises(ValueError, match="model directory .*nope.* does not exist"):
         build_reward({"judge": {"model": str(judge_dir / "nope")}})
     with pytest.raises(ValueError, match="judge needs model="):
         build_reward(["judge"])
     with pytest.raises(ValueError, match="judge needs model="):
         get_reward("judge")(["a"], samples[:1])
-    # an error at call time (an unreadable image) is counted, not raised
-    bad = {**samples[0], "images": [str(judge_dir / "missing.png")]}
-    totals, _, stats = reward(["<answer>red</answer>"], [bad])
-    assert totals == [0.0] and stats["reward/errors/judge"] == 1
+    with pytest.raises(ValueError, match="time limit per call is the composite's"):
+        build_reward({"judge": {"model": str(rigged_dir), "timeout_s": 5}})
+    starve = r"while starting: .*; the judge's memory_limit_gb \(now 0.3"
+    with pytest.raises(RuntimeError, match=starve):
+        build_reward({"judge": {"model": str(rigged_dir), "memory_limit_gb": 0.3}})
+    assert DEFAULT_RUBRIC.count("{scale}") >= 1
 
 
 def test_rollout_source_passes_lengths_and_group_ids(judge_dir, samples):
