@@ -2,6 +2,11 @@
 
 This is the only module that knows both the trainer and the sides; `trainer/` never imports
 `vlm/`, `vla/`, `sim/` or `datasets/`.
+
+Exit status: 0 done; 2 a recipe error (`ConfigError`: unknown key, bad value, missing file); 3 a
+data error (`DataError`: a bad record, image or video, an empty file, a prompt longer than
+``rollout.max_prompt_length``). Both end with a one-paragraph message that says what to change,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ import time
 from pathlib import Path
 
 from . import wiring
+from .datasets.loader import DataError
 from .datasets.registry import GENERATORS
 from .trainer.config import ConfigError, describe, save_config
 from .wiring import Config, load_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
+EXIT_CONFIG_ERROR = 2
+EXIT_DATA_ERROR = 3
 
 
 def resolve_recipe(name: str | None) -> Path | None:
@@ -257,12 +265,26 @@ def print_summary(run_dir: Path) -> None:
         )
         for k in keys:
             print(f"{k:<32}{first.get(k, float('nan')):>12.3f}{last[k]:>12.3f}")
+    _print_skips(rows)
     print(f"\nrun directory: {run_dir}")
     print(f"metrics:       {run_dir / 'metrics.jsonl'}")
     print(f"tensorboard:   tensorboard --logdir {run_dir / 'tensorboard'}")
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
     if ckpts:
         print(f"model:         {ckpts[-1] / 'model'}")
+
+
+def _print_skips(rows: list[dict]) -> None:
+    """Samples skipped in lenient mode: when the data loaded (``data/skipped_<reason>``) and
+    while it was drawn (``rollout/skipped_images_total``), from the last row that has them."""
+    loaded = next((r for r in reversed(rows) if any(k.startswith("data/skipped_") for k in r)), {})
+    counts = [f"{k[13:]} {v:g}" for k, v in loaded.items() if k.startswith("data/skipped_") and v]
+    if counts:
+        print(f"\nskipped samples (data.strict=false): {', '.join(counts)}")
+    drawn = next((r["rollout/skipped_images_total"] for r in reversed(rows)
+                  if "rollout/skipped_images_total" in r), 0)  # fmt: skip
+    if drawn:
+        print(f"skipped while drawn (unreadable files): {drawn:g}")
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -389,8 +411,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
-        print(f"perceptrl: config error: {e}", file=sys.stderr)
-        return 2
+        print(f"perceptrl: config error: {_paragraph(e)}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except DataError as e:
+        print(f"perceptrl: data error: {_paragraph(e)}", file=sys.stderr)
+        return EXIT_DATA_ERROR
+
+
+def _paragraph(e: BaseException) -> str:
+    """The message on one line (a decoder's message may bring its own line breaks)."""
+    return " ".join(str(e).split())
 
 
 if __name__ == "__main__":

@@ -20,13 +20,16 @@ Input files:
   (the R1-V format); ``task``/``type`` for ``family`` (default ``"default"``). Other keys are kept
   in ``meta``.
 - Without ``reward`` it is inferred from the answer: a box ``[x1, y1, x2, y2]`` -> ``iou``, an
-  option letter -> ``mcq``, a number -> ``numeric``; anything else needs an explicit ``reward``.
+  option letter -> ``mcq``, a number -> ``numeric`` and, for a video question, a span
+  ``[start, end]`` in seconds -> ``tiou``; anything else needs an explicit ``reward``.
 - ``id`` defaults to ``<file stem>-<row>``. For ``iou`` samples, ``meta["image_size"]`` [w, h] is
   filled from the first image when absent (needed to map boxes from a resized model input).
 
-Errors: with ``strict=True`` (the default) a malformed line names the file, line and problem, and
-a missing or undecodable image names the file, sample index and image path. With
-``strict=False`` such samples are skipped and counted in ``stats``.
+Errors (:class:`DataError`, one paragraph each): with ``strict=True`` (the default) a malformed
+line names the file, line and problem (an invalid JSON line the column), a missing or undecodable
+image or video names the file, sample index and path, and each names the recipe key that skips
+such samples (``data.strict=false``). With ``strict=False`` they are skipped and counted in
+``stats``. A file without any usable sample is an error in both modes.
 """
 
 from __future__ import annotations
@@ -55,14 +58,21 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _BOX = re.compile(r"^\[\s*-?[\d.]+\s*,\s*-?[\d.]+\s*,\s*-?[\d.]+\s*,\s*-?[\d.]+\s*\]$")
 _LETTER = re.compile(r"^\(?[A-Z]\)?\.?$")
 _NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
+_SPAN = re.compile(r"^\[\s*[\d.]+\s*,\s*[\d.]+\s*\]$")
+
+LENIENT = "set data.strict=false to skip and count such samples"
+"""The fix every strict data error names: the recipe key (``strict=False`` in Python)."""
 
 
 class DataError(ValueError):
-    """A sample or image that cannot be used; the message names the file and place."""
+    """A data file, sample, image or video that cannot be used; the message names the file and
+    the place and says what to do. The command ends with it as one paragraph and its own exit
+    status (``vlm/`` errors about samples subclass it; ``datasets/`` imports nothing above it)."""
 
 
-def infer_reward(answer: str) -> str | None:
-    """Accuracy reward name for an answer string, or None when it cannot be told."""
+def infer_reward(answer: str, video: bool = False) -> str | None:
+    """Accuracy reward name for an answer string, or None when it cannot be told; ``video``: the
+    question is about a video, where a span ``[start, end]`` is a time span (``tiou``)."""
     a = answer.strip()
     if _BOX.match(a):
         return "iou"
@@ -70,6 +80,8 @@ def infer_reward(answer: str) -> str | None:
         return "mcq"
     if _NUMBER.match(a.replace(",", "")):
         return "numeric"
+    if video and _SPAN.match(a):
+        return "tiou"
     return None
 
 
@@ -113,7 +125,7 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
     answer = vals["answer"]
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = str(answer)
-    if isinstance(answer, list) and len(answer) == 4:
+    if isinstance(answer, list) and len(answer) in (2, 4):  # a span (video) or a box
         answer = "[" + ", ".join(str(v) for v in answer) + "]"
     if not isinstance(answer, str):
         raise ValueError(f"'answer' must be a string, got {type(answer).__name__}")
@@ -121,11 +133,11 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
     answer = (tags[-1] if tags else answer).strip()
     if not isinstance(vals["question"], str):
         raise ValueError(f"'question' must be a string, got {type(vals['question']).__name__}")
-    reward = rec.get("reward") or infer_reward(answer)
+    reward = rec.get("reward") or infer_reward(answer, video=has_video)
     if not isinstance(reward, str):
         raise ValueError(
             f'no usable reward for answer {answer!r}: add a "reward" key naming '
-            "the accuracy reward (e.g. numeric, mcq, iou)"
+            "the accuracy reward (e.g. numeric, mcq, iou, tiou)"
         )
     meta = rec.get("meta") or {}
     if isinstance(meta, str):
@@ -189,12 +201,13 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
             except UnicodeDecodeError as e:
                 yield f"line {n}", ValueError(f"not UTF-8 text ({e.reason} at byte {e.start})")
                 continue
-            if not line.strip():
+            line = line.rstrip("\r\n")  # else a line cut short is an error at "column 1" of
+            if not line.strip():  # the line after it
                 continue
             try:
                 yield f"line {n}", json.loads(line)
             except json.JSONDecodeError as e:
-                yield f"line {n}", ValueError(f"invalid JSON: {e.msg} at column {e.colno}")
+                yield f"line {n}", ValueError(f"invalid JSON: {e.msg} at column {e.pos + 1}")
 
 
 def check_image(path: str) -> tuple[int, int]:
@@ -209,17 +222,27 @@ def check_image(path: str) -> tuple[int, int]:
 
 
 def load_samples(
-    path: str | Path, *, strict: bool = True, check_images: bool = True
+    path: str | Path,
+    *,
+    strict: bool = True,
+    check_images: bool = True,
+    media: dict[str, tuple] | None = None,
 ) -> tuple[list[dict], dict[str, int]]:
     """Read a dataset file into schema samples.
 
     Args:
         path: ``.jsonl``, ``.json`` or ``.parquet`` file.
-        strict: raise :class:`DataError` on the first bad line or image (default); else skip it.
-        check_images: open and fully decode every image (once per distinct path).
+        strict: raise :class:`DataError` on the first bad line, image or video (default); else
+            skip and count it.
+        check_images: open and fully decode every image, open every video and decode its first
+            and last frames (once per distinct path).
+        media: filled with what the checks found, per path: ``(width, height)`` of an image,
+            ``(width, height, frames, fps)`` of a video (prompt lengths need no second look).
     Returns:
         (samples, stats) with stats ``{"loaded", "skipped_malformed", "skipped_images"}`` (and
         ``"skipped_videos"`` once a video sample was skipped).
+    Raises:
+        DataError: strict and a bad record or file, or the file holds no usable sample.
     """
     path = Path(path)
     if not path.is_file():
@@ -227,8 +250,10 @@ def load_samples(
     base = path.parent.resolve()
     stats = {"loaded": 0, "skipped_malformed": 0, "skipped_images": 0}
     samples: list[dict] = []
-    sizes: dict[str, tuple[int, int] | Exception] = {}
+    sizes: dict[str, tuple | Exception] = {}
+    records = 0
     for idx, (where, rec) in enumerate(_records(path)):
+        records += 1
         try:
             if isinstance(rec, Exception):
                 raise rec
@@ -236,30 +261,49 @@ def load_samples(
         except (ValueError, TypeError) as e:
             if strict:
                 raise DataError(
-                    f"{path}, {where}: {e}. Fix the record, or load with "
-                    "strict=False to skip malformed records."
+                    f"{path}, {where}: {e}. Fix the record, or {LENIENT} "
+                    "(strict=False when calling load_samples)."
                 ) from e
             log.warning("skipping %s, %s: %s", path, where, e)
             stats["skipped_malformed"] += 1
             continue
-        if check_images:
-            err = _check_sample_images(sample, sizes)
-            kind = "image"
-            if err is None and sample.get("videos"):
-                err, kind = _check_sample_videos(sample, sizes), "video"
-            if err is not None:
-                msg = (
-                    f"{path}, sample {idx} ({where}, id {sample['id']!r}): {kind} {err}. "
-                    f"Fix or remove the {kind}, or load with strict=False to skip such samples."
-                )
-                if strict:
-                    raise DataError(msg)
-                log.warning("skipping: %s", msg)
-                stats[f"skipped_{kind}s"] = stats.get(f"skipped_{kind}s", 0) + 1
-                continue
+        bad = _check_media(sample, sizes) if check_images else None
+        if bad is not None:
+            kind, err = bad
+            msg = (
+                f"{path}, sample {idx} ({where}, id {sample['id']!r}): {kind} {err}. "
+                f"Fix or remove the {kind}, or {LENIENT}."
+            )
+            if strict:
+                raise DataError(msg)
+            log.warning("skipping: %s", msg)
+            stats[f"skipped_{kind}s"] = stats.get(f"skipped_{kind}s", 0) + 1
+            continue
         samples.append(sample)
     stats["loaded"] = len(samples)
+    if not samples:
+        why = ", ".join(f"{k[8:]} {v}" for k, v in stats.items() if k.startswith("skip") and v)
+        raise DataError(
+            f"{path}: no samples: the file is empty"
+            if not records
+            else f"{path}: all {records} records were skipped ({why}); the warnings name each "
+            "one, or set data.strict=true to stop at the first with its reason"
+        )
+    if media is not None:
+        media.update({p: v for p, v in sizes.items() if not isinstance(v, Exception)})
     return samples, stats
+
+
+def _check_media(sample: dict, sizes: dict) -> tuple[str, str] | None:
+    """None when the sample's images and videos decode, else ("image" | "video", problem)."""
+    err = _check_sample_images(sample, sizes)
+    if err is not None:
+        return "image", err
+    if sample.get("videos"):
+        err = _check_sample_videos(sample, sizes)
+        if err is not None:
+            return "video", err
+    return None
 
 
 def _check_sample_images(sample: dict, sizes: dict) -> str | None:
@@ -275,7 +319,7 @@ def _check_sample_images(sample: dict, sizes: dict) -> str | None:
         got = sizes[p]
         if isinstance(got, Exception):
             return f"{p} cannot be read ({type(got).__name__}: {got})"
-    if sample["reward"] == "iou" and "image_size" not in sample["meta"]:
+    if sample["reward"] == "iou" and sample["images"] and "image_size" not in sample["meta"]:
         sample["meta"]["image_size"] = list(sizes[sample["images"][0]])
     return None
 

@@ -145,3 +145,83 @@ def test_vla_train_then_eval_writes_table_and_video(tmp_path):
                     "env.eval_videos=1", cwd=tmp_path, env_extra=env)  # fmt: skip
     assert "| Reach | 2 |" in out.stdout
     assert (tmp_path / "ev" / "Reach.mp4").stat().st_size > 0
+
+
+# ---- errors a user can act on (data) ---------------------------------------------------------
+
+FAST = [*TINY, "model.path=", "train.steps=1", "train.eval_samples=0", "rollout.max_new_tokens=4"]
+
+
+def _user_data(root: Path, records: list) -> Path:
+    """``root/d.jsonl`` with the records (a string is written as the line itself) beside a grey
+    112x112 ``ok.png``, a grey 448x448 ``big.png`` and undecodable ``broken.png``/``broken.mp4``."""
+    from PIL import Image
+
+    Image.new("RGB", (112, 112), (128, 128, 128)).save(root / "ok.png")
+    Image.new("RGB", (448, 448), (128, 128, 128)).save(root / "big.png")
+    (root / "broken.png").write_bytes(b"\x89PNG not an image" * 8)
+    (root / "broken.mp4").write_bytes(b"not a video" * 8)
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    (root / "d.jsonl").write_text("".join(line + "\n" for line in lines))
+    return root / "d.jsonl"
+
+
+OK = {"image": "ok.png", "question": "How many?", "answer": "2"}
+BAD = {
+    "malformed line": '{"image": "ok.png", "question": "How many?"',
+    "missing answer": {"image": "ok.png", "question": "How many?"},
+    "unreadable image": {"image": "broken.png", "question": "How many?", "answer": "2"},
+    "bad video": {"video": "broken.mp4", "question": "When?", "answer": "[1, 2]", "reward": "tiou"},
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+def test_strict_data_errors_end_with_a_message_not_a_traceback(tmp_path, capsys, kind):
+    from perceptrl.cli import main
+
+    path = _user_data(tmp_path, [OK, OK, BAD[kind]])
+    rc = main(["train", "vlm_clevr", f"data.train={path}", *FAST, "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    assert err.startswith("perceptrl: data error: ") and err.count("\n") == 1, err
+    assert "d.jsonl" in err and "line 3" in err and "data.strict=false" in err
+
+
+def test_too_long_prompts_are_found_when_the_data_loads(tmp_path, capsys):
+    """Strict: before any step runs, the error lists the samples, both settings and per cause the
+    setting that helps (the text of 'wordy', the vision tokens of 'big')."""
+    from perceptrl.cli import main
+
+    wordy = {**OK, "question": "How many circles? " * 30, "id": "wordy"}
+    big = {**OK, "image": "big.png", "id": "big"}
+    path = _user_data(tmp_path, [OK, wordy, OK, big])
+    run = tmp_path / "r"
+    rc = main(["train", "vlm_clevr", f"data.train={path}", "rollout.max_prompt_length=100", *FAST,
+               "--run-dir", str(run)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 3 and "Traceback" not in err, err
+    msg = err.strip().splitlines()[-1]  # before it: the tiny model's build and load progress
+    assert msg.startswith("perceptrl: data error: ")
+    assert f"2 prompts of data.train={path} are longer than rollout.max_prompt_length=100" in msg
+    assert "model.max_pixels=" in msg and "'wordy' (index 1)" in msg and "'big' (index 3)" in msg
+    assert "text alone is too long in 1 (e.g. 'wordy')" in msg
+    assert "vision tokens make 1 too long (e.g. 'big')" in msg
+    assert "data.strict=false" in msg
+    assert not (run / "metrics.jsonl").exists()  # found before training (or evaluation) began
+
+
+def test_lenient_skips_are_run_metrics_and_in_the_summary(tmp_path, capsys):
+    from perceptrl.cli import main
+
+    wordy = {**OK, "question": "How many circles? " * 30, "id": "wordy"}
+    records = [OK, BAD["malformed line"], OK, BAD["unreadable image"], OK, wordy, OK]
+    path = _user_data(tmp_path, records)
+    run = tmp_path / "r"
+    rc = main(["train", "vlm_clevr", f"data.train={path}", "data.strict=false",
+               "rollout.max_prompt_length=100", *FAST, "--run-dir", str(run)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    step = next(r for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r)
+    assert step["data/skipped_malformed"] == 1.0 and step["data/skipped_images"] == 1.0
+    assert step["data/skipped_too_long"] == 1.0 and "data/skipped_videos" not in step
+    assert "skipped samples (data.strict=false): malformed 1, images 1, too_long 1" in out

@@ -6,10 +6,14 @@ prompt is one user turn (the images, the videos, then the question) after a syst
 ``<think>…</think><answer>…</answer>``. The processor expands each image placeholder into its
 vision tokens; a prompt longer than ``max_prompt_length`` is an error, never truncated, because
 cutting vision tokens breaks the model ("image features and image tokens do not match").
+`PromptLengths` counts a prompt's tokens without processing its pixels, so a whole data set can be
+checked when it loads; `too_long_error` says which part of a prompt is too long (its text, or its
+vision tokens) and names only the settings that help.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +24,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from ..datasets.loader import LENIENT, DataError
 from .config import RolloutConfig, VideoConfig
 from .video import Video, VideoLoadError, load_video, shuffle_frames, spatial_factor
 
@@ -41,20 +46,22 @@ _PER_IMAGE_KEYS = (
 )
 
 
-class ImageLoadError(RuntimeError):
-    """An image of a sample is missing or does not decode."""
+class ImageLoadError(DataError, RuntimeError):
+    """An image of a sample is missing or does not decode (a `DataError`; also a RuntimeError,
+    as it was before)."""
 
     def __init__(self, path: str, sample_id: Any, index: int | None, cause: BaseException):
         where = f"sample {sample_id!r}" + (f" (index {index})" if index is not None else "")
         super().__init__(
             f"cannot load image {path!r} of {where}: {type(cause).__name__}: {cause}. Fix or remove "
-            "the file, or run lenient (strict=False) to skip and count such samples."
+            f"the file, or {LENIENT}."
         )
         self.path, self.sample_id, self.index = path, sample_id, index
 
 
-class PromptTooLongError(ValueError):
-    """A prompt (with its vision tokens) longer than ``max_prompt_length``."""
+class PromptTooLongError(DataError):
+    """Prompts (with their vision tokens) longer than ``max_prompt_length`` (see
+    `too_long_error` for the message)."""
 
 
 @dataclass
@@ -224,7 +231,8 @@ def encode_prompt(
     Raises:
         ImageLoadError: an image is missing or corrupt (names the file, sample id and index).
         VideoLoadError: a video is missing, empty, corrupt or too short (names file and sample).
-        PromptTooLongError: the prompt exceeds ``cfg.max_prompt_length`` (names it and max_pixels).
+        PromptTooLongError: the prompt exceeds ``cfg.max_prompt_length`` (says whether its text
+            or its vision tokens make it too long, and which setting helps).
     """
     images = load_images(sample, index)
     videos = []
@@ -263,22 +271,7 @@ def encode_prompt(
     sample_out = _with_sizes(sample, images, _model_image_sizes(processor, vision))
     sample_out = _with_video_meta(sample_out, videos)
     if cfg.max_prompt_length and input_ids.numel() > cfg.max_prompt_length:
-        raise PromptTooLongError(
-            f"prompt of sample {sample.get('id')!r}"
-            + (f" (index {index})" if index is not None else "")
-            + f" is {input_ids.numel()} tokens, {n_vis} of them vision tokens, but "
-            f"max_prompt_length={cfg.max_prompt_length}: truncating it would cut vision tokens "
-            "(the 'image features and image tokens do not match' failure). Raise "
-            f"max_prompt_length or lower max_pixels (now {current_max_pixels(processor, cfg)}) "
-            "so each image yields fewer vision tokens"
-            + (
-                f"; for videos lower video.max_frames (now {cfg.video.max_frames}), "
-                f"video.max_pixels ({cfg.video.max_pixels}) or video.total_pixels "
-                f"({cfg.video.total_pixels})."
-                if videos
-                else "."
-            )
-        )
+        raise too_long_error([(sample, index, input_ids.numel(), n_vis)], cfg, processor)
     return EncodedPrompt(sample_out, input_ids, token_extras, vision, n_vis)
 
 
@@ -307,3 +300,187 @@ def encode_prompts(
                 raise
             skipped.append({"index": idx, "id": s.get("id"), "error": str(e)})
     return encoded, skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# prompt lengths without pixels, and what to do about long ones
+# ---------------------------------------------------------------------------------------------
+
+
+class PromptLengths:
+    """Token counts of prompts (vision tokens included) without processing their pixels.
+
+    A prompt is its text (each image or video one placeholder) plus what the processor's
+    expansion of the placeholders adds, and that depends only on the sizes of the images and the
+    size, frame count and fps of the videos. So the expansion is measured by encoding one sample
+    per distinct set of those and reused for every other sample: a synthetic set of one image
+    size costs one encoding, the rest is chat template and tokenizer.
+
+    Args:
+        processor: the policy's processor.
+        cfg: prompt settings (system prompt, pixel bounds, video sampling); the length limit is
+            the caller's to apply.
+        media: path -> ``(width, height)`` of an image or ``(width, height, frames, fps)`` of a
+            video, as ``load_samples(media=...)`` records them; other paths are opened (an
+            image's header, a video's first and last frames).
+    """
+
+    def __init__(self, processor, cfg: PromptConfig, media: dict[str, tuple] | None = None):
+        self.processor = processor
+        self.cfg = dataclasses.replace(cfg, max_prompt_length=0)
+        self.media = media if media is not None else {}
+        self.encodes = 0
+        """full encodings so far (one per distinct set of image sizes and video shapes)"""
+        self._added: dict[tuple, tuple[int, int]] = {}
+
+    def __call__(self, sample: dict, index: int | None = None) -> tuple[int, int]:
+        """(tokens, vision tokens) of the sample's prompt, as ``encode_prompt`` would make it.
+
+        Raises:
+            ImageLoadError, VideoLoadError: a file that cannot be read (names it and the sample).
+        """
+        key = self._shapes(sample, index)
+        text = self._text_tokens(sample)
+        if key not in self._added:
+            enc = encode_prompt(self.processor, sample, self.cfg, index=index)
+            self._added[key] = (enc.input_ids.numel() - text, enc.num_vision_tokens)
+            self.encodes += 1
+        added, vision = self._added[key]
+        return text + added, vision
+
+    def _text_tokens(self, sample: dict) -> int:
+        messages = build_messages(sample, self.cfg.system_prompt)
+        text = self.processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return len(self.processor.tokenizer(text)["input_ids"])
+
+    def _shapes(self, sample: dict, index: int | None) -> tuple:
+        """What the placeholders' expansion depends on: image sizes, video (size, frames, fps)."""
+        images = []
+        for img in sample.get("images") or []:
+            size = img.size if isinstance(img, Image.Image) else self.media.get(str(img))
+            if size is None:
+                try:
+                    with Image.open(Path(img)) as im:
+                        size = im.size
+                except (OSError, ValueError, Image.DecompressionBombError) as e:
+                    raise ImageLoadError(str(img), sample.get("id"), index, e) from e
+            images.append(tuple(size))
+        videos = []
+        for path in sample.get("videos") or []:
+            info = self.media.get(str(path))
+            if info is None:
+                from ..datasets.video import check_video
+
+                try:
+                    info = check_video(path)
+                except ValueError as e:
+                    raise VideoLoadError(str(path), sample.get("id"), index, str(e)) from e
+            videos.append(tuple(info))
+        return tuple(images), tuple(videos)
+
+
+def too_long_error(
+    rows: list[tuple[dict, int | None, int, int]],
+    cfg: PromptConfig,
+    processor,
+    where: str | None = None,
+) -> PromptTooLongError:
+    """One error for prompts longer than ``cfg.max_prompt_length``: the samples (the first five),
+    the length and pixel settings, and per cause only the settings that help. A prompt whose
+    text alone is too long needs a larger ``rollout.max_prompt_length`` (fewer pixels cannot
+    help); one made too long by its vision tokens needs fewer pixels or frames (or the larger
+    limit).
+
+    Args:
+        rows: ``(sample, index, tokens, vision tokens)`` of each prompt that is too long.
+        where: what the samples are, e.g. ``data.train=<file>``; None for one prompt being
+            encoded (the message then speaks of it alone).
+    """
+    limit = cfg.max_prompt_length
+    settings = _vision_settings(rows, cfg, processor)
+    text = [r for r in rows if r[2] - r[3] > limit]
+    vision = [r for r in rows if r[2] - r[3] <= limit]
+    one = where is None and len(rows) == 1
+    if one:
+        s, i, n, v = rows[0]
+        head = (
+            f"prompt of {_name(s, i)} is {n} tokens, {v} of them vision tokens, longer than "
+            f"rollout.max_prompt_length={limit}{settings}."
+        )
+    else:
+        listed = "; ".join(
+            f"{_name(s, i)}: {n} tokens, {v} of them vision tokens" for s, i, n, v in rows[:5]
+        )
+        more = f"; and {len(rows) - 5} more" if len(rows) > 5 else ""
+        head = (
+            f"{len(rows)} prompts of {where or 'the data'} are longer than "
+            f"rollout.max_prompt_length={limit}{settings}: {listed}{more}."
+        )
+    parts = [head]
+    if text:
+        who = (
+            f"Its text alone (system prompt and question) is {text[0][2] - text[0][3]} tokens"
+            if one
+            else f"The text alone is too long in {len(text)} ({_ids(text)})"
+        )
+        no_pixels = "; fewer pixels cannot help" if any(r[3] for r in text) else ""
+        parts.append(
+            f"{who}: raise rollout.max_prompt_length to at least {max(r[2] for r in text)}"
+            f"{no_pixels}."
+        )
+    if vision:
+        who = (
+            f"Its {vision[0][3]} vision tokens make it too long (the text is "
+            f"{vision[0][2] - vision[0][3]} tokens)"
+            if one
+            else f"The vision tokens make {len(vision)} too long ({_ids(vision)})"
+        )
+        parts.append(
+            f"{who}: {_fewer_pixels([r[0] for r in vision], cfg, processor)}, or raise "
+            f"rollout.max_prompt_length to at least {max(r[2] for r in vision)}."
+        )
+    parts.append("Prompts are never truncated: cutting vision tokens breaks the model.")
+    if not one:
+        parts.append(f"Or {LENIENT}.")
+    return PromptTooLongError(" ".join(parts))
+
+
+def _name(sample: dict, index: int | None) -> str:
+    return f"sample {sample.get('id')!r}" + (f" (index {index})" if index is not None else "")
+
+
+def _ids(rows: list) -> str:
+    return "e.g. " + ", ".join(repr(r[0].get("id")) for r in rows[:3])
+
+
+def _vision_settings(rows: list, cfg: PromptConfig, processor) -> str:
+    """`` (model.max_pixels=..., video.max_frames=...)`` for the kinds of input in ``rows``."""
+    out = []
+    if any(r[0].get("images") for r in rows):
+        out.append(f"model.max_pixels={current_max_pixels(processor, cfg)}")
+    if any(r[0].get("videos") for r in rows):
+        v = cfg.video
+        out.append(
+            f"video.max_frames={v.max_frames}, video.max_pixels={v.max_pixels}, "
+            f"video.total_pixels={v.total_pixels}"
+        )
+    return f" ({', '.join(out)})" if out else ""
+
+
+def _fewer_pixels(samples: list[dict], cfg: PromptConfig, processor) -> str:
+    """The settings that give these samples fewer vision tokens."""
+    out = []
+    if any(s.get("images") for s in samples):
+        out.append(
+            f"lower model.max_pixels (now {current_max_pixels(processor, cfg)}) so each image "
+            "yields fewer vision tokens"
+        )
+    if any(s.get("videos") for s in samples):
+        v = cfg.video
+        out.append(
+            f"lower video.max_frames (now {v.max_frames}), video.max_pixels ({v.max_pixels}) or "
+            f"video.total_pixels ({v.total_pixels}) for fewer video tokens"
+        )
+    return "; ".join(out) or "use fewer images or videos"

@@ -5,6 +5,11 @@
 sampling settings (`sampling_params`) are built once, here, and handed to the policy; the rollout
 source and ``evaluate`` both read them from it, so the distribution the trainer scores is the
 one the rollouts sampled.
+
+Data is checked before a run starts: `load_data` reads the files (bad records, images and videos
+are errors, or skipped and counted with ``data.strict=false``) and, once the policy's processor
+exists, `fit_prompts` measures every prompt against ``rollout.max_prompt_length``. The counts of
+skipped samples go into the run's metrics as ``data/skipped_<reason>``.
 """
 
 from __future__ import annotations
@@ -12,16 +17,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..datasets.loader import DataError
 from ..datasets.registry import get_generator
 from ..trainer.config import ConfigError
 from ..trainer.deepspeed_engine import on_rank0
 from ..trainer.engine import build_engine
 from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path
-from .prompts import PromptConfig
+from .prompts import PromptConfig, PromptLengths, too_long_error
 from .rollout import SamplingParams
+from .video import VideoLoadError
 
 EVAL_REWARD = {"accuracy": 1.0}
 """Held-out accuracy: the correctness reward alone (no format bonus)."""
@@ -57,34 +65,124 @@ def sampling_params(cfg) -> SamplingParams:
 # ---------------------------------------------------------------------------------------------
 
 
-def samples(cfg, run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(train, val) samples: the user's files, or the ``data.generator`` set generated into
-    ``run_dir/data`` (deterministic in ``data.seed``)."""
+@dataclass
+class Data:
+    """A run's samples and what loading them found."""
+
+    train: list[dict] = field(default_factory=list)
+    val: list[dict] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    """samples skipped (``data.strict=false``) by reason: malformed, images, videos, too_long"""
+    media: dict[str, tuple] = field(default_factory=dict)
+    """path -> size (and frames, fps) of each checked image and video (see ``load_samples``)"""
+    where: dict[str, str] = field(default_factory=dict)
+    """split -> how messages name its data (``data.train=<file>``, or the synthetic set)"""
+
+    def metrics(self) -> dict[str, float]:
+        """``data/skipped_<reason>`` of each reason that skipped samples."""
+        return {f"data/skipped_{k}": float(v) for k, v in self.skipped.items() if v}
+
+
+def load_data(cfg, run_dir: Path) -> Data:
+    """The user's ``data.train``/``data.val`` files (strict or lenient: ``data.strict``), or the
+    ``data.generator`` set generated into ``run_dir/data`` (deterministic in ``data.seed``)."""
     from ..datasets.loader import load_samples
 
-    d = cfg.data
+    d, data = cfg.data, Data()
     if d.train:
-        train, stats = load_samples(resolve_path(d.train), strict=d.strict)
-        _report_skips(d.train, stats)
-        val = []
-        if d.val:
-            val, stats = load_samples(resolve_path(d.val), strict=d.strict)
-            _report_skips(d.val, stats)
-        return train, val
+        files = {"train": d.train, "val": d.val}
+        data.where = {k: f"data.{k}={v}" for k, v in files.items()}
+    else:
+        files = _generate(cfg, run_dir)
+        data.where = {k: f"the synthetic {k} set ({d.generator}: {v})" for k, v in files.items()}
+    for split, file in files.items():
+        if not file:
+            continue
+        try:
+            got, stats = load_samples(
+                resolve_path(file), strict=d.strict or not d.train, media=data.media
+            )
+        except FileNotFoundError as e:
+            raise ConfigError(
+                f"data.{split}={file}: {e}; give the path of a JSONL/Parquet file"
+            ) from e
+        setattr(data, split, got)
+        _report_skips(data, split, {k[8:]: v for k, v in stats.items() if k.startswith("skipped_")})
+    return data
+
+
+def _generate(cfg, run_dir: Path) -> dict[str, Path | None]:
+    """split -> file of the generated synthetic set (None for a split of no samples)."""
+    d = cfg.data
+    sizes = {"train": d.n_train, "val": d.n_val}
     try:
         paths = get_generator(d.generator).generate(
-            run_dir / "data", {"train": d.n_train, "val": d.n_val}, d.families, seed=d.seed,
-            image_size=d.image_size, seconds=d.video_seconds, fps=d.video_fps,
+            run_dir / "data", sizes, d.families, seed=d.seed, image_size=d.image_size,
+            seconds=d.video_seconds, fps=d.video_fps,
         )  # fmt: skip
     except (KeyError, ValueError) as e:
         raise ConfigError(f"data.generator={d.generator!r}, data.families: {e}") from e
-    return load_samples(paths["train"])[0], load_samples(paths["val"])[0]
+    return {k: paths[k] if n > 0 else None for k, n in sizes.items()}
 
 
-def _report_skips(path: str, stats: dict) -> None:
-    skipped = {k: v for k, v in stats.items() if k.startswith("skipped") and v}
+def samples(cfg, run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(train, val) samples of `load_data` (prompt lengths unchecked: that needs the policy's
+    processor, see `fit_prompts`)."""
+    data = load_data(cfg, run_dir)
+    return data.train, data.val
+
+
+def fit_prompts(cfg, processor, data: Data, splits: Sequence[str] = ("train", "val")) -> Data:
+    """Every prompt of ``splits`` measured against ``rollout.max_prompt_length`` before the run
+    starts, not when it is first drawn: strict, one `PromptTooLongError` lists them and says
+    per cause (text or vision tokens) which setting helps; lenient, they are dropped and counted
+    as ``too_long``. The lengths come without pixel processing (`PromptLengths`: one encoding
+    per distinct image size or video shape; about 1 ms a sample)."""
+    prompt = prompt_config(cfg)
+    if not prompt.max_prompt_length:
+        return data
+    lengths = PromptLengths(processor, prompt, media=data.media)
+    for split in splits:
+        keep, rows, bad = _measure(getattr(data, split), lengths, prompt.max_prompt_length, cfg)
+        if rows and cfg.data.strict:
+            raise too_long_error(rows, prompt, processor, where=data.where[split])
+        before = len(getattr(data, split))
+        setattr(data, split, keep)
+        _report_skips(data, split, {**bad, "too_long": len(rows)})
+        if before and not keep:
+            raise DataError(
+                f"no sample of {data.where[split]} is left (skipped: {data.skipped}); see the "
+                "messages above, or set data.strict=true to stop at the first bad sample"
+            )
+    return data
+
+
+def _measure(items: list[dict], lengths: PromptLengths, limit: int, cfg):
+    """(samples that fit, ``(sample, index, tokens, vision tokens)`` of those too long,
+    {"images", "videos": count of samples whose files failed now, lenient})."""
+    keep, rows, bad = [], [], {"images": 0, "videos": 0}
+    for i, s in enumerate(items):
+        try:
+            n, v = lengths(s, index=i)
+        except DataError as e:  # a file that changed since the loader checked it
+            if cfg.data.strict:
+                raise
+            bad["videos" if isinstance(e, VideoLoadError) else "images"] += 1
+            continue
+        if n > limit:
+            rows.append((s, i, n, v))
+        else:
+            keep.append(s)
+    return keep, rows, bad
+
+
+def _report_skips(data: Data, split: str, skipped: dict[str, int]) -> None:
+    """Count lenient skips into ``data.skipped`` and say so on stdout."""
+    skipped = {k: v for k, v in skipped.items() if v}
+    for k, v in skipped.items():
+        data.skipped[k] = data.skipped.get(k, 0) + v
     if skipped:
-        print(f"perceptrl: lenient data mode skipped samples of {path}: {skipped}")
+        print(f"perceptrl: lenient data mode skipped samples of {data.where[split]}: {skipped}")
 
 
 def data_shard(cfg, train: list[dict], rank: int, world: int):
@@ -185,8 +283,9 @@ def build_trainer(cfg, run_dir: Path) -> Trainer:
     from ..rewards import build_reward
     from .source import VLMRolloutSource
 
-    train, val = on_rank0(samples, cfg, run_dir)
+    data = on_rank0(load_data, cfg, run_dir)
     policy = build_policy(cfg, run_dir)
+    data = on_rank0(fit_prompts, cfg, policy.processor, data)
     if cfg.rollout.engine == "vllm":
         policy = vllm_policy(cfg, policy, run_dir)
     reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
@@ -194,10 +293,12 @@ def build_trainer(cfg, run_dir: Path) -> Trainer:
     # before a DeepSpeed engine partitions the weights
     ref = policy.reference() if cfg.algo.kl_coef > 0 else None
     engine = build_engine(policy, cfg.train)
-    train, rollout_cfg, seed = data_shard(cfg, train, engine.rank, engine.world_size)
-    source = VLMRolloutSource(train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict)
+    train, rollout_cfg, seed = data_shard(cfg, data.train, engine.rank, engine.world_size)
+    source = VLMRolloutSource(
+        train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict, data_skipped=data.skipped
+    )
     return Trainer(
-        cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg, val),
+        cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg, data.val),
         engine=engine,
     )  # fmt: skip
 
@@ -211,8 +312,10 @@ def run_sft(cfg, run_dir: Path) -> dict[str, float]:
     """Supervised warm start on the generator's templated reasoning traces."""
     from .sft import VLMSFTSource
 
-    train, val = samples(cfg, run_dir)
+    data = load_data(cfg, run_dir)
     policy = build_policy(cfg, run_dir)
+    data = fit_prompts(cfg, policy.processor, data)
+    train = data.train
     try:
         targets = [get_generator(cfg.data.generator).reasoning_trace(s) for s in train]
     except (KeyError, ValueError) as e:
@@ -225,8 +328,10 @@ def run_sft(cfg, run_dir: Path) -> dict[str, float]:
         policy, train, targets, batch_size=cfg.rollout.prompts_per_step, seed=cfg.train.seed
     )
     trainer = Trainer(
-        cfg, policy, source, run_dir, evaluator=build_evaluator(cfg, val), objective="sft"
+        cfg, policy, source, run_dir, evaluator=build_evaluator(cfg, data.val), objective="sft"
     )
+    if data.metrics():  # once, at step 0 (an SFT run is never resumed)
+        trainer.logger.log(0, data.metrics())
     return trainer.fit()
 
 
@@ -241,15 +346,17 @@ def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
     for i, c in enumerate([cfg, *more]):
         if not c.data.train:
             c.data.n_train = 1  # only the validation split is needed
-        _, val = samples(c, out_dir if i == 0 else out_dir / f"taskset_{i}")
-        evaluator = build_evaluator(c, val)
-        if evaluator is None:
+        data = load_data(c, out_dir if i == 0 else out_dir / f"taskset_{i}")
+        if not data.val or c.train.eval_samples <= 0:
             raise ConfigError(
                 "nothing to evaluate: set data.val (or leave it empty for synthetic) and "
                 "train.eval_samples > 0"
             )
         policy = policy or build_policy(cfg, out_dir)
-        metrics = evaluator(policy, prompt=prompt_config(c))
+        val = fit_prompts(c, policy.processor, data, splits=("val",)).val
+        metrics = build_evaluator(c, val)(policy, prompt=prompt_config(c))
         rows += family_rows(metrics, val[: c.train.eval_samples])
         sets.append({"data": c.data.val or f"synthetic {c.data.generator}", "metrics": metrics})
+        if data.skipped:
+            sets[-1]["skipped"] = dict(data.skipped)
     return write_report(rows, out_dir, model=cfg.model.path, extra={"task_sets": sets})

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..datasets.loader import DataError
 from ..trainer.batch import RolloutBatch
 from . import rollout
 from .config import RolloutConfig
@@ -117,6 +118,11 @@ def tgrpo_correct_key(reward_weights: dict[str, float]) -> str:
     return others[0]
 
 
+class SkippedAllError(DataError, RuntimeError):
+    """Lenient mode: every sample drawn for a step failed to load (a `DataError`; also a
+    RuntimeError, as it was before)."""
+
+
 class VLMRolloutSource:
     """Implements ``trainer.policy.RolloutSource`` for a ``VLMPolicy``.
 
@@ -126,6 +132,9 @@ class VLMRolloutSource:
         cfg: rollout settings (prompts per step, group size, sampling, lengths, system prompt).
         seed: seed of the data order and of each step's sampling.
         strict: an unreadable image raises (naming file and sample); False skips and counts it.
+        data_skipped: samples skipped when the data loaded, by reason (``malformed``,
+            ``images``, ``videos``, ``too_long``): every step's metrics carry the non-zero
+            ones as ``data/skipped_<reason>``, so a run's log (and a resumed run's) has them.
 
     Prompts are encoded with the policy's prompt settings and sampled with its sampling settings
     (``policy.prompt``, ``policy.sampling``): the distribution the trainer scores is the one the
@@ -140,12 +149,16 @@ class VLMRolloutSource:
         *,
         seed: int = 0,
         strict: bool = True,
+        data_skipped: dict[str, int] | None = None,
     ):
         if not samples:
             raise ValueError("VLMRolloutSource needs at least one sample")
         cfg = cfg or RolloutConfig()
         self.samples, self.reward, self.cfg = samples, reward, cfg
         self.seed, self.strict = seed, strict
+        self.data_metrics = {
+            f"data/skipped_{k}": float(v) for k, v in (data_skipped or {}).items() if v
+        }
         self.tgrpo_key = tgrpo_correct_key(cfg.reward) if cfg.tgrpo_alpha > 0 else None
         self.epoch, self.pos, self.skipped_total = 0, 0, 0
         self._order: np.ndarray | None = None
@@ -174,9 +187,9 @@ class VLMRolloutSource:
             prompts += enc
             skipped += len(bad)
             if skipped >= len(self.samples):
-                raise RuntimeError(
-                    f"{skipped} samples skipped in one step because their images failed to load "
-                    f"(last: {bad[-1]['error']}); check the dataset's image paths"
+                raise SkippedAllError(
+                    f"{skipped} samples skipped in one step because their images or videos "
+                    f"failed to load (last: {bad[-1]['error']}); check the data's files"
                 )
         self.skipped_total += skipped
         return prompts, skipped
@@ -212,6 +225,7 @@ class VLMRolloutSource:
                 "rollout/epoch": float(self.epoch),
                 "time/rollout": t1 - t0,
                 "time/reward": t2 - t1,
+                **self.data_metrics,
             }
         )
         return batch, metrics

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..datasets.loader import LENIENT, DataError
 from .config import VideoConfig
 
 __all__ = [
@@ -42,14 +43,15 @@ __all__ = [
 ]
 
 
-class VideoLoadError(RuntimeError):
-    """A video of a sample is missing, empty, corrupt or too short."""
+class VideoLoadError(DataError, RuntimeError):
+    """A video of a sample is missing, empty, corrupt or too short (a `DataError`; also a
+    RuntimeError, as it was before)."""
 
     def __init__(self, path: str, sample_id: Any, index: int | None, problem: str):
         where = f"sample {sample_id!r}" + (f" (index {index})" if index is not None else "")
         super().__init__(
-            f"cannot load video {path!r} of {where}: {problem}. Fix or remove the file, or run "
-            "lenient (strict=False) to skip and count such samples."
+            f"cannot load video {path!r} of {where}: {problem}. Fix or remove the file, or "
+            f"{LENIENT}."
         )
         self.path, self.sample_id, self.index = path, sample_id, index
 

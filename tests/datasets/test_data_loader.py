@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +157,46 @@ def test_unreadable_files_and_binary_lines(tmp_path):
         load_samples(tmp_path / "b.jsonl", check_images=False)
     samples, stats = load_samples(tmp_path / "b.jsonl", strict=False, check_images=False)
     assert len(samples) == 1 and stats["skipped_malformed"] == 1
+
+
+def test_json_error_names_the_column_of_the_line(tmp_path):
+    """A line cut off at its end: the column is where the line ends, not 'column 1' of the
+    newline the JSON parser saw after it (with LF and CRLF line ends alike)."""
+    cut = '{"id": "x", "images": ["a.png"], "question": "q"'  # 48 characters
+    for name, end in (("lf.jsonl", b"\n"), ("crlf.jsonl", b"\r\n")):
+        (tmp_path / name).write_bytes(cut.encode() + end)
+        with pytest.raises(
+            DataError, match=r"line 1: invalid JSON: Expecting ',' delimiter at column 49\b"
+        ):
+            load_samples(tmp_path / name, check_images=False)
+    (tmp_path / "mid.jsonl").write_text('{"a": 1,, "b": 2}\n')
+    with pytest.raises(DataError, match=r"double quotes at column 9\b"):
+        load_samples(tmp_path / "mid.jsonl", check_images=False)
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [("empty.jsonl", b""), ("blank.jsonl", b"\n \n"), ("empty.json", b"[]")],
+)
+def test_an_empty_data_file_is_named(tmp_path, name, content):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=rf"{re.escape(str(tmp_path / name))}: no samples"):
+        load_samples(tmp_path / name, strict=False)
+
+
+def test_a_file_whose_every_record_is_skipped_is_named(tmp_path):
+    p = _write_jsonl(tmp_path / "bad.jsonl", ["{not json", '{"question": "q"}'])
+    with pytest.raises(DataError, match=r"bad\.jsonl: all 2 records were skipped.*malformed"):
+        load_samples(p, strict=False, check_images=False)
+
+
+def test_strict_errors_name_the_recipe_key(clevr_dir, tmp_path):
+    """The fix a strict error names is the recipe key a user of the command can set."""
+    raw = [json.loads(line) for line in open(clevr_dir / "train.jsonl")]
+    (clevr_dir / raw[1]["images"][0]).unlink()
+    cut = _write_jsonl(tmp_path / "cut.jsonl", ['{"image": "a.png", "question": "q"'])
+    missing = _write_jsonl(tmp_path / "m.jsonl", ['{"image": "a.png", "question": "q"}'])
+    for path in (clevr_dir / "train.jsonl", cut, missing):
+        with pytest.raises(DataError, match=r"set data\.strict=false") as e:
+            load_samples(path)
+        assert "\n" not in str(e.value), str(e.value)  # one paragraph

@@ -126,3 +126,20 @@ def test_grounding_boxes_in_model_coordinates_map_back(policy, samples):
     text = "<think>there</think><answer>[" + ", ".join(f"{v:.2f}" for v in box) + "]</answer>"
     totals, comps, _ = build_reward({"accuracy": 1.0})([text], [enc.sample])
     assert totals[0] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_skips_are_data_errors_and_load_time_skips_are_metrics(
+    policy, samples, toy_reward, tmp_path
+):
+    """Every sample of a step failing to load is a data error (the command's clean exit); the
+    counts of samples skipped when the data loaded ride along in every step's metrics."""
+    from perceptrl.datasets.loader import DataError
+
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG garbage")
+    all_bad = [{**s, "images": [str(broken)]} for s in samples]
+    with pytest.raises(DataError, match="failed to load.*data"):
+        make_source(all_bad, toy_reward, strict=False).collect(policy, 0)
+    src = make_source(samples, toy_reward, strict=False, data_skipped={"images": 2, "too_long": 0})
+    _, m = src.collect(policy, 0)
+    assert m["data/skipped_images"] == 2.0 and "data/skipped_too_long" not in m

@@ -171,3 +171,60 @@ def test_train_and_sft_video_recipe_end_to_end(tiny_dirs, tmp_path):
     step = next(r for r in rows if "reward/tgrpo_bonus_rate" in r)
     assert step["reward/tgrpo_groups"] == 2.0 and step["reward/tgrpo_shuffled_samples"] == 4.0
     assert any("eval/accuracy/temporal_order" in r for r in rows)
+
+
+def test_video_samples_without_a_reward_get_the_video_checks(tmp_path):
+    """A video question answered by a span and written without "reward" is a tiou sample (as
+    the generator writes it); its video is checked like any other, so a bad file is reported as
+    a bad video, not as an unusable answer."""
+    generate(tmp_path, {"train": 2}, families=["grounding"], seed=0)
+    good, bad = "videos/train/video-train-000000.mp4", "videos/train/video-train-000001.mp4"
+    (tmp_path / bad).write_bytes(b"not a video" * 10)
+    recs = [
+        {"video": good, "question": "When is the red circle visible?", "answer": "[1.0, 2.5]"},
+        {"video": good, "question": "When?", "answer": [0.5, 1.5], "id": "as-list"},
+        {"video": bad, "question": "When is it visible?", "answer": "[1.0, 2.5]", "id": "broken"},
+    ]
+    path = tmp_path / "user.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(
+        DataError, match=r"sample 2 \(line 3, id 'broken'\): video .*cannot be read"
+    ):
+        load_samples(path)
+    ok, stats = load_samples(path, strict=False)
+    assert stats["skipped_videos"] == 1 and stats["skipped_malformed"] == 0
+    assert [(s["reward"], s["answer"]) for s in ok] == [
+        ("tiou", "[1.0, 2.5]"),
+        ("tiou", "[0.5, 1.5]"),
+    ]
+    assert build_reward({"accuracy": 1.0})(["<answer>[1.0, 2.5]</answer>"], ok[:1])[0] == [1.0]
+    image_span = tmp_path / "img.jsonl"  # a span means nothing for an image: still no reward
+    image_span.write_text(
+        json.dumps({"image": "a.png", "question": "q", "answer": "[1, 2]"}) + "\n"
+    )
+    with pytest.raises(DataError, match="no usable reward"):
+        load_samples(image_span, check_images=False)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_video_prompt_lengths_without_decoding_equal_the_encoding(tiny_dirs, tmp_path, arch):
+    """Video prompts are counted from the loader's record of each file (size, frames, fps):
+    one encoding per distinct kind of clip (Qwen3-VL's timestamps included)."""
+
+    from perceptrl.vlm.model import load_vlm
+    from perceptrl.vlm.prompts import PromptConfig, PromptLengths, encode_prompt
+
+    processor = load_vlm(tiny_dirs[arch])[1]
+    generate(tmp_path / "a", {"train": 3}, seed=0)
+    generate(tmp_path / "b", {"train": 1}, seed=1, seconds=3.0, fps=6)
+    media = {}
+    data = [
+        s for d in ("a", "b") for s in load_samples(tmp_path / d / "train.jsonl", media=media)[0]
+    ]
+    assert media[data[-1]["videos"][0]] == (112, 112, 18, pytest.approx(6.0))
+    cfg = PromptConfig(max_prompt_length=0)
+    lengths = PromptLengths(processor, cfg, media=media)
+    for s in data:
+        enc = encode_prompt(processor, s, cfg)
+        assert lengths(s) == (enc.input_ids.numel(), enc.num_vision_tokens), s["id"]
+    assert lengths.encodes == 2
