@@ -358,3 +358,25 @@ def test_trainer_rejects_dynamic_sampling_across_ranks(tmp_path):
     module = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="dynamic_sampling"):
         Trainer(cfg, module, None, tmp_path, engine=TwoRanks(module.parameters(), cfg.train))
+
+
+def test_an_error_on_rank0_stops_every_rank(tmp_path):
+    """``on_rank0`` (rank 0 loads or generates the data): when it raises, every rank raises the
+    same error instead of waiting forever for rank 0's result."""
+    script = tmp_path / "rank0_error.py"
+    script.write_text(
+        "import sys\n"
+        "from perceptrl.trainer.deepspeed_engine import on_rank0, rank_and_world\n"
+        "def load():\n"
+        "    raise ValueError('data file empty: x.jsonl')\n"
+        "try:\n"
+        "    on_rank0(load)\n"
+        "except ValueError as e:\n"
+        "    print(f'rank {rank_and_world()[0]} raised: {e}', flush=True)\n"
+        "    sys.exit(0)\n"
+        "sys.exit(1)\n"
+    )
+    log = tmp_path / "rank0_error.log"
+    _run([*_torchrun(2), str(script)], log, timeout=120)
+    text = log.read_text()
+    assert "rank 0 raised: data file empty" in text and "rank 1 raised: data file empty" in text

@@ -153,11 +153,28 @@ def broadcast_object(obj):
 
 def on_rank0(fn, *args):
     """``fn(*args)`` computed once, by rank 0, and its result sent to every rank (a single
-    writer, e.g. for synthetic data under data parallelism); a plain call in one process."""
+    writer, e.g. for synthetic data under data parallelism); a plain call in one process. An
+    exception raised on rank 0 is raised on every rank."""
     if not launched_distributed():
         return fn(*args)
     init_distributed()
-    return broadcast_object(fn(*args) if rank_and_world()[0] == 0 else None)
+    result = None
+    if rank_and_world()[0] == 0:
+        try:
+            result = fn(*args)
+        except Exception as e:  # noqa: BLE001 - every rank raises it, none waits forever
+            result = _Raised(e)
+    result = broadcast_object(result)
+    if isinstance(result, _Raised):
+        raise result.error
+    return result
+
+
+class _Raised:
+    """An exception of rank 0 sent to every rank (so a data or config error stops them all)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
 
 
 def ds_config(cfg: TrainConfig, bf16: bool) -> dict:
