@@ -151,6 +151,8 @@ class Rows:
 
 @dataclass
 class RunResult:
+    """What one `EpisodeRunner.horizon` / `EpisodeRunner.episodes` call produced."""
+
     rows: Rows | None
     """the segments (None for a runner built with ``rows=False``)"""
     episodes: Episodes
@@ -345,6 +347,7 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ buffers
     def _begin_run(self) -> None:
+        """Forget the previous run's finished episodes and step count."""
         self._done, self.env_steps = [], 0
 
     def _reserve(self, cap: int) -> None:
@@ -397,6 +400,7 @@ class EpisodeRunner:
         _copy_into(buf[t], v)
 
     def _values_at(self, t: int) -> np.ndarray | None:
+        """[N] values the actor gave at row ``t`` (None when it gives none)."""
         v = self.tensors.get("value") if self.store else None
         return None if v is None else v[t].numpy()
 
