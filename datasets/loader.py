@@ -106,23 +106,21 @@ def _as_paths(value: Any, what: str = "images") -> list[str]:
     return out
 
 
-def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
-    """One raw record -> a schema sample (image paths resolved). Raises ValueError on problems."""
-    if not isinstance(rec, dict):
-        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-    has_video = _pick(rec, "videos")[0] is not None
+def _require_keys(rec: dict, has_video: bool) -> None:
+    """Raise ValueError naming the accepted keys of every required field the record lacks (a
+    record with a video needs no images) and the keys it has."""
     missing = [
         f for f in REQUIRED if _pick(rec, f)[0] is None and not (f == "images" and has_video)
     ]
     if missing:
         alts = "; ".join(f"{f}: one of {list(_ALIASES[f])}" for f in missing)
         raise ValueError(f"missing required keys ({alts}); present keys: {sorted(rec)}")
-    used = set()
-    vals = {}
-    for f in ("images", "videos", "question", "answer", "family"):
-        key, vals[f] = _pick(rec, f)
-        used.add(key)
-    answer = vals["answer"]
+
+
+def _answer_text(answer: Any) -> str:
+    """The reference answer as a string: a number as its text, a list of 2 or 4 values (a span
+    or a box) as ``[a, b, ...]``, and of a solution only its last ``<answer>…</answer>``;
+    ValueError for anything else."""
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = str(answer)
     if isinstance(answer, list) and len(answer) in (2, 4):  # a span (video) or a box
@@ -130,7 +128,37 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
     if not isinstance(answer, str):
         raise ValueError(f"'answer' must be a string, got {type(answer).__name__}")
     tags = _ANSWER_TAG.findall(answer)
-    answer = (tags[-1] if tags else answer).strip()
+    return (tags[-1] if tags else answer).strip()
+
+
+def _meta(rec: dict) -> dict:
+    """The record's ``meta`` as a dict ({} when absent; a JSON string is parsed); ValueError
+    when it is not an object."""
+    meta = rec.get("meta") or {}
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    if not isinstance(meta, dict):
+        raise ValueError(f"'meta' must be an object, got {type(meta).__name__}")
+    return meta
+
+
+def _resolve(paths: list[str], base_dir: Path) -> list[str]:
+    """Absolute paths kept, relative ones joined to ``base_dir`` and normalised."""
+    return [p if Path(p).is_absolute() else os.path.normpath(base_dir / p) for p in paths]
+
+
+def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
+    """One raw record -> a schema sample (image paths resolved). Raises ValueError on problems."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    has_video = _pick(rec, "videos")[0] is not None
+    _require_keys(rec, has_video)
+    used = set()
+    vals = {}
+    for f in ("images", "videos", "question", "answer", "family"):
+        key, vals[f] = _pick(rec, f)
+        used.add(key)
+    answer = _answer_text(vals["answer"])
     if not isinstance(vals["question"], str):
         raise ValueError(f"'question' must be a string, got {type(vals['question']).__name__}")
     reward = rec.get("reward") or infer_reward(answer, video=has_video)
@@ -139,26 +167,18 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
             f'no usable reward for answer {answer!r}: add a "reward" key naming '
             "the accuracy reward (e.g. numeric, mcq, iou, tiou)"
         )
-    meta = rec.get("meta") or {}
-    if isinstance(meta, str):
-        meta = json.loads(meta)
-    if not isinstance(meta, dict):
-        raise ValueError(f"'meta' must be an object, got {type(meta).__name__}")
+    meta = _meta(rec)
     extra = {
         k: v
         for k, v in rec.items()
         if v is not None and k not in used and k not in ("id", "reward", "meta") and k not in meta
     }
-    images = [
-        p if Path(p).is_absolute() else os.path.normpath(base_dir / p)
-        for p in ([] if has_video and not vals["images"] else _as_paths(vals["images"]))
-    ]
+    images = _resolve(
+        [] if has_video and not vals["images"] else _as_paths(vals["images"]), base_dir
+    )
     videos = {}
     if vals["videos"] is not None:
-        videos["videos"] = [
-            p if Path(p).is_absolute() else os.path.normpath(base_dir / p)
-            for p in _as_paths(vals["videos"], "videos")
-        ]
+        videos["videos"] = _resolve(_as_paths(vals["videos"], "videos"), base_dir)
     return {
         "id": str(rec.get("id") or default_id),
         "images": images,
@@ -254,44 +274,72 @@ def load_samples(
     records = 0
     for idx, (where, rec) in enumerate(_records(path)):
         records += 1
-        try:
-            if isinstance(rec, Exception):
-                raise rec
-            sample = normalise(rec, base, f"{path.stem}-{where.split()[-1]}")
-        except (ValueError, TypeError) as e:
-            if strict:
-                raise DataError(
-                    f"{path}, {where}: {e}. Fix the record, or {LENIENT} "
-                    "(strict=False when calling load_samples)."
-                ) from e
-            log.warning("skipping %s, %s: %s", path, where, e)
-            stats["skipped_malformed"] += 1
+        sample = _normalised(rec, path, where, base, strict, stats)
+        if sample is None:
             continue
-        bad = _check_media(sample, sizes) if check_images else None
-        if bad is not None:
-            kind, err = bad
-            msg = (
-                f"{path}, sample {idx} ({where}, id {sample['id']!r}): {kind} {err}. "
-                f"Fix or remove the {kind}, or {LENIENT}."
-            )
-            if strict:
-                raise DataError(msg)
-            log.warning("skipping: %s", msg)
-            stats[f"skipped_{kind}s"] = stats.get(f"skipped_{kind}s", 0) + 1
+        if check_images and not _media_ok(sample, path, idx, where, sizes, strict, stats):
             continue
         samples.append(sample)
     stats["loaded"] = len(samples)
     if not samples:
-        why = ", ".join(f"{k[8:]} {v}" for k, v in stats.items() if k.startswith("skip") and v)
-        raise DataError(
-            f"{path}: no samples: the file is empty"
-            if not records
-            else f"{path}: all {records} records were skipped ({why}); the warnings name each "
-            "one, or set data.strict=true to stop at the first with its reason"
-        )
+        raise _no_samples_error(path, records, stats)
     if media is not None:
         media.update({p: v for p, v in sizes.items() if not isinstance(v, Exception)})
     return samples, stats
+
+
+def _normalised(
+    rec: Any, path: Path, where: str, base: Path, strict: bool, stats: dict
+) -> dict | None:
+    """The record of ``path`` at ``where`` as a sample; a malformed one (or the Exception
+    ``_records`` yielded for it) raises DataError naming the place when ``strict``, else it is
+    logged, counted in ``stats["skipped_malformed"]`` and gives None."""
+    try:
+        if isinstance(rec, Exception):
+            raise rec
+        return normalise(rec, base, f"{path.stem}-{where.split()[-1]}")
+    except (ValueError, TypeError) as e:
+        if strict:
+            raise DataError(
+                f"{path}, {where}: {e}. Fix the record, or {LENIENT} "
+                "(strict=False when calling load_samples)."
+            ) from e
+        log.warning("skipping %s, %s: %s", path, where, e)
+        stats["skipped_malformed"] += 1
+        return None
+
+
+def _media_ok(
+    sample: dict, path: Path, idx: int, where: str, sizes: dict, strict: bool, stats: dict
+) -> bool:
+    """True when the sample's images and videos decode; else a DataError naming the file,
+    sample index and path when ``strict``, or a warning and a count in
+    ``stats["skipped_images"]`` / ``stats["skipped_videos"]`` and False."""
+    bad = _check_media(sample, sizes)
+    if bad is None:
+        return True
+    kind, err = bad
+    msg = (
+        f"{path}, sample {idx} ({where}, id {sample['id']!r}): {kind} {err}. "
+        f"Fix or remove the {kind}, or {LENIENT}."
+    )
+    if strict:
+        raise DataError(msg)
+    log.warning("skipping: %s", msg)
+    stats[f"skipped_{kind}s"] = stats.get(f"skipped_{kind}s", 0) + 1
+    return False
+
+
+def _no_samples_error(path: Path, records: int, stats: dict) -> DataError:
+    """The error for a file without a usable sample: it is empty, or all ``records`` were
+    skipped (the counts per reason from ``stats``)."""
+    why = ", ".join(f"{k[8:]} {v}" for k, v in stats.items() if k.startswith("skip") and v)
+    return DataError(
+        f"{path}: no samples: the file is empty"
+        if not records
+        else f"{path}: all {records} records were skipped ({why}); the warnings name each "
+        "one, or set data.strict=true to stop at the first with its reason"
+    )
 
 
 def _check_media(sample: dict, sizes: dict) -> tuple[str, str] | None:

@@ -223,25 +223,47 @@ def judge(
         raise ValueError(f"judge: scale must be > 0, got {scale}")
     worker = judge_worker(model, device, dtype, memory_limit_gb, start_timeout_s, max_failures)
     out = [0.0] * len(completions)
-    todo = [i for i, c in enumerate(completions) if isinstance(c, str) and c.strip()]
+    todo, prompts = _to_judge(completions, samples, rubric, scale, max_response_chars, with_images)
     if not todo:
         return out
-    js = [
+    request = _request(prompts, batch_size, max_new_tokens, max_prompt_length)
+    verdicts = worker.call(request, timeout_s)
+    for i, v in zip(todo, verdicts):
+        out[i] = parse_score(v, scale)
+    return out
+
+
+def _to_judge(
+    completions: list[str],
+    samples: list[dict],
+    rubric: str,
+    scale: float,
+    max_response_chars: int,
+    with_images: bool,
+) -> tuple[list[int], list[dict]]:
+    """completions [B], samples [B] -> (indices [N] of the completions the judge reads, N judge
+    prompts from ``build_judge_sample`` in the same order). Only non-empty texts are read; the
+    others score 0 unasked."""
+    todo = [i for i, c in enumerate(completions) if isinstance(c, str) and c.strip()]
+    prompts = [
         build_judge_sample(
             completions[i], samples[i], rubric, scale, max_response_chars, with_images
         )
         for i in todo
     ]
-    request = {
-        "samples": js,
+    return todo, prompts
+
+
+def _request(
+    prompts: list[dict], batch_size: int, max_new_tokens: int, max_prompt_length: int
+) -> dict:
+    """The worker's request for these judge prompts (what ``JudgeModel.__call__`` reads)."""
+    return {
+        "samples": prompts,
         "batch_size": max(1, int(batch_size)),
         "max_new_tokens": max_new_tokens,
         "max_prompt_length": max_prompt_length,
     }
-    verdicts = worker.call(request, timeout_s)
-    for i, v in zip(todo, verdicts):
-        out[i] = parse_score(v, scale)
-    return out
 
 
 def _prepare(**params) -> None:

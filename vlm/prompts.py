@@ -403,48 +403,63 @@ def too_long_error(
     text = [r for r in rows if r[2] - r[3] > limit]
     vision = [r for r in rows if r[2] - r[3] <= limit]
     one = where is None and len(rows) == 1
-    if one:
-        s, i, n, v = rows[0]
-        head = (
-            f"prompt of {_name(s, i)} is {n} tokens, {v} of them vision tokens, longer than "
-            f"rollout.max_prompt_length={limit}{settings}."
-        )
-    else:
-        listed = "; ".join(
-            f"{_name(s, i)}: {n} tokens, {v} of them vision tokens" for s, i, n, v in rows[:5]
-        )
-        more = f"; and {len(rows) - 5} more" if len(rows) > 5 else ""
-        head = (
-            f"{len(rows)} prompts of {where or 'the data'} are longer than "
-            f"rollout.max_prompt_length={limit}{settings}: {listed}{more}."
-        )
-    parts = [head]
+    parts = [_too_long_head(rows, one, where, limit, settings)]
     if text:
-        who = (
-            f"Its text alone (system prompt and question) is {text[0][2] - text[0][3]} tokens"
-            if one
-            else f"The text alone is too long in {len(text)} ({_ids(text)})"
-        )
-        no_pixels = "; fewer pixels cannot help" if any(r[3] for r in text) else ""
-        parts.append(
-            f"{who}: raise rollout.max_prompt_length to at least {max(r[2] for r in text)}"
-            f"{no_pixels}."
-        )
+        parts.append(_text_fix(text, one))
     if vision:
-        who = (
-            f"Its {vision[0][3]} vision tokens make it too long (the text is "
-            f"{vision[0][2] - vision[0][3]} tokens)"
-            if one
-            else f"The vision tokens make {len(vision)} too long ({_ids(vision)})"
-        )
-        parts.append(
-            f"{who}: {_fewer_pixels([r[0] for r in vision], cfg, processor)}, or raise "
-            f"rollout.max_prompt_length to at least {max(r[2] for r in vision)}."
-        )
+        parts.append(_vision_fix(vision, one, cfg, processor))
     parts.append("Prompts are never truncated: cutting vision tokens breaks the model.")
     if not one:
         parts.append(f"Or {LENIENT}.")
     return PromptTooLongError(" ".join(parts))
+
+
+def _too_long_head(rows: list, one: bool, where: str | None, limit: int, settings: str) -> str:
+    """The error's first sentence: the one prompt's length (``one``), or how many prompts of
+    ``where`` are too long and the first five of them, with the limit and pixel ``settings``."""
+    if one:
+        s, i, n, v = rows[0]
+        return (
+            f"prompt of {_name(s, i)} is {n} tokens, {v} of them vision tokens, longer than "
+            f"rollout.max_prompt_length={limit}{settings}."
+        )
+    listed = "; ".join(
+        f"{_name(s, i)}: {n} tokens, {v} of them vision tokens" for s, i, n, v in rows[:5]
+    )
+    more = f"; and {len(rows) - 5} more" if len(rows) > 5 else ""
+    return (
+        f"{len(rows)} prompts of {where or 'the data'} are longer than "
+        f"rollout.max_prompt_length={limit}{settings}: {listed}{more}."
+    )
+
+
+def _text_fix(text: list, one: bool) -> str:
+    """The sentence for the ``(sample, index, tokens, vision tokens)`` rows whose text alone is
+    over the limit: only a larger max_prompt_length helps."""
+    who = (
+        f"Its text alone (system prompt and question) is {text[0][2] - text[0][3]} tokens"
+        if one
+        else f"The text alone is too long in {len(text)} ({_ids(text)})"
+    )
+    no_pixels = "; fewer pixels cannot help" if any(r[3] for r in text) else ""
+    return (
+        f"{who}: raise rollout.max_prompt_length to at least {max(r[2] for r in text)}{no_pixels}."
+    )
+
+
+def _vision_fix(vision: list, one: bool, cfg: PromptConfig, processor) -> str:
+    """The sentence for the ``(sample, index, tokens, vision tokens)`` rows made too long by
+    their vision tokens: fewer pixels or frames help, or a larger max_prompt_length."""
+    who = (
+        f"Its {vision[0][3]} vision tokens make it too long (the text is "
+        f"{vision[0][2] - vision[0][3]} tokens)"
+        if one
+        else f"The vision tokens make {len(vision)} too long ({_ids(vision)})"
+    )
+    return (
+        f"{who}: {_fewer_pixels([r[0] for r in vision], cfg, processor)}, or raise "
+        f"rollout.max_prompt_length to at least {max(r[2] for r in vision)}."
+    )
 
 
 def _name(sample: dict, index: int | None) -> str:
