@@ -72,9 +72,13 @@ def workers():
 
 
 def _gone(pid: int) -> bool:
+    """The process has exited: gone, or a zombie whose every thread has ended (a killed
+    multi-threaded process shows its leader as a zombie while its other threads still exit;
+    only then can its parent reap it)."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            return "zombie" in f.read()
+            zombie = "zombie" in f.read()
+        return zombie and len(os.listdir(f"/proc/{pid}/task")) <= 1
     except FileNotFoundError:
         return True
 
