@@ -16,16 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from .trainer.config import (
-    AlgoConfig,
-    CheckpointConfig,
-    EnvConfig,
-    LogConfig,
-    TrainConfig,
-    VLAConfig,
-    choice,
-    load,
-)
+from .trainer.config import AlgoConfig, CheckpointConfig, LogConfig, TrainConfig, choice, load
+from .vla.config import EnvConfig, VLAConfig
 from .vlm.config import DataConfig, ModelConfig, RolloutConfig, VideoConfig
 
 SIDES = {"vlm": "vlm.run", "vla": "vla.run"}

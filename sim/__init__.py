@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from .env import EnvConfig, ManipEnv
+from .env import ManipEnv, ManipEnvConfig
 from .tasks import TASKS, Task, get_task, register_task
 
 ENV_IDS: dict[str, str] = {}
@@ -39,7 +39,7 @@ register_envs()
 
 __all__ = [
     "ENV_IDS",
-    "EnvConfig",
+    "ManipEnvConfig",
     "ManipEnv",
     "Task",
     "TASKS",

@@ -45,7 +45,7 @@ _BAD_WARNINGS = tuple(
 
 
 @dataclass(frozen=True)
-class EnvConfig:
+class ManipEnvConfig:
     """Options of ``ManipEnv`` (all keyword arguments of ``gymnasium.make``)."""
 
     task: str = "reach"
@@ -77,8 +77,8 @@ class EnvConfig:
     """index of this env inside a vector env: picks its entry when reset options hold lists"""
 
 
-def _config(kwargs: dict) -> EnvConfig:
-    names = [f.name for f in dataclasses.fields(EnvConfig)]
+def _config(kwargs: dict) -> ManipEnvConfig:
+    names = [f.name for f in dataclasses.fields(ManipEnvConfig)]
     for key in kwargs:
         if key not in names:
             near = difflib.get_close_matches(key, names, n=1)
@@ -86,7 +86,7 @@ def _config(kwargs: dict) -> EnvConfig:
             raise TypeError(f"ManipEnv got an unknown option {key!r}{hint} (valid: {names})")
     if "cameras" in kwargs:
         kwargs = {**kwargs, "cameras": tuple(kwargs["cameras"])}
-    cfg = EnvConfig(**kwargs)
+    cfg = ManipEnvConfig(**kwargs)
     for field, valid in (
         ("obs_mode", ("rgb", "state")),
         ("control", ("ee", "joint")),

@@ -1,9 +1,5 @@
-"""VLA side: compact and token VLA policies, action tokenizer, env-rollout collectors,
-behaviour cloning and held-out evaluation on the MuJoCo suite (``perceptrl.sim``)."""
+"""VLA side: compact and token VLA policies, action tokenizer, the episode runner and its
+collectors, behaviour cloning and held-out evaluation on the MuJoCo suite (``perceptrl.sim``).
 
-from __future__ import annotations
-
-from .compact import CompactSpec, CompactVLA
-from .tokenizer import ActionTokenizer
-
-__all__ = ["ActionTokenizer", "CompactSpec", "CompactVLA"]
+Submodules are imported where used (``perceptrl.vla.compact`` ...), so reading the recipe's
+``vla.config`` sections does not load torch."""

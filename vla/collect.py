@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..trainer.batch import RolloutBatch
-from ..trainer.config import EnvConfig
+from .config import EnvConfig
 from .envs import VecRunner
 from .runner import END_NAMES, Actor, EpisodeRunner, Episodes, EpisodeSpecs
 

@@ -26,6 +26,7 @@ the raw sample; the collector clips to [-1, 1] only when it sends them to the en
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -40,16 +41,13 @@ from torch.distributions import Normal
 
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
+from .config import AUX, CRITICS, ENCODERS, IMAGE_ENCODERS, VLAConfig
 
 PAD, UNK = 0, 1
 WORKSPACE_CENTRE = (0.5, 0.0, 0.2)
 """metres; positions enter the network as (p - centre) / POS_SCALE so that they are O(1)"""
 POS_SCALE = 0.1
 OBS_KEYS = ("image", "proprio", "objects", "words")
-IMAGE_ENCODERS = ("cnn", "keypoint")
-ENCODERS = (*IMAGE_ENCODERS, "state")
-CRITICS = ("shared", "state")
-AUX = ("none", "subject")
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
@@ -93,22 +91,9 @@ class CompactSpec:
     image_size: int = 64
     cameras: int = 1
     """camera images per observation (each goes through the same conv tower)"""
-    encoder: str = "cnn"
-    """cnn | keypoint (spatial-softmax CNN) | state (entity-pose MLP)"""
-    channels: list[int] = field(default_factory=lambda: [32, 64, 64])
-    hidden: int = 256
-    embed_dim: int = 64
-    instruction_encoder: str = "bag"
-    max_words: int = 16
-    init_log_std: float = -0.5
-    critic: str = "shared"
-    """shared (value head on the actor's trunk) | state (separate MLP on entity poses + proprio)"""
-    aux: str = "none"
-    """none | subject (auxiliary regression of the named entity's position relative to the tcp
-    from the actor's features; needs the privileged poses; the named entity is entity 0 of the
-    pose vector, the sim tasks' convention)"""
-    aux_coef: float = 1.0
-    """weight of the auxiliary loss (added to the trainer's loss, token-mean like the others)"""
+    vla: VLAConfig = field(default_factory=VLAConfig)
+    """the recipe's ``vla`` section: encoder, widths, instruction encoder, critic, auxiliary
+    loss (its ``policy`` is "compact")"""
     words: list[str] = field(default_factory=list)
     """instruction vocabulary (ids 2...; empty builds it from the registered sim tasks)"""
 
@@ -178,15 +163,15 @@ class CompactVLA(nn.Module):
 
     def __init__(self, spec: CompactSpec):
         super().__init__()
-        if spec.encoder not in ENCODERS:
-            raise ValueError(f"vla.encoder={spec.encoder!r}; valid: {' | '.join(ENCODERS)}")
-        if spec.critic not in CRITICS:
-            raise ValueError(f"vla.critic={spec.critic!r}; valid: {' | '.join(CRITICS)}")
-        if spec.aux not in AUX:
-            raise ValueError(f"vla.aux={spec.aux!r}; valid: {' | '.join(AUX)}")
+        if spec.vla.encoder not in ENCODERS:
+            raise ValueError(f"vla.encoder={spec.vla.encoder!r}; valid: {' | '.join(ENCODERS)}")
+        if spec.vla.critic not in CRITICS:
+            raise ValueError(f"vla.critic={spec.vla.critic!r}; valid: {' | '.join(CRITICS)}")
+        if spec.vla.aux not in AUX:
+            raise ValueError(f"vla.aux={spec.vla.aux!r}; valid: {' | '.join(AUX)}")
         for what, on in (
-            ("vla.critic=state", spec.critic == "state"),
-            (f"vla.aux={spec.aux}", spec.aux != "none"),
+            ("vla.critic=state", spec.vla.critic == "state"),
+            (f"vla.aux={spec.vla.aux}", spec.vla.aux != "none"),
         ):
             if on and spec.objects_dim <= 0:
                 raise ValueError(
@@ -197,12 +182,12 @@ class CompactVLA(nn.Module):
             spec.words = instruction_words()
         self.spec = spec
         self.vocab = {w: i + 2 for i, w in enumerate(spec.words)}
-        E, H = spec.embed_dim, spec.hidden
-        self.instr = InstructionEncoder(len(self.vocab) + 2, E, spec.instruction_encoder)
+        E, H = spec.vla.embed_dim, spec.vla.hidden
+        self.instr = InstructionEncoder(len(self.vocab) + 2, E, spec.vla.instruction_encoder)
         self.keypoints = None
-        if spec.encoder in IMAGE_ENCODERS:
-            c1, c2, c3 = spec.channels
-            if spec.encoder == "cnn":
+        if spec.vla.encoder in IMAGE_ENCODERS:
+            c1, c2, c3 = spec.vla.channels
+            if spec.vla.encoder == "cnn":
                 convs = [nn.Conv2d(3, c1, 8, 4), nn.Conv2d(c1, c2, 4, 2), nn.Conv2d(c2, c3, 3, 1)]
             else:
                 convs = [nn.Conv2d(3, c1, 5, 2, 2), nn.Conv2d(c1, c2, 3, 2, 1),
@@ -224,7 +209,7 @@ class CompactVLA(nn.Module):
         nn.init.normal_(self.mean_head.weight, std=0.01)
         nn.init.zeros_(self.mean_head.bias)
         self.value_head = self.critic = None
-        if spec.critic == "shared":
+        if spec.vla.critic == "shared":
             self.value_head = nn.Linear(H, 1)
         else:
             self.critic = nn.Sequential(
@@ -232,9 +217,11 @@ class CompactVLA(nn.Module):
                 nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 1),
             )  # fmt: skip
         self.aux_head = None
-        if spec.aux == "subject":
+        if spec.vla.aux == "subject":
             self.aux_head = nn.Linear(H, 3)
-        self.log_std = nn.Parameter(torch.full((spec.action_dim * spec.chunk,), spec.init_log_std))
+        self.log_std = nn.Parameter(
+            torch.full((spec.action_dim * spec.chunk,), spec.vla.init_log_std)
+        )
 
     # ------------------------------------------------------------------ forward
     @property
@@ -281,7 +268,7 @@ class CompactVLA(nn.Module):
         has_objects = "objects" in obs and "objects" in self.obs_keys()
         objects = obs["objects"].float() if has_objects else None
         proprio, objects = self._normalise(obs["proprio"].float(), objects)  # (N, P), (N, O)
-        if self.spec.encoder in IMAGE_ENCODERS:
+        if self.spec.vla.encoder in IMAGE_ENCODERS:
             N, S, C = len(cond), self.spec.image_size, self.spec.cameras
             img = obs["image"].permute(0, 3, 1, 2).float() / 255.0 - 0.5  # (N, 3C, H, W)
             feats = self._cnn(img.reshape(N * C, 3, S, S), cond.repeat_interleave(C, 0))
@@ -322,14 +309,14 @@ class CompactVLA(nn.Module):
         actions = batch.tokens[mask].to(mean.dtype)  # (N, D): row-major order = concat order
         per_step = [dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value]
         if aux is not None:
-            per_step.append(self.spec.aux_coef * aux)
+            per_step.append(self.spec.vla.aux_coef * aux)
         out = []
         for x in per_step:
             full = x.new_zeros(mask.shape)
             full[mask] = x
             out.append(full)
         return Evaluation(
-            out[0], out[1], out[2], {self.spec.aux: out[3]} if aux is not None else {}
+            out[0], out[1], out[2], {self.spec.vla.aux: out[3]} if aux is not None else {}
         )
 
     @torch.no_grad()
@@ -351,18 +338,18 @@ class CompactVLA(nn.Module):
         return self._forward(obs)[1]
 
     def obs_keys(self) -> tuple[str, ...]:
-        if self.spec.encoder not in IMAGE_ENCODERS:
+        if self.spec.vla.encoder not in IMAGE_ENCODERS:
             return ("objects", "proprio", "words")
-        privileged = self.spec.critic == "state" or self.spec.aux != "none"
+        privileged = self.spec.vla.critic == "state" or self.spec.vla.aux != "none"
         return ("image", "proprio", "words") + (("objects",) if privileged else ())
 
     def observe(self, batch) -> dict[str, Tensor]:
         """A ``sim.vector.Batch`` (numpy, N envs) -> CPU observation tensors for ``act``."""
         obs = {
             "proprio": torch.as_tensor(np.asarray(batch.proprio, np.float32)),
-            "words": encode_words(batch.instructions, self.vocab, self.spec.max_words),
+            "words": encode_words(batch.instructions, self.vocab, self.spec.vla.max_words),
         }
-        if self.spec.encoder in IMAGE_ENCODERS:
+        if self.spec.vla.encoder in IMAGE_ENCODERS:
             if not batch.images:
                 raise ValueError(
                     "the cnn encoder needs camera images; make the env with env.obs_mode=rgb "
@@ -389,7 +376,7 @@ class CompactVLA(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(path / WEIGHTS))
-        cfg = {"policy": "compact", **asdict(self.spec)}
+        cfg = {"policy": "compact", **asdict(self.spec)}  # the vla section nested under "vla"
         (path / CONFIG).write_text(json.dumps(cfg, indent=1))
 
     def load(self, path: str | Path) -> None:
@@ -401,9 +388,8 @@ class CompactVLA(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> CompactVLA:
         """Build the policy ``save(path)`` wrote and load its weights."""
-        cfg = json.loads((_checked(path) / CONFIG).read_text())
-        cfg.pop("policy", None)
-        policy = cls(CompactSpec(**cfg)).to(device)
+        policy = cls(spec_from_json(json.loads((_checked(path) / CONFIG).read_text())))
+        policy = policy.to(device)
         policy.load(path)
         return policy
 
@@ -446,7 +432,7 @@ def camera_keys(obs_space) -> list[str]:
     return [k for k, sp in obs_space.spaces.items() if len(getattr(sp, "shape", None) or ()) == 3]
 
 
-def spec_from_config(vla, env_spaces: dict, chunk: int, image_size: int) -> CompactSpec:
+def spec_from_config(vla: VLAConfig, env_spaces: dict, chunk: int, image_size: int) -> CompactSpec:
     """A `CompactSpec` from the recipe's ``vla`` section and the env's single spaces
     (``action``: Box (A,), ``observation``: Dict)."""
     obs = env_spaces["observation"]
@@ -454,8 +440,18 @@ def spec_from_config(vla, env_spaces: dict, chunk: int, image_size: int) -> Comp
         action_dim=int(env_spaces["action"].shape[0]), chunk=chunk,
         proprio_dim=int(obs["proprio"].shape[0]),
         objects_dim=int(obs["objects"].shape[0]) if "objects" in obs.spaces else 0,
-        image_size=image_size, cameras=max(1, len(camera_keys(obs))), encoder=vla.encoder, channels=list(vla.channels),
-        hidden=vla.hidden, embed_dim=vla.embed_dim,
-        instruction_encoder=vla.instruction_encoder, max_words=vla.max_words,
-        init_log_std=vla.init_log_std, critic=vla.critic, aux=vla.aux, aux_coef=vla.aux_coef,
+        image_size=image_size, cameras=max(1, len(camera_keys(obs))),
+        vla=dataclasses.replace(vla, channels=list(vla.channels)),
     )  # fmt: skip
+
+
+def spec_from_json(cfg: dict) -> CompactSpec:
+    """The `CompactSpec` of a ``config.json`` that ``save`` wrote (its ``vla`` section nested;
+    checkpoints written before it was nested hold its fields at the top level)."""
+    cfg = {k: v for k, v in cfg.items() if k != "policy"}
+    names = {f.name for f in dataclasses.fields(VLAConfig)}
+    vla = {
+        **{k: cfg.pop(k) for k in list(cfg) if k in names and k != "policy"},
+        **cfg.pop("vla", {}),
+    }
+    return CompactSpec(**cfg, vla=VLAConfig(**vla))

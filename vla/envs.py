@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from ..sim.vector import Batch, BatchedEnv
-from ..trainer.config import EnvConfig
+from .config import EnvConfig
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from ..trainer.config import EnvConfig
+from .config import EnvConfig
 from .envs import VecRunner, env_kwargs
 from .runner import Actor, EpisodeRunner, EpisodeSpecs
 

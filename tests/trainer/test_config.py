@@ -112,8 +112,25 @@ def test_shipped_recipes_list_every_key_in_perceptrl_config(recipe, capsys):
 def test_sections_live_with_their_owners():
     """The trainer's config module holds the trainer's sections; each side holds its own."""
     from perceptrl.trainer import config as trainer_config
+    from perceptrl.vla import config as vla_config
     from perceptrl.vlm import config as vlm_config
 
     for name in ("ModelConfig", "DataConfig", "RolloutConfig", "VideoConfig", "VLLMConfig"):
         assert hasattr(vlm_config, name) and not hasattr(trainer_config, name)
+    for name in ("EnvConfig", "VLAConfig"):
+        assert hasattr(vla_config, name) and not hasattr(trainer_config, name)
     assert not hasattr(trainer_config, "Config")
+
+
+def test_reading_a_recipe_loads_no_model_code():
+    """``perceptrl config`` and recipe validation import the config modules only (no torch)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from perceptrl.wiring import load_config; "
+        "load_config(None, ['side=vla', 'vla.encoder=state', 'data.generator=video']); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]

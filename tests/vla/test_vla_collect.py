@@ -10,9 +10,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from perceptrl.trainer.config import EnvConfig  # noqa: E402
 from perceptrl.vla.collect import GRPOCollector, PPOCollector  # noqa: E402
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
+from perceptrl.vla.config import (
+    EnvConfig,  # noqa: E402
+    VLAConfig,  # noqa: E402
+)
 from perceptrl.vla.envs import VecRunner  # noqa: E402
 
 
@@ -25,7 +28,9 @@ def state_env(**kw) -> EnvConfig:
 def policy_for(runner: VecRunner, chunk: int = 1) -> CompactVLA:
     torch.manual_seed(0)
     obj = runner.observation_space["objects"].shape[0]
-    return CompactVLA(CompactSpec(5, chunk=chunk, objects_dim=obj, encoder="state", hidden=32))
+    return CompactVLA(
+        CompactSpec(5, chunk=chunk, objects_dim=obj, vla=VLAConfig(encoder="state", hidden=32))
+    )
 
 
 class ExpertActions:
@@ -170,8 +175,12 @@ def test_state_critic_without_poses_stops_ppo_collection_with_the_setting():
                     steps_per_rollout=2, max_episode_steps=4)  # fmt: skip
     runner = VecRunner(cfg, seed=0)
     torch.manual_seed(0)
-    spec = CompactSpec(5, image_size=32, objects_dim=21, encoder="keypoint", channels=[4, 8, 8],
-                       hidden=16, critic="state")  # fmt: skip
+    spec = CompactSpec(
+        5,
+        image_size=32,
+        objects_dim=21,
+        vla=VLAConfig(encoder="keypoint", channels=[4, 8, 8], hidden=16, critic="state"),
+    )
     col = PPOCollector(cfg, seed=0, runner=runner)
     with pytest.raises(ValueError, match="env.privileged_state=true"):
         col.collect(CompactVLA(spec), 0)

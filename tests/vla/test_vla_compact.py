@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -19,6 +20,7 @@ from perceptrl.vla.compact import (  # noqa: E402
     encode_words,
     instruction_words,
 )
+from perceptrl.vla.config import VLAConfig  # noqa: E402
 from perceptrl.vla.run import load_policy  # noqa: E402
 
 
@@ -27,12 +29,12 @@ def _obs(policy: CompactVLA, n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     s = policy.spec
     obs = {
         "proprio": torch.randn(n, s.proprio_dim, generator=g),
-        "words": encode_words(["reach the red target"] * n, policy.vocab, s.max_words),
+        "words": encode_words(["reach the red target"] * n, policy.vocab, s.vla.max_words),
     }
-    if s.encoder in ("cnn", "keypoint"):
+    if s.vla.encoder in ("cnn", "keypoint"):
         shape = (n, s.image_size, s.image_size, 3 * s.cameras)
         obs["image"] = torch.randint(0, 256, shape, generator=g).to(torch.uint8)
-    if s.encoder == "state" or s.critic == "state" or s.aux != "none":
+    if s.vla.encoder == "state" or s.vla.critic == "state" or s.vla.aux != "none":
         obs["objects"] = torch.randn(n, s.objects_dim, generator=g)
     return obs
 
@@ -55,14 +57,16 @@ def _rows(obs: dict, actions: torch.Tensor, lens: list[int]) -> RolloutBatch:
 def state_policy(chunk: int = 1) -> CompactVLA:
     torch.manual_seed(0)
     return CompactVLA(
-        CompactSpec(action_dim=5, chunk=chunk, objects_dim=21, encoder="state", hidden=32)
+        CompactSpec(
+            action_dim=5, chunk=chunk, objects_dim=21, vla=VLAConfig(encoder="state", hidden=32)
+        )
     )
 
 
 def cnn_policy(encoder: str = "cnn") -> CompactVLA:
     torch.manual_seed(0)
     spec = CompactSpec(
-        action_dim=5, image_size=64, encoder=encoder, channels=[8, 16, 16], hidden=32
+        action_dim=5, image_size=64, vla=VLAConfig(encoder=encoder, channels=[8, 16, 16], hidden=32)
     )
     return CompactVLA(spec)
 
@@ -119,13 +123,15 @@ def test_cnn_output_depends_on_image_and_instruction(encoder):
     other["image"][1] = 255 - other["image"][1]
     assert not torch.allclose(policy(other)[0][0], policy(other)[0][1])
     words = obs["words"].clone()
-    words[1] = encode_words(["reach the blue target"], policy.vocab, policy.spec.max_words)[0]
+    words[1] = encode_words(["reach the blue target"], policy.vocab, policy.spec.vla.max_words)[0]
     assert not torch.allclose(*policy(dict(obs, words=words))[0])
 
 
 def test_two_cameras_share_the_tower_and_both_matter():
     torch.manual_seed(0)
-    spec = CompactSpec(action_dim=5, cameras=2, encoder="keypoint", channels=[8, 16, 16], hidden=32)
+    spec = CompactSpec(
+        action_dim=5, cameras=2, vla=VLAConfig(encoder="keypoint", channels=[8, 16, 16], hidden=32)
+    )
     policy = CompactVLA(spec)
     obs = _obs(policy, 3)
     action, logp, _ = policy.act(obs)
@@ -140,9 +146,10 @@ def test_two_cameras_share_the_tower_and_both_matter():
 def asym_policy() -> CompactVLA:
     torch.manual_seed(0)
     spec = CompactSpec(
-        action_dim=5, objects_dim=21, encoder="keypoint", channels=[8, 16, 16], hidden=32,
-        critic="state",
-    )  # fmt: skip
+        action_dim=5,
+        objects_dim=21,
+        vla=VLAConfig(encoder="keypoint", channels=[8, 16, 16], hidden=32, critic="state"),
+    )
     return CompactVLA(spec)
 
 
@@ -171,9 +178,12 @@ def test_state_critic_reads_poses_and_the_actor_does_not():
 def test_subject_auxiliary_loss_trains_the_actor_features_only():
     torch.manual_seed(0)
     spec = CompactSpec(
-        action_dim=5, objects_dim=21, encoder="keypoint", channels=[8, 16, 16], hidden=32,
-        aux="subject", aux_coef=2.0,
-    )  # fmt: skip
+        action_dim=5,
+        objects_dim=21,
+        vla=VLAConfig(
+            encoder="keypoint", channels=[8, 16, 16], hidden=32, aux="subject", aux_coef=2.0
+        ),
+    )
     policy = CompactVLA(spec)
     obs = _obs(policy, 5)
     action, logp, _ = policy.act(obs)
@@ -199,9 +209,9 @@ def test_subject_auxiliary_loss_trains_the_actor_features_only():
 
 def test_privileged_options_need_poses_to_train_not_to_act():
     with pytest.raises(ValueError, match="privileged_state"):
-        CompactVLA(CompactSpec(action_dim=5, encoder="keypoint", critic="state"))
+        CompactVLA(CompactSpec(action_dim=5, vla=VLAConfig(encoder="keypoint", critic="state")))
     with pytest.raises(ValueError, match="vla.critic"):
-        CompactVLA(CompactSpec(action_dim=5, critic="twin"))
+        CompactVLA(CompactSpec(action_dim=5, vla=VLAConfig(critic="twin")))
     from perceptrl.sim.vector import Batch
 
     policy = asym_policy()
@@ -258,6 +268,14 @@ def test_save_load_round_trip(tmp_path):
     other.load(tmp_path / "m")
     assert [p.data_ptr() for p in other.parameters()] == params  # in place
     torch.testing.assert_close(other.log_std, policy.log_std)
+    # config.json nests the recipe's vla section; older checkpoints hold its fields flat
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["vla"]["encoder"] == "state" and "encoder" not in saved
+    flat = {**{k: v for k, v in saved.items() if k != "vla"}, **saved["vla"], "policy": "compact"}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(flat))
+    old = load_policy(tmp_path / "m")
+    assert old.spec == policy.spec
+    torch.testing.assert_close(old.act(obs, True)[0], policy.act(obs, True)[0])
 
 
 def test_load_names_missing_files(tmp_path):

@@ -15,9 +15,12 @@ import torch  # noqa: E402
 
 from perceptrl.sim.expert import ScriptedExpert  # noqa: E402
 from perceptrl.sim.vector import Batch, split_obs  # noqa: E402
-from perceptrl.trainer.config import EnvConfig  # noqa: E402
 from perceptrl.vla.collect import GRPOCollector, PPOCollector  # noqa: E402
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
+from perceptrl.vla.config import (
+    EnvConfig,  # noqa: E402
+    VLAConfig,  # noqa: E402
+)
 from perceptrl.vla.envs import EnvRestarted, StepResult, VecRunner, env_kwargs  # noqa: E402
 from perceptrl.vla.evaluate import run_seeded  # noqa: E402
 from perceptrl.vla.runner import (  # noqa: E402
@@ -202,7 +205,9 @@ def state_env(**kw) -> EnvConfig:
 def small_policy(runner: VecRunner, chunk: int = 1) -> CompactVLA:
     torch.manual_seed(0)
     obj = runner.observation_space["objects"].shape[0]
-    return CompactVLA(CompactSpec(5, chunk=chunk, objects_dim=obj, encoder="state", hidden=32))
+    return CompactVLA(
+        CompactSpec(5, chunk=chunk, objects_dim=obj, vla=VLAConfig(encoder="state", hidden=32))
+    )
 
 
 class NoisyExpert:

@@ -77,7 +77,7 @@ def test_bc_loss_decreases_and_checkpoint_loads(tmp_path):
     from perceptrl.vla.compact import CompactVLA
 
     model = sorted((tmp_path / "checkpoints").iterdir())[-1] / "model"
-    assert CompactVLA.from_pretrained(model).spec.encoder == "state"
+    assert CompactVLA.from_pretrained(model).spec.vla.encoder == "state"
 
 
 def test_pixel_ppo_step_and_eval_report(tmp_path):

@@ -1,0 +1,93 @@
+"""The VLA side's recipe sections: ``env`` (the vector env it trains and evaluates on) and ``vla``
+(the policy). One small dataclass per section, help beside each field; the names with a fixed
+set of values are defined here once and read by the policy code (see ``trainer/config.py`` for
+loading and validation; the top-level ``Config`` is composed in ``wiring.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..trainer.config import choice
+
+OBS_MODES = ("rgb", "state")
+CONTROLS = ("ee", "joint")
+REWARD_MODES = ("sparse", "dense")
+POLICIES = ("compact", "token")
+IMAGE_ENCODERS = ("cnn", "keypoint")
+ENCODERS = (*IMAGE_ENCODERS, "state")
+INSTRUCTION_ENCODERS = ("bag", "gru")
+CRITICS = ("shared", "state")
+AUX = ("none", "subject")
+
+
+@dataclass
+class EnvConfig:
+    id: str = "perceptrl/Reach-v0"
+    """gymnasium id of the task the VLA side trains on (perceptrl/<Task>-v0)"""
+    num_envs: int = 8
+    """envs stepped in parallel by the collector (rows of a PPO batch, groups fill them for GRPO)"""
+    async_envs: bool = False
+    """one subprocess per env (AsyncVectorEnv) instead of stepping them in a loop"""
+    obs_mode: str = choice("rgb", OBS_MODES)
+    """rgb: camera images + proprio + instruction; state: entity poses + proprio + instruction"""
+    image_size: int = 64
+    """side of the square camera images in pixels (rgb mode)"""
+    cameras: list[str] = field(default_factory=lambda: ["agentview"])
+    """cameras rendered into the observation, in order (the compact VLA reads all of them
+    through one shared conv tower)"""
+    privileged_state: bool = False
+    """rgb mode: the env also returns the true entity poses, for ``vla.critic=state`` (an
+    asymmetric critic) and ``vla.aux``; the actor never reads them, so a trained policy also
+    acts (evaluates, deploys) on an env without them"""
+    control: str = choice("ee", CONTROLS)
+    """action space: ee (dx, dy, dz, dyaw, gripper) | joint (q1..q7, gripper)"""
+    reward_mode: str = choice("sparse", REWARD_MODES)
+    """sparse: 1 on success | dense: success + the task's shaping terms"""
+    terminate_on_success: bool = True
+    """end an episode on its first success (with dense rewards, false avoids teaching the policy
+    to hover next to the goal for the shaping reward instead of finishing)"""
+    max_episode_steps: int = 0
+    """env steps per episode (0 keeps the task's registered time limit)"""
+    steps_per_rollout: int = 64
+    """PPO: policy steps collected per env per training step"""
+    action_chunk: int = 1
+    """K: env steps executed open-loop per policy step (the policy outputs K actions)"""
+    eval_episodes: int = 50
+    """evaluation episodes per task (deterministic actions, fixed seeds)"""
+    eval_seed: int = 1_000_000
+    """seed of the first evaluation episode (episode i uses eval_seed + i; held out from training)"""
+    eval_tasks: list[str] = field(default_factory=list)
+    """gymnasium ids evaluated (empty: env.id)"""
+    eval_videos: int = 1
+    """episodes per task written to mp4 by `perceptrl eval` (0: none)"""
+
+
+@dataclass
+class VLAConfig:
+    policy: str = choice("compact", POLICIES)
+    """VLA policy: compact (CNN/MLP + FiLM, Gaussian and value heads) | token (VLM action tokens)"""
+    encoder: str = choice("cnn", ENCODERS)
+    """compact policy observation encoder: cnn (camera images) | keypoint (CNN + spatial softmax) | state (entity poses, MLP)"""
+    channels: list[int] = field(default_factory=lambda: [32, 64, 64])
+    """CNN channels of the three conv layers (8x8/4, 4x4/2, 3x3/1), each FiLM-conditioned"""
+    hidden: int = 256
+    """width of the fused trunk (and of the state MLP)"""
+    embed_dim: int = 64
+    """instruction word-embedding size"""
+    instruction_encoder: str = choice("bag", INSTRUCTION_ENCODERS)
+    """bag (mean of word embeddings) | gru (a one-layer GRU over the words)"""
+    max_words: int = 16
+    """instruction length in words (longer ones are cut)"""
+    init_log_std: float = -0.5
+    """initial log standard deviation of the Gaussian action head (state-independent)"""
+    critic: str = choice("shared", CRITICS)
+    """value function of the compact policy: shared (a head on the actor's trunk) | state (an
+    asymmetric critic: a separate MLP on the true entity poses + proprio, needs
+    env.privileged_state=true with an image encoder)"""
+    aux: str = choice("none", AUX)
+    """auxiliary loss of the compact policy: none | subject (regress the position of the entity
+    the instruction names, relative to the gripper, from the actor's features; needs
+    env.privileged_state=true)"""
+    aux_coef: float = 1.0
+    """weight of the auxiliary loss in the trainer's loss"""
