@@ -106,7 +106,7 @@ def save_checkpoint(
         engine.barrier()
     if rank == 0:
         (tmp / "state.json").write_text(json.dumps({"step": step, **counters}, indent=2))
-        _fsync_dir(tmp)
+        _fsync_tree(tmp)  # every file's data on disk before the rename makes it visible
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -116,6 +116,18 @@ def save_checkpoint(
     if distributed:
         engine.barrier()
     return final
+
+
+def remove_stale_temporaries(root: Path) -> list[Path]:
+    """Delete the temporary directories of checkpoint writes that never finished (a process
+    killed mid-write leaves ``.tmp-step_*``); complete ``step_*`` directories are untouched.
+    Returns the paths removed."""
+    if not root.is_dir():
+        return []
+    stale = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(f".tmp-{STEP_PREFIX}")]
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -137,6 +149,22 @@ def load_trainer_state(ckpt: Path, rank: int = 0) -> tuple[dict[str, Any], dict]
     state = torch.load(path, map_location="cpu", weights_only=True)
     counters = json.loads((ckpt / "state.json").read_text())
     return state, counters
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then every directory (deepest first): the data and the
+    names are on disk before the checkpoint is renamed into place."""
+    dirs = [root]
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirs += [Path(dirpath) / d for d in dirnames]
+        for name in filenames:
+            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        _fsync_dir(d)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -28,6 +28,7 @@ from .batch import RolloutBatch
 from .checkpoint import (
     list_checkpoints,
     load_trainer_state,
+    remove_stale_temporaries,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -123,6 +124,9 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, float]:
         """Train for ``train.steps`` steps (continuing from the last checkpoint when
         ``resume``); returns the last evaluation metrics."""
+        if self.engine.is_main:  # writes killed mid-way leave .tmp-step_* behind
+            remove_stale_temporaries(self.run_dir / "checkpoints")
+        self.engine.barrier()
         if not (resume and self._resume()):
             seed_everything(self.cfg.train.seed)
             self._evaluate(0)

@@ -1,5 +1,6 @@
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -336,3 +337,37 @@ def test_seq_mean_modes_divide_by_non_empty_rows(toy, tmp_path, mode):
         assert trainer._accumulate(b, trainer._loss)[0]
         grads.append(policy.logits.grad.clone())
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_stale_temporaries_are_removed_at_start_and_files_synced_before_rename(
+    toy, tmp_path, monkeypatch
+):
+    """A write killed mid-way leaves ``.tmp-step_*``: the next start (fresh or resumed) removes
+    it. Every file of a checkpoint is fsynced before the rename that makes it visible."""
+    import os
+
+    from perceptrl.trainer import checkpoint
+
+    Policy, Source, config = toy
+    stale = tmp_path / "checkpoints" / ".tmp-step_000003-4242"
+    (stale / "model").mkdir(parents=True)
+    (stale / "model" / "model.safetensors").write_bytes(b"half")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    Trainer(config(steps=1), Policy(), Source(), tmp_path).fit(resume=True)
+    assert not stale.exists()
+    (ckpt,) = list_checkpoints(tmp_path / "checkpoints")
+    renamed = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
+    synced = {Path(p).name for kind, p in events[: renamed[0]] if kind == "fsync"}
+    assert {p.name for p in ckpt.rglob("*") if p.is_file()} <= synced
