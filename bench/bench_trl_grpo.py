@@ -89,7 +89,7 @@ def run_perceptrl(args) -> dict:
     cfg = our_config(args)
     trainer = vlm_trainer(cfg, Path(args.arm_dir))
     if args.arm == "perceptrl_scored":
-        trainer._defer_old = lambda batch: False
+        trainer.behaviour_source = lambda batch: "score"
     seed_everything(cfg.train.seed)
     rss_setup = peak_rss_mb()
     walls, cpus, rows = [], [], []
