@@ -144,8 +144,10 @@ class Trainer:
                 self.step += 1
                 self.logger.log(self.step, metrics)
                 bar.update(1)
-                key = "sft/loss" if self.objective == "sft" else "reward/mean"
-                bar.set_postfix({key.split("/")[-1]: f"{metrics.get(key, float('nan')):.3f}"})
+                name, key = (
+                    ("loss", "sft/loss") if self.objective == "sft" else ("reward", "reward/mean")
+                )
+                bar.set_postfix({name: f"{metrics.get(key, float('nan')):.3f}"})
                 every = self.cfg.train.eval_every
                 if every and self.step % every == 0 and self.step < total:
                     self._evaluate(self.step)
