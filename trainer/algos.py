@@ -65,7 +65,6 @@ __all__ = [
     "register_policy_loss",
     "rollout_gap_metrics",
     "token_rewards",
-    "truncated_is_weights",
     "value_loss",
 ]
 
@@ -406,18 +405,6 @@ def filter_metrics(keep: Tensor, group_id: Tensor) -> dict[str, float]:
     n_groups, kept_groups = torch.unique(group_id).numel(), torch.unique(group_id[keep]).numel()
     frac = float(keep.float().mean()) if keep.numel() else 0.0
     return {"filter_kept_frac": frac, "filter_kept_groups_frac": kept_groups / max(n_groups, 1)}
-
-
-def truncated_is_weights(
-    logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, cap: float
-) -> Tensor:
-    """Truncated importance weights ``min(exp(logp_old - logp_rollout), cap)`` [B, T], detached,
-    1 on padding. Corrects the mismatch between the rollout engine's and the trainer's log-probs.
-    """
-    if cap <= 0:
-        raise ValueError(f"truncated_is_weights needs cap > 0 (algo.tis_cap); got {cap}")
-    lw = (logp_old.detach() - logp_rollout.detach()).clamp(max=math.log(cap))
-    return torch.where(mask > 0, torch.exp(lw), 1.0)
 
 
 def rollout_gap_metrics(

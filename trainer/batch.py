@@ -49,6 +49,8 @@ class RolloutBatch:
     """[B, T] filled in by the trainer."""
     returns: Tensor | None = None
     """[B, T] filled in by the trainer (value targets)."""
+    is_weight: Tensor | None = None
+    """[B, T] filled in by the trainer: the rollout correction's importance weights."""
     inputs: dict[str, Any] = field(default_factory=dict)
     """Policy-specific forward inputs: batch-first tensors or per-sample lists."""
     prompts: dict[str, list] = field(default_factory=dict)

@@ -53,6 +53,12 @@ def _kl_estimators() -> list[str]:
     return sorted(KL_ESTIMATORS)
 
 
+def _corrections() -> list[str]:
+    from .corrections import CORRECTIONS
+
+    return sorted(CORRECTIONS)
+
+
 def _agg_modes() -> list[str]:
     from .algos import AGG_MODES
 
@@ -109,7 +115,16 @@ class AlgoConfig:
     max_collects: int = 3
     """dynamic sampling: collections per step at most while refilling the batch with signal"""
     tis_cap: float = 0.0
-    """truncated importance sampling cap for rollout/trainer log-prob mismatch; 0 disables"""
+    """upper bound of the rollout correction (a weight cap, or the ratio pi_prox / pi_behav past
+    which tokens or rows are dropped); 0 disables the correction"""
+    rollout_correction: str = choice("tis", _corrections)
+    """how the rollout log-probs correct the loss when the behaviour policy (an inference
+    engine, or older weights in an asynchronous pipeline) differs from the proximal one (the
+    weights at the start of the update): tis (token truncated IS = AReaL's decoupled PPO) |
+    seq_tis | token_mask | seq_mask (masked IS) | geo_mask (geometric-mean rejection) | icepop
+    (two-sided token masking) | none; see trainer/corrections.py"""
+    correction_low: float = 0.5
+    """lower threshold of the two-sided corrections (geo_mask, icepop) on pi_prox / pi_behav"""
     passk_k: int = 0
     """grpo_passk: k of pass@k (0 uses half the group size; k must be below the group size to learn)"""
     whiten_advantages: bool = False

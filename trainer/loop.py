@@ -34,6 +34,7 @@ from .checkpoint import (
     set_rng_state,
 )
 from .config import TrainerConfig
+from .corrections import apply_correction
 from .engine import build_engine
 from .metrics import MetricsLogger
 from .policy import Evaluation, Policy, RolloutSource, SFTSource
@@ -217,6 +218,7 @@ class Trainer:
                 )
             )
         metrics.update(self._advantages(batch))
+        metrics.update(self._correct(batch))
         metrics.update(self._update(batch))
         metrics["time/step"] = time.perf_counter() - t0
         metrics["lr"] = self.engine.lr
@@ -323,6 +325,18 @@ class Trainer:
         m["adv/abs_mean"] = float(self.engine.all_reduce_sum(adv[valid].abs().sum()) / n_valid)
         return m
 
+    def _correct(self, batch: RolloutBatch) -> dict[str, float]:
+        """The rollout correction (``algo.rollout_correction``, trainer/corrections.py) from the
+        behaviour log-probs: importance weights into ``batch.is_weight``, rejected tokens or rows
+        out of ``batch.mask`` (after the advantages, so only the loss loses them)."""
+        algo = self.cfg.algo
+        if algo.tis_cap <= 0 or batch.logp_rollout is None:
+            return {}
+        batch.is_weight, batch.mask, m = apply_correction(
+            algo.rollout_correction, batch.logp_old, batch.logp_rollout, batch.mask, algo
+        )
+        return m
+
     def _whiten(self, adv: Tensor, mask: Tensor) -> Tensor:
         """``algos.masked_whiten`` over the global batch: with data parallelism the count, mean
         and (unbiased) variance are taken over every rank's valid positions."""
@@ -416,11 +430,7 @@ class Trainer:
         algo = self.cfg.algo
         ev = self.policy.evaluate(micro)
         logp, entropy, value = ev.logp.float(), ev.entropy, ev.value
-        is_weight = None
-        if algo.tis_cap > 0 and micro.logp_rollout is not None:
-            is_weight = algos.truncated_is_weights(
-                micro.logp_old, micro.logp_rollout, micro.mask, algo.tis_cap
-            )
+        is_weight = micro.is_weight  # the rollout correction's (see _correct), or None
         norm = {"num_tokens": num_tokens, "num_seqs": num_seqs}
         # behaviour_source "own": on-policy, the behaviour log-probs are these very ones
         logp_old = micro.logp_old if micro.logp_old is not None else logp.detach()

@@ -23,7 +23,6 @@ from perceptrl.trainer.algos import (
     get_kl,
     get_policy_loss,
     kl_to_reward,
-    truncated_is_weights,
     value_loss,
 )
 from perceptrl.trainer.config import AlgoConfig
@@ -663,24 +662,6 @@ def test_filter_groups_tolerance_and_token_rewards():
     assert filter_groups(r, gid).tolist() == [False, False, True, True, False]
     tok = torch.stack([r, torch.zeros_like(r)], dim=1)
     assert filter_groups(tok, gid).tolist() == [False, False, True, True, False]
-
-
-@cases
-def test_truncated_is_weights(B, T, padding, seed):
-    lp, lo, _, mask, _ = make_policy_inputs(B, T, padding, seed)
-    lo.requires_grad_(True)
-    w = truncated_is_weights(lo, lp, mask, cap=1.3)
-    assert not w.requires_grad
-    ref = [
-        [
-            min(math.exp(lo[i, t].item() - lp[i, t].item()), 1.3) if mask[i, t] > 0 else 1.0
-            for t in range(T)
-        ]
-        for i in range(B)
-    ]
-    assert_close(w, ref)
-    with pytest.raises(ValueError, match="tis_cap"):
-        truncated_is_weights(lo, lp, mask, cap=0.0)
 
 
 @cases

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from perceptrl.trainer import algos
-from perceptrl.trainer.config import ConfigError
+from perceptrl.trainer.config import AlgoConfig, ConfigError
+from perceptrl.trainer.corrections import token_tis
 from perceptrl.vlm.prompts import PromptConfig, encode_prompt, vision_token_ids
 from perceptrl.vlm.vllm_rollout import (
     PromptMismatchError,
@@ -156,7 +157,7 @@ def test_rollout_gap_metrics_against_a_plain_loop():
     k3 = sum(math.exp(d) - 1 - d for d in diffs) / len(diffs)
     assert m["rollout_gap/kl_k3"] == pytest.approx(k3, rel=1e-5)
     assert m["rollout_gap/seq_abs_max"] == pytest.approx(max(seq), rel=1e-5)
-    w = algos.truncated_is_weights(logp_old, logp_rollout, mask, cap)
+    w, _ = token_tis(logp_old, logp_rollout, mask, AlgoConfig(tis_cap=cap))
     assert m["tis/weight_mean"] == pytest.approx(float(w[mask > 0].mean()), rel=1e-5)
     capped = sum(math.exp(d) > cap for d in diffs) / len(diffs)
     assert m["tis/capped_frac"] == pytest.approx(capped)

@@ -1,0 +1,142 @@
+"""Rollout corrections: importance weights and rejection masks from the rollout log-probs.
+
+When the policy that sampled a batch (the *behaviour* policy: an inference engine, or an older
+copy of the weights in an asynchronous pipeline) differs from the one the update starts from
+(the *proximal* policy: the trainer's weights at the start of the update, whose log-probs are
+``logp_old``), the policy loss is corrected with the behaviour log-probs ``logp_rollout``. Every
+correction is a pure function in a registry, selected by ``algo.rollout_correction``, with one
+signature::
+
+    fn(logp_old [B, T], logp_rollout [B, T], mask [B, T], cfg) -> (weight [B, T], keep [B, T])
+
+``weight`` multiplies the per-token policy loss (detached, 1 where nothing is corrected) and
+``keep`` (bool) removes tokens or whole sequences from the loss. ``cfg.tis_cap`` is the upper
+bound (a weight cap or a rejection threshold on the ratio ``pi_prox / pi_behav``; 0 turns the
+correction off) and ``cfg.correction_low`` the lower threshold of the two-sided ones. On-policy
+data with agreeing engines has ratio 1: every correction then gives weight 1 and keeps every
+token, so the loss is exactly the uncorrected one.
+
+The clip of the policy loss is always taken against the proximal policy (``logp_old``), so
+``tis`` is AReaL's decoupled PPO objective (Fu et al. 2025): the clip against the proximal
+policy, the behaviour weight ``min(pi_prox / pi_behav, cap)``. The masked and sequence-level
+forms follow the rollout-correction family verl documents (token/sequence truncated IS,
+masked IS, geometric-mean rejection) and IcePop's two-sided token masking (Ling team 2025).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .advantages import _lookup, _register, masked_mean
+
+CorrectionFn = Callable[..., tuple[Tensor, Tensor]]
+CORRECTIONS: dict[str, CorrectionFn] = {}
+_CLAMP = 20.0  # |log ratio| bound before exp
+
+
+def register_correction(name: str) -> Callable:
+    """Decorator: register a rollout correction under ``name`` (see the module docstring)."""
+    return _register(CORRECTIONS, "rollout correction", name)
+
+
+def get_correction(name: str) -> CorrectionFn:
+    """The correction registered as ``name``; ValueError listing the valid names if none."""
+    return _lookup(CORRECTIONS, "rollout correction", "algo.rollout_correction", name)
+
+
+def _log_ratio(logp_old: Tensor, logp_rollout: Tensor, mask: Tensor) -> Tensor:
+    """log(pi_prox / pi_behav) per token [B, T], 0 on masked positions, detached."""
+    d = (logp_old.detach() - logp_rollout.detach()).clamp(-_CLAMP, _CLAMP)
+    return torch.where(mask > 0, d, 0.0)
+
+
+def _seq_log_ratio(d: Tensor, mask: Tensor, mean: bool = False) -> Tensor:
+    """Per-sequence log ratio [B]: the sum over valid tokens (the sequence's IS ratio), or
+    their mean (the geometric mean of the token ratios)."""
+    s = d.sum(-1)
+    return s / (mask > 0).sum(-1).clamp(min=1) if mean else s
+
+
+def _ones(mask: Tensor) -> Tensor:
+    return torch.ones_like(mask, dtype=torch.float32)
+
+
+@register_correction("none")
+def none(logp_old, logp_rollout, mask, cfg):
+    """No correction: weight 1, every token kept."""
+    return _ones(mask), mask > 0
+
+
+@register_correction("tis")
+def token_tis(logp_old, logp_rollout, mask, cfg):
+    """Token-level truncated IS (and AReaL's decoupled PPO): ``w_t = min(r_t, tis_cap)``."""
+    d = _log_ratio(logp_old, logp_rollout, mask).clamp(max=math.log(cfg.tis_cap))
+    return torch.where(mask > 0, torch.exp(d), 1.0), mask > 0
+
+
+@register_correction("seq_tis")
+def seq_tis(logp_old, logp_rollout, mask, cfg):
+    """Sequence-level truncated IS: every token of row i weighs ``min(prod_t r_t, tis_cap)``."""
+    s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask)
+    w = torch.exp(s.clamp(max=math.log(cfg.tis_cap)))[:, None].expand_as(mask)
+    return torch.where(mask > 0, w, 1.0), mask > 0
+
+
+@register_correction("token_mask")
+def token_mask(logp_old, logp_rollout, mask, cfg):
+    """Masked IS, token level: tokens whose ratio exceeds ``tis_cap`` leave the loss."""
+    d = _log_ratio(logp_old, logp_rollout, mask)
+    return _ones(mask), (mask > 0) & (d <= math.log(cfg.tis_cap))
+
+
+@register_correction("seq_mask")
+def seq_mask(logp_old, logp_rollout, mask, cfg):
+    """Masked IS, sequence level: rows whose sequence ratio exceeds ``tis_cap`` leave the loss."""
+    s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask)
+    return _ones(mask), (mask > 0) & (s <= math.log(cfg.tis_cap))[:, None]
+
+
+@register_correction("geo_mask")
+def geo_mask(logp_old, logp_rollout, mask, cfg):
+    """Geometric-mean rejection: rows whose geometric-mean token ratio is outside
+    ``[correction_low, tis_cap]`` leave the loss (length-normalised, so long sequences are not
+    rejected for their length alone)."""
+    g = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask, mean=True)
+    inside = (g >= math.log(cfg.correction_low)) & (g <= math.log(cfg.tis_cap))
+    return _ones(mask), (mask > 0) & inside[:, None]
+
+
+@register_correction("icepop")
+def icepop(logp_old, logp_rollout, mask, cfg):
+    """IcePop: two-sided token masking, tokens whose ratio is outside ``[correction_low,
+    tis_cap]`` leave the loss (the others keep weight 1)."""
+    d = _log_ratio(logp_old, logp_rollout, mask)
+    inside = (d >= math.log(cfg.correction_low)) & (d <= math.log(cfg.tis_cap))
+    return _ones(mask), (mask > 0) & inside
+
+
+def apply_correction(
+    name: str, logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, cfg
+) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """Run correction ``name``; returns (weight [B, T] detached, new mask [B, T] float,
+    metrics ``correction/weight_mean`` and ``correction/masked_frac`` over the valid tokens)."""
+    if cfg.tis_cap <= 0:
+        raise ValueError(
+            f"algo.rollout_correction={name!r} needs algo.tis_cap > 0 (its upper bound)"
+        )
+    if cfg.correction_low <= 0 or cfg.correction_low >= cfg.tis_cap:
+        raise ValueError(
+            f"algo.correction_low={cfg.correction_low} must be in (0, algo.tis_cap={cfg.tis_cap})"
+        )
+    weight, keep = get_correction(name)(logp_old, logp_rollout, mask, cfg)
+    valid = mask > 0
+    new_mask = mask * keep.to(mask.dtype)
+    metrics = {
+        "correction/weight_mean": float(masked_mean(weight.float(), mask)),
+        "correction/masked_frac": float(1 - keep[valid].float().mean()) if valid.any() else 0.0,
+    }
+    return weight.detach(), new_mask, metrics
