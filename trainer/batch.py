@@ -51,6 +51,9 @@ class RolloutBatch:
     """[B, T] filled in by the trainer (value targets)."""
     is_weight: Tensor | None = None
     """[B, T] filled in by the trainer: the rollout correction's importance weights."""
+    policy_version: Tensor | None = None
+    """[B] long: the version of the weights (optimizer updates applied) that produced each row,
+    filled by an asynchronous pipeline (trainer/pipeline.py); rows never span a weight change."""
     inputs: dict[str, Any] = field(default_factory=dict)
     """Policy-specific forward inputs: batch-first tensors or per-sample lists."""
     prompts: dict[str, list] = field(default_factory=dict)

@@ -170,6 +170,18 @@ class TrainConfig:
     zero_stage: int = choice(2, (2, 3))
     """DeepSpeed ZeRO stage when backend=deepspeed: 2 (optimizer state + gradients partitioned)
     | 3 (parameters too; rollouts gather the full weights)"""
+    pipeline: str = choice("sync", ("sync", "one_step_off", "async"))
+    """sync: rollout then update in this process (exact, the default) | one_step_off: the next
+    step's rollout runs on Ray workers while this step trains (one version old) | async: workers
+    produce continuously into a bounded buffer (see trainer/pipeline.py; rollout.workers)"""
+    max_staleness: int = 1
+    """async: samples produced more than this many weight versions ago are dropped and counted"""
+    pipeline_buffer: int = 2
+    """async: finished rollout chunks held at most (workers wait when it is full)"""
+    pipeline_timeout_s: float = 1800.0
+    """longest wait for rollout data from the workers before the run stops with their states"""
+    ray_address: str = ""
+    """Ray cluster for the pipeline's workers ("" starts a local one; "auto" joins `ray start`)"""
 
 
 @dataclass

@@ -46,6 +46,11 @@ class Policy(Protocol):
 
     def state_dict(self) -> dict: ...
 
+    def load_state_dict(self, state: dict) -> object:
+        """Set the weights from ``state_dict()``'s output (pipeline workers receive the
+        trainer's weights this way)."""
+        ...
+
     def save(self, path: str | Path) -> None:
         """Write the weights (safetensors / HF format) and whatever is needed to reload them."""
         ...

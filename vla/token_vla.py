@@ -206,6 +206,9 @@ class TokenVLA:
     def state_dict(self) -> dict:
         return self.vlm.state_dict()
 
+    def load_state_dict(self, state: dict, strict: bool = True):
+        return self.vlm.load_state_dict(state, strict=strict)
+
     def train(self, mode: bool = True) -> TokenVLA:
         self.vlm.train(mode)
         return self

@@ -1,0 +1,132 @@
+"""The rollout pipeline (trainer/pipeline.py) on a local Ray cluster with the toy policy and
+source: policy versions and staleness in one_step_off and async, stale chunks dropped, dead and
+hung workers restarted while training continues. Ray starts once for the module (seconds)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+import torch
+
+from perceptrl.trainer.batch import RolloutBatch
+from perceptrl.trainer.loop import Trainer
+from perceptrl.trainer.pipeline import PipelineError, PipelineSource, _join
+
+ray = pytest.importorskip("ray")
+
+
+def toy_worker(slow_from: int, index: int):
+    """A pipeline worker's (policy, source): the toy ones of conftest.py (passed by value)."""
+    policy_cls, source_cls = toy_worker.classes
+    source = source_cls(groups=2, group_size=4)
+    if slow_from >= 0:  # every call from the slow_from-th on hangs (a stuck worker)
+        inner = source.collect
+
+        def collect(policy, step):
+            if source.calls >= slow_from:
+                time.sleep(3600)
+            return inner(policy, step)
+
+        source.collect = collect
+    return policy_cls(), source
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def make(toy, cluster, tmp_path):
+    Policy, Source, config = toy
+    toy_worker.classes = (Policy, Source)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[Policy.__module__])
+    made = []
+
+    def build(mode, steps=3, workers=1, slow_from=-1, **kw):
+        cfg = config(steps=steps)
+        source = PipelineSource(
+            mode, toy_worker, (slow_from,), groups_per_step=2, workers=workers, **kw
+        )
+        made.append(source)
+        return Trainer(cfg, Policy(), source, tmp_path / f"{mode}{len(made)}"), source
+
+    yield build
+    for s in made:
+        s.close()
+
+
+def _rows(run_dir):
+    from perceptrl.trainer.metrics import read_metrics
+
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "pipeline/staleness_max" in r]
+
+
+def test_join_numbers_groups_records_versions_and_hands_over_behaviour_logps():
+    def chunk(v, gid):
+        b = RolloutBatch(
+            tokens=torch.zeros(4, 2, dtype=torch.long), mask=torch.ones(4, 2),
+            group_id=torch.tensor(gid), logp_old=torch.full((4, 2), -1.0),
+            values_old=torch.zeros(4, 2),
+        )  # fmt: skip
+        return b
+
+    on = _join([chunk(3, [0, 0, 5, 5]), chunk(3, [0, 0, 1, 1])], [3, 3], step=3)
+    assert on.group_id.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert on.policy_version.tolist() == [3] * 8 and on.logp_old is not None  # on-policy: kept
+    off = _join([chunk(2, [0, 0, 1, 1])], [2], step=3)
+    assert off.logp_old is None and off.values_old is None  # the trainer scores the proximal
+    assert torch.equal(off.logp_rollout, torch.full((4, 2), -1.0))  # the behaviour log-probs
+
+
+def test_one_step_off_is_one_version_old_and_trains(make):
+    trainer, source = make("one_step_off", steps=4)
+    before = trainer.policy.logits.detach().clone()
+    trainer.fit()
+    rows = _rows(trainer.run_dir)
+    assert [r["pipeline/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["rollout/samples"] == 8.0 for r in rows)
+    assert not torch.equal(before, trainer.policy.logits)
+
+
+def test_async_drops_chunks_past_max_staleness(make):
+    trainer, source = make("async", steps=4, workers=2, max_staleness=0, buffer_chunks=2)
+    trainer.fit()
+    rows = _rows(trainer.run_dir)
+    assert len(rows) == 4 and all(r["pipeline/staleness_max"] == 0.0 for r in rows)
+    assert rows[-1].get("pipeline/dropped_stale", 0) > 0  # made with weights already replaced
+
+
+def test_a_killed_worker_is_restarted_and_training_continues(make):
+    trainer, source = make("one_step_off", steps=5)
+    trainer.train_step()  # the worker is up and has a chunk in flight for the next step
+    pid = ray.get(source.workers[0].pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(3):
+        m = trainer.train_step()
+    assert m["pipeline/worker_restarts"] >= 1 and m["pipeline/dropped_chunks"] >= 1
+    assert ray.get(source.workers[0].pid.remote()) != pid
+
+
+@pytest.mark.slow
+def test_a_hung_worker_is_killed_and_restarted(make):
+    trainer, source = make("one_step_off", slow_from=1, worker_timeout_s=2.0)
+    trainer.train_step()  # the chunk in flight now is the worker's second call: it hangs
+    m = trainer.train_step()  # killed after 2 s; the restarted worker's first call answers
+    assert m["pipeline/worker_hangs"] >= 1 and m["pipeline/worker_restarts"] >= 1
+    assert m["rollout/samples"] == 8.0
+
+
+@pytest.mark.slow
+def test_no_data_in_time_is_an_error_naming_the_workers(make):
+    trainer, source = make("one_step_off", slow_from=0, worker_timeout_s=2.0, timeout_s=5.0)
+    with pytest.raises(PipelineError, match="no rollout chunk within .*restarts so far"):
+        trainer.train_step()
+    assert source.counters["worker_hangs"] >= 1
