@@ -52,9 +52,7 @@ def make(toy, cluster, tmp_path):
 
     def build(mode, steps=3, workers=1, slow_from=-1, **kw):
         cfg = config(steps=steps)
-        source = PipelineSource(
-            mode, toy_worker, (slow_from,), groups_per_step=2, workers=workers, **kw
-        )
+        source = PipelineSource(mode, toy_worker, (slow_from,), workers=workers, **kw)
         made.append(source)
         return Trainer(cfg, Policy(), source, tmp_path / f"{mode}{len(made)}"), source
 
