@@ -6,6 +6,7 @@ Schema of one sample (what every generator writes and every consumer reads)::
      "videos": [absolute paths],                 # only for video questions
      "reward": "numeric" | "mcq" | "iou" | ...,   # accuracy reward for this sample
      "family": str,                              # question family, for per-family metrics
+     "tools": [names],                           # optional: the tools an episode may call
      "meta": dict}                               # e.g. "options", "image_size" for boxes
 
 Input files:
@@ -171,7 +172,10 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
     extra = {
         k: v
         for k, v in rec.items()
-        if v is not None and k not in used and k not in ("id", "reward", "meta") and k not in meta
+        if v is not None
+        and k not in used
+        and k not in ("id", "reward", "meta", "tools")
+        and k not in meta
     }
     images = _resolve(
         [] if has_video and not vals["images"] else _as_paths(vals["images"]), base_dir
@@ -188,7 +192,18 @@ def normalise(rec: Any, base_dir: Path, default_id: str) -> dict:
         "family": str(vals["family"] or "default"),
         "meta": {**meta, **extra},
         **videos,
+        **_tools(rec),
     }
+
+
+def _tools(rec: dict) -> dict:
+    """``{"tools": [names]}`` when the record lists the tools its episodes may call, else {}."""
+    tools = rec.get("tools")
+    if tools is None:
+        return {}
+    if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
+        raise ValueError(f"'tools' must be a list of tool names, got {tools!r}")
+    return {"tools": list(tools)}
 
 
 def _read_table(path: Path) -> list:

@@ -3,12 +3,15 @@
 The wiring (``data.generator``), ``perceptrl data generate --kind`` and the evaluation table
 (modality order) read this table; a new generator is one entry here plus its module, which
 provides ``FAMILIES``, ``generate(out_dir, splits, families, seed, **options)`` and
-``reasoning_trace(sample)``. Modules load only when a generator is used.
+``reasoning_trace(sample)`` (optionally ``reasoning_trace(sample, tools)``: the tools an
+episode may call, for multi-turn traces given as a list of turns). Modules load only when a
+generator is used.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,9 +68,13 @@ class Generator:
             out_dir, splits=wanted, families=self.check_families(families), seed=seed, **kwargs
         )
 
-    def reasoning_trace(self, sample: dict) -> str:
-        """The templated reasoning trace + answer of a generated sample (SFT targets)."""
-        return self.load().reasoning_trace(sample)
+    def reasoning_trace(self, sample: dict, tools: Sequence[str] = ()) -> str | list[str]:
+        """The templated reasoning trace + answer of a generated sample (SFT targets): a text,
+        or a list of policy turns when the trace calls one of ``tools`` (an episode)."""
+        fn = self.load().reasoning_trace
+        if "tools" in inspect.signature(fn).parameters:
+            return fn(sample, tools=tuple(tools))
+        return fn(sample)
 
 
 GENERATORS: dict[str, Generator] = {
@@ -88,6 +95,12 @@ GENERATORS: dict[str, Generator] = {
             "spatial", "spatial", "3d",
             "MuJoCo rooms in several views: VSI-style count, distance, size, direction, order",
             options={"image_size": "image_size", "views": "n_views", "depth": "depth"},
+        ),
+        Generator(
+            "zoom", "zoom", "image",
+            "small checkered tiles in large images (448 px): read only by zooming in; with a "
+            "large-tile control family",
+            options={"image_size": "image_size"},
         ),
     )
 }  # fmt: skip

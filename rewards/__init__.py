@@ -7,14 +7,24 @@
 Registered (module): ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy`` (dispatches on
 ``sample["reward"]``) (builtin); ``mra``, ``tiou``, ``count`` (measure); ``giou``, ``det`` (boxes);
 ``math``, ``ocr``, ``rouge_l`` (text); ``overlong``, ``repetition`` (shaping); ``majority``
-(group); ``judge`` (judge). Add one with ``@register_reward("name")`` or name
-``"module:function"``. Weighted sums, gates and the per-completion context (token lengths, group
-ids) are described in :mod:`~perceptrl.rewards.compose`.
+(group); ``judge`` (judge); ``tool_format``, ``tool_calls``, ``turn_cost`` (episode). Add one
+with ``@register_reward("name")`` or name ``"module:function"``. Weighted sums, gates and the
+per-completion context (token lengths, group ids, episode records) are described in
+:mod:`~perceptrl.rewards.compose`.
 """
 
 from __future__ import annotations
 
-from . import boxes, builtin, group, judge, measure, shaping, text  # noqa: F401  (registers them)
+from . import (  # noqa: F401  (registers them)
+    boxes,
+    builtin,
+    episode,
+    group,
+    judge,
+    measure,
+    shaping,
+    text,
+)
 from .compose import CompositeReward, RewardTerm, RewardTimeout, build_reward, call_with_timeout
 from .parse import (
     extract_answer,

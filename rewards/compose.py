@@ -17,10 +17,12 @@ to 0 for that completion; ``reward/<name>/gate_open`` logs the fraction of open 
 ``reward/<name>/ungated`` the mean score before gating.
 
 Per-completion context: besides ``completions`` and ``samples`` the composite may be called with
-``lengths`` (completion lengths in tokens, [B]) and ``group_ids`` ([B], equal for the completions
-of one prompt). It hands each to the terms whose function has a parameter of that name (e.g.
-``overlong`` takes ``lengths``, ``majority`` takes ``group_ids``) and to no other, so plain
-``fn(completions, samples)`` rewards are unaffected. Callers check ``accepts_context``.
+``lengths`` (completion lengths in tokens, [B]), ``group_ids`` ([B], equal for the completions
+of one prompt) and ``episodes`` ([B] records of multi-turn episodes: turns, tool calls, errors,
+stop reason; see ``rewards/episode.py``). It hands each to the terms whose function has a
+parameter of that name (e.g. ``overlong`` takes ``lengths``, ``majority`` takes ``group_ids``,
+``tool_calls`` takes ``episodes``) and to no other, so plain ``fn(completions, samples)``
+rewards are unaffected. Callers check ``accepts_context``.
 
 Preparation: a reward function may carry a ``prepare(**params)`` attribute; building the
 composite calls it once with the term's parameters, outside any time limit — the ``judge``
@@ -115,7 +117,7 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: An
     return box["out"]
 
 
-CONTEXT_KEYS = ("lengths", "group_ids")
+CONTEXT_KEYS = ("lengths", "group_ids", "episodes")
 """Per-completion context a composite passes to the terms that name it as a parameter."""
 
 SELF_TIMED_KEY = "timeout_s"
@@ -287,6 +289,7 @@ class CompositeReward:
         *,
         lengths: Sequence[int] | None = None,
         group_ids: Sequence[Any] | None = None,
+        episodes: Sequence[dict] | None = None,
     ) -> tuple[list[float], dict[str, list[float]], dict[str, float]]:
         """Score a batch.
 
@@ -295,6 +298,7 @@ class CompositeReward:
             samples: [B] dataset samples, one per completion.
             lengths: [B] completion lengths in tokens (for ``overlong``), optional.
             group_ids: [B] prompt group of each completion (for ``majority``), optional.
+            episodes: [B] episode records (for the episode terms), optional.
         Returns:
             totals [B] (weighted sums), components name -> [B] scores (after gating), and
             stats: ``reward/total``, ``reward/<name>`` (means), ``reward/errors[/<name>]`` and
@@ -306,7 +310,7 @@ class CompositeReward:
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions for {len(samples)} samples")
         n = len(completions)
-        ctx = {"lengths": lengths, "group_ids": group_ids}
+        ctx = {"lengths": lengths, "group_ids": group_ids, "episodes": episodes}
         for k, v in ctx.items():
             if v is not None:
                 ctx[k] = list(v)

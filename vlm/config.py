@@ -87,7 +87,8 @@ class DataConfig:
     """seed of the synthetic generator"""
     generator: str = choice("clevr", _generators)
     """synthetic set when data.train is empty: clevr (images) | video (moving shapes, mp4) |
-    spatial (MuJoCo rooms, several views per question)"""
+    spatial (MuJoCo rooms, several views per question) | zoom (small tiles in large images,
+    for the zoom tool; set data.image_size: 448)"""
     video_seconds: float = 4.0
     """video generator: clip length in seconds"""
     video_fps: int = 4
@@ -134,6 +135,32 @@ class VLLMConfig:
 
 
 @dataclass
+class EpisodeConfig:
+    tools: list[str] = field(default_factory=list)
+    """tools the policy may call in multi-turn episodes (zoom, frame, depth, or
+    package.module:function); empty: one completion per rollout. A sample may list the subset it
+    allows (its "tools" key)"""
+    max_turns: int = 4
+    """policy turns per episode (each turn is at most rollout.max_new_tokens)"""
+    max_tokens: int = 512
+    """tokens after the prompt per episode, policy turns and observations together"""
+    max_images: int = 4
+    """images tools may return per episode"""
+    max_vision_tokens: int = 1024
+    """vision tokens of the observation images per episode"""
+    tool_timeout_s: float = 5.0
+    """time limit of one tool call; a slow call becomes an error observation and is counted"""
+    observation_role: str = choice("user", ("user", "tool"))
+    """chat role of observation turns: user | tool (for chat templates that render tool turns)"""
+    min_pixels: int = 0
+    """smallest observation image area after resizing (0: model.min_pixels)"""
+    max_pixels: int = 0
+    """largest observation image area after resizing (0: model.max_pixels)"""
+    tool_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """per-tool options, e.g. {zoom: {size: 224}} (the longer side of a zoomed crop)"""
+
+
+@dataclass
 class RolloutConfig:
     engine: str = choice("hf", ("hf", "vllm"))
     """rollout engine: hf (transformers generate) | vllm (colocated vLLM, see rollout.vllm)"""
@@ -165,6 +192,8 @@ class RolloutConfig:
     """time limit of one reward call; a timeout scores 0 and is counted"""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """vLLM engine settings (rollout.engine=vllm)"""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    """multi-turn episodes with tools (rollout.episode.tools non-empty turns them on)"""
     tgrpo_alpha: float = 0.0
     """T-GRPO (Video-R1): bonus added to correct rollouts of a video prompt whose group is at least
     tgrpo_mu times as accurate on ordered frames as on shuffled ones; 0 turns T-GRPO off"""

@@ -87,7 +87,7 @@ def apply_lora(
     peft_model = get_peft_model(policy.model, config, adapter_name=ADAPTER_NAME)
     out = LoraVLMPolicy(
         peft_model, policy.processor, policy.prompt, policy.sampling,
-        share_prefix=policy.share_prefix,
+        share_prefix=policy.share_prefix, episode=policy.episode,
     )  # fmt: skip
     return out
 

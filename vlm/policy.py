@@ -17,6 +17,13 @@ back into its shared prompt) and the completions [B, T] attend to them. Same log
 gradients as one forward over [B, P + T] (tested), with U * P + B * T tokens instead of
 B * (P + T). Positions (3-D M-RoPE) are the model's own ``get_rope_index`` of the prompts,
 continued by the completions.
+
+Episodes (``policy.episode``, see ``vlm/episode.py``): a row's completion holds observation
+tokens between the policy's turns (``inputs["obs_mask"]``), image placeholders included. Both
+forwards attend to them (attention = policy tokens + observations) while the loss mask stays on
+the policy's tokens; each row's observation images follow its prompt's images in the vision
+inputs, so every image lands at its place, and positions come from ``get_rope_index`` over the
+whole sequence (the shared-prefix path computes them for prompt and completion together).
 """
 
 from __future__ import annotations
@@ -32,9 +39,13 @@ from torch import Tensor, nn
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
 from . import rollout
+from .episode import EpisodeSettings
 from .model import check_model_dir, load_vlm
 from .prompts import EncodedPrompt, PromptConfig, encode_prompts, vision_token_ids
 from .rollout import BANNED_LOGIT, SamplingParams
+
+OBS_PREFIX = "obs_"
+"""``RolloutBatch.inputs`` keys of episode observations (see ``vlm/episode.py``)."""
 
 SHARED_VISION_MODELS = ("qwen2_5_vl", "qwen2_vl")
 """Model types whose ``mm_encoder_outputs`` takes image features as ``pooler_output`` alone
@@ -64,6 +75,8 @@ class VLMPolicy:
         prompt: how samples become prompts (system prompt, max_prompt_length, pixel bounds).
         sampling: how the rollouts sample; ``evaluate`` scores the same tempered distribution,
             so this is the one place the rollout temperature is set.
+        episode: multi-turn settings (budgets, the environment that answers a turn); None
+            samples one completion per row.
     """
 
     def __init__(
@@ -74,12 +87,16 @@ class VLMPolicy:
         sampling: SamplingParams | None = None,
         *,
         share_prefix: bool = True,
+        episode: EpisodeSettings | None = None,
     ):
         self.model = model
         self.processor = processor
         self.prompt = prompt or PromptConfig()
         self.sampling = sampling or SamplingParams()
         """the rollouts' sampling settings (the rollout source samples with them)"""
+        self.episode = episode
+        """multi-turn rollouts (the rollout source and the evaluator read it); None: one turn"""
+        self._sampler = None
         self.stop_ids = rollout.stop_token_ids(model, processor)
         self.pad_id = rollout.pad_token_id(processor, self.stop_ids)
         self.banned_ids = vision_token_ids(processor)
@@ -107,6 +124,7 @@ class VLMPolicy:
         prompt: PromptConfig | None = None,
         sampling: SamplingParams | None = None,
         share_prefix: bool = True,
+        episode: EpisodeSettings | None = None,
         **load_kwargs,
     ) -> VLMPolicy:
         """Load a local model directory (see ``load_vlm`` for ``load_kwargs``)."""
@@ -114,11 +132,16 @@ class VLMPolicy:
         load_kwargs.setdefault("min_pixels", prompt.min_pixels)
         load_kwargs.setdefault("max_pixels", prompt.max_pixels)
         model, processor = load_vlm(path, **load_kwargs)
-        return cls(model, processor, prompt, sampling, share_prefix=share_prefix)
+        return cls(model, processor, prompt, sampling, share_prefix=share_prefix, episode=episode)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def stop_text(self) -> str:
+        """The token that ends a turn, as text (``<|im_end|>`` for Qwen)."""
+        return self.processor.tokenizer.convert_ids_to_tokens(self.stop_ids[0])
 
     @property
     def temperature(self) -> float:
@@ -165,16 +188,43 @@ class VLMPolicy:
     def _full_logits(self, batch: RolloutBatch) -> Tensor:
         """One forward over each row's prompt + completion. Returns [B, T, V]."""
         T = batch.tokens.shape[1]
-        kwargs = rollout.collate(
-            batch.row_prompts(), self.pad_id, self.device, batch.tokens.to(self.device),
-            batch.mask,
-        )  # fmt: skip
+        kwargs = self._sequence_kwargs(batch, self.device)
         if self._keep_arg:
             kwargs["logits_to_keep"] = T + 1
         if self._share_vision and batch.num_prompts() < len(batch):
             self._shared_image_features(batch, kwargs)
         out = self.model(**kwargs, use_cache=False)
         return out.logits[:, -(T + 1) : -1]  # [B, T, V]: position P-1+t predicts token t
+
+    def _sequence_kwargs(self, batch: RolloutBatch, device, pixels: bool = True) -> dict:
+        """Model inputs of whole rows [B, P + T]: prompts left-padded, completions right-padded
+        and attended where they hold policy or observation tokens; a row's observation images
+        follow its prompt's, and the observations' per-token inputs fill the completion part."""
+        rows = batch.row_prompts()
+        for key, per_row in batch.inputs.items():
+            k = key[len(OBS_PREFIX) :]
+            if not key.startswith(OBS_PREFIX) or not isinstance(per_row, list):
+                continue
+            if not pixels and k.startswith("pixel_values"):
+                continue
+            mine = rows.get(k, [None] * len(batch))
+            rows[k] = [
+                o if p is None else p if o is None else torch.cat([p, o.to(p.device)])
+                for p, o in zip(mine, per_row)
+            ]
+        if not pixels:
+            rows = {k: v for k, v in rows.items() if not k.startswith("pixel_values")}
+        kwargs = rollout.collate(
+            rows, self.pad_id, device, batch.tokens.to(device), completion_attention(batch)
+        )
+        T = batch.tokens.shape[1]
+        for key, v in batch.inputs.items():
+            k = key[len(OBS_PREFIX) :]
+            if key.startswith(OBS_PREFIX) and isinstance(v, Tensor) and k != "mask":
+                if k not in kwargs:
+                    kwargs[k] = torch.zeros_like(kwargs["input_ids"], dtype=v.dtype)
+                kwargs[k][:, -T:] = v.to(device)
+        return kwargs
 
     def _prefix_applies(self, batch: RolloutBatch) -> bool:
         """Whether the shared-prefix forward may run: switched on, a verified model family, no
@@ -200,24 +250,35 @@ class VLMPolicy:
         """
         device, T = self.device, batch.tokens.shape[1]
         kwargs = rollout.collate(batch.prompts, self.pad_id, device)  # [U, P], vision of U
-        pos = self._prompt_positions(kwargs)  # [3, U, P]
+        idx = batch.prompt_index.to(device)  # [B]
+        obs_vision = _obs_vision(batch, device)
+        if obs_vision:  # images among the completions: positions of whole rows
+            full = self._sequence_kwargs(batch, device, pixels=False)
+            fpos = self._prompt_positions(full)  # [3, B, P + T]
+            first = torch.zeros(batch.num_prompts(), dtype=torch.long, device=device)
+            first.scatter_(0, idx.flip(0), torch.arange(len(batch), device=device).flip(0))
+            P = kwargs["input_ids"].shape[1]
+            pos, cpos = fpos[:, first, :P], fpos[:, :, P:]  # [3, U, P], [3, B, T]
+        else:
+            pos = self._prompt_positions(kwargs)  # [3, U, P]
+            start = pos.amax(dim=(0, 2))[idx] + 1  # [B]: text continues after the prompt
+            cpos = (start[:, None] + torch.arange(T, device=device)).expand(3, -1, -1)
         if self._keep_arg:
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs, position_ids=pos, use_cache=True)
-        idx = batch.prompt_index.to(device)  # [B]
         cache = out.past_key_values
         cache.batch_select_indices(idx)  # K/V [U, h, P, d] -> [B, h, P, d], differentiable
         attn = torch.cat(
-            [kwargs["attention_mask"][idx], batch.mask.to(device, torch.long)], dim=1
+            [kwargs["attention_mask"][idx], completion_attention(batch).to(device, torch.long)],
+            dim=1,
         )  # [B, P + T]
-        start = pos.amax(dim=(0, 2))[idx] + 1  # [B]: text positions continue after the prompt
-        cpos = (start[:, None] + torch.arange(T, device=device)).expand(3, -1, -1)  # [3, B, T]
         out2 = self.model(
             input_ids=batch.tokens.to(device),
             attention_mask=attn,
-            position_ids=cpos,
+            position_ids=cpos,  # [3, B, T]
             past_key_values=cache,
             use_cache=True,
+            **obs_vision,  # the observation images, row by row
         )
         first_logits = out.logits[:, -1:][idx]  # [B, 1, V]
         return torch.cat([first_logits, out2.logits[:, :-1]], dim=1)  # [B, T, V]
@@ -239,25 +300,35 @@ class VLMPolicy:
 
     def _shared_image_features(self, batch: RolloutBatch, kwargs: dict) -> None:
         """Replace ``pixel_values`` in ``kwargs`` by image features computed once per distinct
-        prompt (``batch.prompts``) and handed to each of its rows: the same values, and the same
-        gradients summed through the shared features, with 1/G of the vision-tower work. Leaves
-        ``kwargs`` alone when the batch has videos."""
-        pix, grids = batch.prompts.get("pixel_values"), batch.prompts.get("image_grid_thw")
-        if "pixel_values" not in kwargs or "pixel_values_videos" in kwargs or grids is None:
+        prompt (``batch.prompts``) and handed to each of its rows, followed by the row's own
+        observation images: the same values, and the same gradients summed through the shared
+        features, with 1/G of the prompts' vision-tower work. Leaves ``kwargs`` alone when the
+        batch has videos."""
+        if "pixel_values" not in kwargs or "pixel_values_videos" in kwargs:
             return
-        with_images = [u for u, p in enumerate(pix) if p is not None]
+        B, U = len(batch), batch.num_prompts()
+        pix = batch.prompts.get("pixel_values", [None] * U)
+        grids = batch.prompts.get("image_grid_thw", [None] * U)
+        opix = batch.inputs.get(OBS_PREFIX + "pixel_values", [None] * B)
+        ogrids = batch.inputs.get(OBS_PREFIX + "image_grid_thw", [None] * B)
+        sources = [("p", u, pix[u], grids[u]) for u in range(U) if pix[u] is not None]
+        sources += [("o", b, opix[b], ogrids[b]) for b in range(B) if opix[b] is not None]
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
         feats = self.model.get_image_features(
-            torch.cat([pix[u] for u in with_images]).to(self.device),
-            torch.cat([grids[u] for u in with_images]).to(self.device),
+            torch.cat([s[2] for s in sources]).to(self.device),
+            torch.cat([s[3] for s in sources]).to(self.device),
             return_dict=True,
-        ).pooler_output  # one [tokens_i, D] per image, images of the distinct prompts in order
-        per_prompt, k = {}, 0
-        for u in with_images:
-            per_prompt[u] = list(feats[k : k + grids[u].shape[0]])
-            k += grids[u].shape[0]
-        images = [f for u in batch.prompt_index.tolist() for f in per_prompt.get(u, [])]
+        ).pooler_output  # one [tokens_i, D] per image, in the order of ``sources``
+        per, k = {}, 0
+        for kind, i, _, g in sources:
+            per[kind, i] = list(feats[k : k + g.shape[0]])
+            k += g.shape[0]
+        images = [
+            f
+            for b, u in enumerate(batch.prompt_index.tolist())
+            for f in per.get(("p", u), []) + per.get(("o", b), [])
+        ]
         del kwargs["pixel_values"]
         kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=images)}
 
@@ -309,8 +380,9 @@ class VLMPolicy:
         ref_model = copy.deepcopy(self.model)
         ref_model.requires_grad_(False)
         ref = VLMPolicy(
-            ref_model, self.processor, self.prompt, self.sampling, share_prefix=self.share_prefix
-        )
+            ref_model, self.processor, self.prompt, self.sampling,
+            share_prefix=self.share_prefix, episode=self.episode,
+        )  # fmt: skip
         return ref.eval()
 
     # ---- rollout ----------------------------------------------------------------------------
@@ -324,13 +396,34 @@ class VLMPolicy:
     def sample(
         self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams | None = None
     ) -> RolloutBatch:
-        """``n`` completions per encoded prompt (see ``rollout.sample``) with ``sampling`` (default:
-        the policy's own, the distribution ``evaluate`` scores); rewards not filled."""
-        return rollout.sample(self.model, self.processor, prompts, n, sampling or self.sampling)
+        """``n`` completions per encoded prompt (see ``rollout.sample``), or ``n`` episodes when
+        the policy has ``episode`` settings (see ``vlm/episode_rollout.py``), with ``sampling``
+        (default: the policy's own, the distribution ``evaluate`` scores); rewards not filled."""
+        sp = sampling or self.sampling
+        if self.episode is None:
+            return rollout.sample(self.model, self.processor, prompts, n, sp)
+        if self._sampler is None or self._sampler.settings is not self.episode:
+            from .episode_rollout import EpisodeSampler
 
-    def completions_batch(self, samples: list[dict], completions: list[str]) -> RolloutBatch:
+            self._sampler = EpisodeSampler(
+                self.model, self.processor, self.episode, self.stop_ids, self.pad_id,
+                self.banned_ids,
+            )  # fmt: skip
+        return self._sampler.sample(prompts, n, sp)
+
+    def completions_batch(
+        self, samples: list[dict], completions: list[str] | list[list[str]]
+    ) -> RolloutBatch:
         """A batch that scores the given completion texts (e.g. SFT targets): each is tokenized
-        and ends with the first stop token (``<|im_end|>``), ``mask`` covers it all."""
+        and ends with the first stop token (``<|im_end|>``), ``mask`` covers it all. A list of
+        turns instead of a text is an episode: the tool calls of its turns run and their
+        observations are recorded between them (mask 0; see ``episode.forced_batch``)."""
+        if any(isinstance(c, list) for c in completions):
+            from .episode import forced_batch
+
+            return forced_batch(
+                self, samples, [c if isinstance(c, list) else [c] for c in completions]
+            )
         prompts, _ = self.encode(samples, strict=True)
         return rollout.completions_batch(self.processor, prompts, completions, self.stop_ids)
 
@@ -340,3 +433,21 @@ class VLMPolicy:
         """Encode ``samples`` (strict about images) and sample ``n`` completions for each."""
         prompts, _ = self.encode(samples, strict=True)
         return self.sample(prompts, n, sampling)
+
+
+def completion_attention(batch: RolloutBatch) -> Tensor:
+    """[B, T] 1 where a completion position is attended: the policy's tokens and the
+    observations of an episode (``inputs["obs_mask"]``), 0 on padding."""
+    obs = batch.inputs.get(OBS_PREFIX + "mask")
+    return batch.mask if obs is None else (batch.mask + obs.to(batch.mask.device)).clamp(max=1)
+
+
+def _obs_vision(batch: RolloutBatch, device) -> dict[str, Tensor]:
+    """The observation images' vision inputs of every row, concatenated in row order."""
+    out = {}
+    for key, per_row in batch.inputs.items():
+        if key.startswith(OBS_PREFIX) and isinstance(per_row, list):
+            present = [v for v in per_row if v is not None]
+            if present:
+                out[key[len(OBS_PREFIX) :]] = torch.cat(present).to(device)
+    return out

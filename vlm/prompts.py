@@ -76,6 +76,9 @@ class PromptConfig:
     """largest image area after resizing; lower it to get fewer vision tokens per image"""
     video: VideoConfig = field(default_factory=VideoConfig)
     """video frame sampling (fps, frame counts) and frame pixel bounds"""
+    tools: dict[str, str] = field(default_factory=dict)
+    """tool name -> usage line, listed after the system prompt for multi-turn episodes (a
+    sample's own ``tools`` list keeps only those it allows)"""
 
 
 @dataclass
@@ -126,10 +129,15 @@ def load_videos(
     return out
 
 
-def build_messages(sample: dict, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT) -> list[dict]:
+def build_messages(
+    sample: dict,
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+    tools: dict[str, str] | None = None,
+) -> list[dict]:
     """Chat messages: [system], user (images + videos + question). ``<image>``/``<video>`` in
     the question place images/videos inline (when their count matches); otherwise all images,
-    then all videos, precede the text."""
+    then all videos, precede the text. ``tools`` (name -> usage line) are described after the
+    system prompt (only those the sample's ``tools`` list allows, when it has one)."""
     n_images = len(sample.get("images") or [])
     n_videos = len(sample.get("videos") or [])
     question = str(sample.get("question", ""))
@@ -157,10 +165,31 @@ def build_messages(sample: dict, system_prompt: str | None = DEFAULT_SYSTEM_PROM
             elif piece:
                 content.append({"type": "text", "text": piece})
     messages = []
-    if system_prompt:
-        messages.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
+    system = "\n\n".join(p for p in (system_prompt, _tools_text(sample, tools)) if p)
+    if system:
+        messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
     messages.append({"role": "user", "content": content})
     return messages
+
+
+def _tools_text(sample: dict, tools: dict[str, str] | None) -> str:
+    """The paragraph that lists the tools this sample allows and how to call one ("" without)."""
+    if not tools:
+        return ""
+    from .tools import CALL_CLOSE, CALL_OPEN, tool_name
+
+    allowed = sample.get("tools")
+    if allowed is not None:
+        short = {tool_name(str(n)) for n in allowed}
+        tools = {k: v for k, v in tools.items() if k in short}
+    if not tools:
+        return ""
+
+    lines = "\n".join(f"- {usage}" for usage in tools.values())
+    return (
+        f"You may call a tool: write {CALL_OPEN}name(arguments){CALL_CLOSE} and end your turn; "
+        f"its result comes back as the next message. Tools:\n{lines}"
+    )
 
 
 def vision_token_ids(processor) -> list[int]:
@@ -240,7 +269,9 @@ def encode_prompt(
         factor = spatial_factor(processor)
         videos = load_videos(sample, cfg.video, factor, index, shuffle_seed)
     text = processor.apply_chat_template(
-        build_messages(sample, cfg.system_prompt), tokenize=False, add_generation_prompt=True
+        build_messages(sample, cfg.system_prompt, cfg.tools),
+        tokenize=False,
+        add_generation_prompt=True,
     )
     kwargs: dict[str, Any] = {}
     if images and (cfg.min_pixels is not None or cfg.max_pixels is not None):
@@ -349,7 +380,7 @@ class PromptLengths:
         return text + added, vision
 
     def _text_tokens(self, sample: dict) -> int:
-        messages = build_messages(sample, self.cfg.system_prompt)
+        messages = build_messages(sample, self.cfg.system_prompt, self.cfg.tools)
         text = self.processor.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )

@@ -27,6 +27,7 @@ from ..trainer.deepspeed_engine import on_rank0
 from ..trainer.engine import build_engine
 from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path
+from .episode import EpisodeSettings, ToolEnv, check_sample_tools, resolve_tools
 from .prompts import PromptConfig, PromptLengths, too_long_error
 from .rollout import SamplingParams
 from .video import VideoLoadError
@@ -42,11 +43,37 @@ EVAL_REWARD = {"accuracy": 1.0}
 
 def prompt_config(cfg) -> PromptConfig:
     """How samples become prompts: ``rollout.system_prompt``/``max_prompt_length``, the
-    ``model`` pixel bounds and the ``video`` section."""
+    ``model`` pixel bounds, the ``video`` section and the usage of ``rollout.episode.tools``."""
+    tools = {name: t.usage for name, t in _tools(cfg).items()}
     return PromptConfig(
         system_prompt=cfg.rollout.system_prompt, max_prompt_length=cfg.rollout.max_prompt_length,
         min_pixels=cfg.model.min_pixels or None, max_pixels=cfg.model.max_pixels or None,
-        video=cfg.video,
+        video=cfg.video, tools=tools,
+    )  # fmt: skip
+
+
+def _tools(cfg) -> dict:
+    try:
+        return resolve_tools(cfg.rollout.episode.tools)
+    except ValueError as e:
+        raise ConfigError(f"rollout.episode.tools: {e}") from e
+
+
+def episode_settings(cfg) -> EpisodeSettings | None:
+    """Multi-turn settings from ``rollout.episode`` (None without tools: one turn per rollout);
+    the environment answers tool calls with the recipe's tools (`ToolEnv`)."""
+    e, m = cfg.rollout.episode, cfg.model
+    if not e.tools:
+        return None
+    for name in ("max_turns", "max_tokens", "max_images", "max_vision_tokens"):
+        if getattr(e, name) < (0 if name in ("max_images", "max_vision_tokens") else 1):
+            raise ConfigError(f"rollout.episode.{name}={getattr(e, name)} is out of range")
+    env = functools.partial(ToolEnv, _tools(cfg), e.tool_options, e.tool_timeout_s or None)
+    return EpisodeSettings(
+        env=env, max_turns=e.max_turns, max_tokens=e.max_tokens, max_images=e.max_images,
+        max_vision_tokens=e.max_vision_tokens, observation_role=e.observation_role,
+        min_pixels=e.min_pixels or m.min_pixels or None,
+        max_pixels=e.max_pixels or m.max_pixels or None, tool_names=tuple(e.tools),
     )  # fmt: skip
 
 
@@ -108,6 +135,10 @@ def load_data(cfg, run_dir: Path) -> Data:
             ) from e
         setattr(data, split, got)
         _report_skips(data, split, {k[8:]: v for k, v in stats.items() if k.startswith("skipped_")})
+        try:
+            check_sample_tools(got, _tools(cfg), data.where[split])
+        except ValueError as e:
+            raise DataError(f"{e}. Enable it there or remove it from the sample.") from e
     return data
 
 
@@ -224,6 +255,7 @@ def build_policy(cfg, run_dir: Path):
         path, prompt=prompt_config(cfg), sampling=sampling_params(cfg), dtype=m.dtype,
         device=resolve_device(cfg.train.device), gradient_checkpointing=m.gradient_checkpointing,
         trust_remote_code=m.trust_remote_code, share_prefix=m.share_prefix,
+        episode=episode_settings(cfg),
     )  # fmt: skip
     if m.lora_rank > 0:
         from .lora import apply_lora
@@ -260,6 +292,11 @@ def vllm_policy(cfg, policy, run_dir: Path):
     if cfg.model.lora_rank:
         raise ConfigError(
             "rollout.engine=vllm does not sync LoRA adapters yet; use model.lora_rank=0"
+        )
+    if cfg.rollout.episode.tools:
+        raise ConfigError(
+            "rollout.engine=vllm does not run multi-turn episodes yet; use rollout.engine=hf "
+            "with rollout.episode.tools"
         )
     if cfg.train.backend == "deepspeed" and cfg.train.zero_stage == 3:
         raise ConfigError(
@@ -317,7 +354,8 @@ def run_sft(cfg, run_dir: Path) -> dict[str, float]:
     data = fit_prompts(cfg, policy.processor, data)
     train = data.train
     try:
-        targets = [get_generator(cfg.data.generator).reasoning_trace(s) for s in train]
+        gen, tools = get_generator(cfg.data.generator), cfg.rollout.episode.tools
+        targets = [gen.reasoning_trace(s, tools) for s in train]
     except (KeyError, ValueError) as e:
         raise ConfigError(
             f"perceptrl sft builds targets from the synthetic generator's scene metadata; sample "

@@ -25,6 +25,7 @@ from ..datasets.loader import DataError
 from ..trainer.batch import RolloutBatch
 from . import rollout
 from .config import RolloutConfig
+from .episode import episode_metrics, summarize
 from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
 
 RewardFn = Callable[[list[str], list[dict]], tuple[list[float], dict[str, list[float]], dict]]
@@ -206,9 +207,11 @@ class VLMRolloutSource:
         t1 = time.perf_counter()
         completions = [m["completion"] for m in batch.meta]
         ctx = {}
-        if getattr(self.reward, "accepts_context", False):  # e.g. overlong, majority
+        if getattr(self.reward, "accepts_context", False):  # e.g. overlong, majority, tool_calls
             lengths = batch.mask.sum(1).long().tolist()
             ctx = {"lengths": lengths, "group_ids": batch.group_id.tolist()}
+            if any("episode" in m for m in batch.meta):
+                ctx["episodes"] = [m.get("episode") for m in batch.meta]
         totals, comps, stats = _check_reward(
             self.reward(completions, [m["sample"] for m in batch.meta], **ctx), len(batch)
         )
@@ -218,6 +221,7 @@ class VLMRolloutSource:
         t2 = time.perf_counter()
         batch.rewards = torch.tensor(totals, dtype=torch.float32, device=batch.tokens.device)
         metrics = self._metrics(batch, totals, comps, stats)
+        metrics.update(episode_metrics(batch))
         metrics.update(
             {
                 "rollout/skipped_images": float(skipped),
@@ -330,14 +334,18 @@ def evaluate_accuracy(
     """Greedy-decode every sample and score it: accuracy is the mean reward total, so pass a
     correctness reward (e.g. numeric / mcq / iou without the format bonus).
 
+    A policy with ``episode`` settings answers in greedy episodes (tools called as in training;
+    the answer is the last turn).
+
     Returns:
         ``accuracy``, ``accuracy/<family>``, ``count``, ``count/<family>``, ``reward/<component>``,
-        ``completion_len_mean``, ``clip_ratio`` and ``skipped`` (lenient image failures).
+        ``completion_len_mean``, ``clip_ratio`` and ``skipped`` (lenient image failures); for
+        episodes also ``episode/...`` and ``tool/...`` (see ``episode.summarize``).
     """
     prompt = prompt or policy.prompt
     by_family: dict[str, list[float]] = defaultdict(list)
     comp_vals: dict[str, list[float]] = defaultdict(list)
-    lengths, clipped, skipped = [], [], 0
+    lengths, clipped, skipped, episodes = [], [], 0, []
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
         idx = list(range(start, start + len(chunk)))
@@ -345,7 +353,14 @@ def evaluate_accuracy(
         skipped += len(bad)
         if not enc:
             continue
-        b = rollout.greedy(policy.model, policy.processor, enc, max_new_tokens, token_budget)
+        if getattr(policy, "episode", None) is not None:  # greedy episodes with the tools
+            sp = rollout.SamplingParams(
+                0.0, max_new_tokens=max_new_tokens, token_budget=token_budget
+            )
+            b = policy.sample(enc, 1, sp)
+            episodes += [m["episode"] for m in b.meta]
+        else:
+            b = rollout.greedy(policy.model, policy.processor, enc, max_new_tokens, token_budget)
         done = [m["sample"] for m in b.meta]
         totals, comps, _ = _check_reward(reward([m["completion"] for m in b.meta], done), len(b))
         for s, t in zip(done, totals):
@@ -367,4 +382,6 @@ def evaluate_accuracy(
         out[f"reward/{k}"] = _mean(vs)
     out["completion_len_mean"] = _mean(lengths)
     out["clip_ratio"] = _mean(clipped)
+    if episodes:
+        out.update(summarize(episodes))
     return out

@@ -1,0 +1,200 @@
+"""Multi-turn episodes: the training forward scores the policy's tokens as sampling did (both
+Qwen families, 1, 2 and 4 turns with tool images, shared-prefix forward on and off), images are
+encoded once, observations are chat turns, budgets stop episodes with their reason."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from perceptrl.vlm.episode import EpisodeSettings, episode_metrics
+from perceptrl.vlm.policy import VLMPolicy
+from perceptrl.vlm.rollout import SamplingParams
+from perceptrl.vlm.tiny import ARCHS
+from perceptrl.vlm.tools import Observation
+
+TOL = 1e-5
+"""float32 on the CPU: training-forward log-probs equal the sampled ones to this"""
+
+
+def obs_image(row: int, turn: int) -> Image.Image:
+    """A different size per row and turn, so image token counts differ across rows."""
+    im = Image.new("RGB", (56 + 28 * ((row + turn) % 3), 56 + 28 * (turn % 2)), (128, 128, 128))
+    ImageDraw.Draw(im).ellipse([4, 4, 30, 30], fill=(200, 30 + 40 * turn, 30))
+    return im
+
+
+class ScriptedEnv:
+    """Answers the first ``turns - 1`` policy turns of every episode with an observation (an
+    image and text, or text alone), then ends the episode."""
+
+    def __init__(self, turns: int, image: bool = True):
+        self.k, self.image = turns, image
+
+    def reset(self, samples):
+        self.turns = [0] * len(samples)
+
+    def respond(self, row, text):
+        self.turns[row] += 1
+        if self.turns[row] >= self.k:
+            return None
+        images = [obs_image(row, self.turns[row])] if self.image else []
+        return Observation(f"Look {self.turns[row]}.", images)
+
+
+@contextlib.contextmanager
+def short_turns(policy: VLMPolicy, bias: float = 6.0):
+    """Raise the stop token's logit (in sampling and in training alike: a hook on the LM head)
+    so a random tiny model ends its turns after a few tokens."""
+    stop = torch.tensor([policy.stop_ids[0]])
+
+    def hook(module, args, out):
+        return out.index_add(-1, stop, torch.full((*out.shape[:-1], 1), bias))
+
+    handle = policy.model.lm_head.register_forward_hook(hook)
+    try:
+        yield policy
+    finally:
+        handle.remove()
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def pol(request, tiny_dirs) -> VLMPolicy:
+    p = VLMPolicy.from_pretrained(tiny_dirs[request.param])
+    p.arch = request.param
+    return p
+
+
+def run(policy, samples, env, n=2, seed=0, **settings) -> object:
+    policy.episode = EpisodeSettings(env=lambda: env, **{"max_tokens": 400, **settings})
+    prompts, _ = policy.encode(samples)
+    torch.manual_seed(seed)
+    sp = SamplingParams(max_new_tokens=40, return_logprobs=True)
+    return policy.sample(prompts, n, sp)
+
+
+def forwards(policy, batch, share: bool):
+    """Evaluate with the shared prefix on or off; returns (logp, number of model calls)."""
+    calls = []
+    handle = policy.model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    policy.share_prefix = share
+    try:
+        with torch.no_grad():
+            logp = policy.evaluate(batch).logp
+    finally:
+        handle.remove()
+        policy.share_prefix = True
+    return logp, len(calls)
+
+
+@pytest.mark.parametrize("turns,image", [(1, True), (2, True), (4, True), (2, False)])
+def test_training_forward_matches_the_sampled_logprobs(pol, samples, turns, image):
+    with short_turns(pol):
+        b = run(pol, samples[:3], ScriptedEnv(turns, image), seed=turns)
+        assert [m["episode"]["turns"] for m in b.meta] == [turns] * 6
+        assert {m["episode"]["stop"] for m in b.meta} == {"answer"}
+        n_img = int(torch.isin(b.tokens, torch.tensor(pol.banned_ids)).sum())
+        assert (n_img > 0) == (image and turns > 1)  # tool images sit inside the completions
+        assert torch.equal(b.inputs["obs_mask"] * b.mask, torch.zeros_like(b.mask))
+        for share in (True, False):
+            logp, calls = forwards(pol, b, share)
+            gap = ((logp - b.logp_rollout) * b.mask).abs().max()
+            assert gap <= TOL, (share, float(gap))
+            # Qwen2.5-VL runs the prefix pass + the completions; Qwen3-VL falls back to one
+            assert calls == (2 if share and pol.arch == "qwen2_5_vl" else 1)
+
+
+def test_shared_prefix_gradients_equal_one_forward_on_episodes(tiny_dirs, samples):
+    pol = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"])
+    with short_turns(pol):
+        b = run(pol, samples[:2], ScriptedEnv(3), n=3, seed=1)
+        grads = []
+        for share in (True, False):
+            pol.share_prefix = share
+            pol.model.zero_grad()
+            ev = pol.evaluate(b)
+            adv = torch.linspace(-1, 1, len(b))[:, None]
+            ((ev.logp * adv).sum() / b.mask.sum() + 0.01 * ev.entropy.sum()).backward()
+            grads.append(torch.cat([p.grad.flatten() for p in pol.parameters()]))
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_each_image_goes_through_the_vision_tower_once(pol, samples):
+    images = []
+    visual = next(m for n, m in pol.model.named_modules() if n.endswith("visual"))
+
+    def count(module, args, kwargs):
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+        images.append(int(grid.shape[0]))
+
+    handle = visual.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        with short_turns(pol):
+            b = run(pol, samples[:3], ScriptedEnv(4), n=2)
+    finally:
+        handle.remove()
+    obs_images = sum(m["episode"]["images"] for m in b.meta)
+    assert obs_images == 6 * 3
+    # prefill: 3 distinct prompt images (not 6 rows); then one call per round of observations
+    assert images == [3, 6, 6, 6]
+    m = episode_metrics(b)
+    assert m["episode/turns_mean"] == 4 and m["episode/images_mean"] == 3
+    assert all(m[f"time/turn_{k}"] > 0 for k in range(1, 5))
+
+
+def test_observations_are_turns_of_the_chat_template(pol, samples):
+    with short_turns(pol):
+        b = run(pol, samples[:1], ScriptedEnv(3), n=1)
+    ep = b.meta[0]["episode"]
+    ids = torch.cat(
+        [b.prompts["prompt_ids"][0], b.tokens[0, : int((b.mask + b.inputs["obs_mask"]).sum())]]
+    )
+    decoded = pol.processor.tokenizer.decode(ids)
+    decoded = re.sub(r"(<\|image_pad\|>)+", "<|image_pad|>", decoded)
+    msgs = [
+        {"role": "system", "content": [{"type": "text", "text": pol.prompt.system_prompt}]},
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "text", "text": samples[0]["question"]}],
+        },
+    ]
+    for k, text in enumerate(ep["texts"]):
+        msgs.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+        if k < len(ep["observations"]):
+            content = [{"type": "image"}, {"type": "text", "text": ep["observations"][k]}]
+            msgs.append({"role": "user", "content": content})
+    rendered = pol.processor.apply_chat_template(msgs, tokenize=False)
+    assert rendered == decoded + "\n"
+
+
+@pytest.mark.parametrize(
+    "settings,sp,stop",
+    [
+        ({"max_turns": 2}, {}, "max_turns"),
+        ({"max_images": 1}, {}, "max_images"),
+        ({"max_vision_tokens": 3}, {}, "max_vision_tokens"),
+        ({"max_tokens": 12}, {}, "max_tokens"),
+        ({}, {"max_new_tokens": 1}, "turn_length"),
+    ],
+)
+def test_budgets_end_episodes_with_their_reason(tiny_dirs, samples, settings, sp, stop):
+    pol = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"])
+    pol.episode = EpisodeSettings(env=lambda: ScriptedEnv(10), **{"max_tokens": 300, **settings})
+    prompts, _ = pol.encode(samples[:2])
+    torch.manual_seed(0)
+    bias = 0.0 if stop == "turn_length" else 8.0
+    with short_turns(pol, bias):
+        b = pol.sample(prompts, 2, SamplingParams(**{"max_new_tokens": 20, **sp}))
+    logs = [m["episode"] for m in b.meta]
+    assert {e["stop"] for e in logs} == {stop}
+    assert all(e["images"] <= settings.get("max_images", 9) for e in logs)
+    assert int((b.mask + b.inputs["obs_mask"]).sum(1).max()) <= settings.get("max_tokens", 300)
+    m = episode_metrics(b)
+    assert m[f"episode/stop/{stop}"] == 1.0
+    if stop == "max_turns":
+        assert all(e["turns"] == 2 and e["calls"] == 2 for e in logs)

@@ -1,0 +1,459 @@
+"""Multi-turn episodes as data: settings, the environment that answers a turn, the storage tape.
+
+An episode is a trajectory of segments after the prompt: policy turns (tokens the policy
+sampled, each turn ending with the stop token) and observations (what a tool or an environment
+answered, rendered as a new chat turn through the processor's own chat template: text and
+images). Its `RolloutBatch` row is laid out like a single completion, so the trainer needs
+nothing new:
+
+* ``tokens`` [B, T]: every token after the prompt, policy and observation, right-padded;
+* ``mask`` [B, T]: 1 on the policy's own tokens only (the loss), 0 on observations and padding;
+* ``inputs["obs_mask"]`` [B, T]: 1 on observation tokens (in the context, out of the loss);
+* ``inputs["obs_<key>"]`` [B, T]: per-token processor outputs of the observations (Qwen's
+  ``mm_token_type_ids``: which positions are image placeholders), 0 elsewhere;
+* ``inputs["obs_pixel_values"]``, ``inputs["obs_image_grid_thw"]`` (any vision key the
+  processor returns, prefixed ``obs_``): one entry per row, the row's observation images in order
+  (None for a row without any).
+
+The structure is written down when the episode is recorded, never rediscovered from token
+values. The estimators treat the observation holes in ``mask`` as interior holes (a later reward
+reaches earlier turns), and ``VLMPolicy.evaluate`` places every observation image at its place
+in the training forward (see ``vlm/policy.py``).
+
+The environment is a protocol (`EpisodeEnv`: ``reset(samples)``, ``respond(row, text)``): `ToolEnv`
+answers tool calls (``vlm/tools.py``); a simulator executing a planner's subgoals is another
+implementation of the same two methods. `episode_rollout.run_episodes` samples episodes with the
+KV cache kept across turns; `forced_batch` records given turn texts (SFT traces) the same way.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..trainer.batch import RolloutBatch
+from .prompts import load_images
+from .tools import Observation, Tool, ToolContext, get_tool, run_call, tool_name
+
+STOP_REASONS = (
+    "answer",
+    "turn_length",
+    "max_tokens",
+    "max_turns",
+    "max_images",
+    "max_vision_tokens",
+)
+"""Why an episode ended: a turn without a tool call (``answer``), a turn that reached
+``rollout.max_new_tokens`` without ending, or a budget of ``rollout.episode``."""
+
+
+@dataclass
+class EpisodeSettings:
+    """Budgets and the environment of multi-turn rollouts, built once from ``rollout.episode``
+    and handed to the policy (the rollout source and the evaluator read ``policy.episode``)."""
+
+    env: Callable[[], EpisodeEnv]
+    """makes the environment that answers policy turns (one per rollout call)"""
+    max_turns: int = 4
+    """policy turns per episode"""
+    max_tokens: int = 512
+    """tokens after the prompt per episode: policy turns and observations together"""
+    max_images: int = 4
+    """observation images per episode"""
+    max_vision_tokens: int = 1024
+    """observation vision tokens per episode"""
+    observation_role: str = "user"
+    """chat role of observation turns (``user``, or ``tool`` for templates that render it)"""
+    min_pixels: int | None = None
+    """smallest observation image area after resizing (None: the processor's)"""
+    max_pixels: int | None = None
+    """largest observation image area after resizing (None: the processor's)"""
+    tool_names: tuple[str, ...] = ()
+    """the tools listed to the model (system prompt), for the record"""
+
+
+class EpisodeEnv(Protocol):
+    """What answers a policy turn: one episode per row of a rollout call."""
+
+    def reset(self, samples: list[dict]) -> None:
+        """Start one episode per sample (row ``i`` is ``samples[i]``)."""
+        ...
+
+    def respond(self, row: int, text: str) -> Observation | None:
+        """The observation that follows policy turn ``text`` of episode ``row``, or None when
+        the turn ends the episode (an answer). Must not raise on anything the policy wrote."""
+        ...
+
+
+class ToolEnv:
+    """`EpisodeEnv` of tool use: a turn with a ``<tool_call>`` gets the tool's observation, a turn
+    without one ends the episode. A sample may list the tools it allows (``sample["tools"]``),
+    a subset of ``tools``; other calls get an error observation.
+
+    Args:
+        tools: name -> tool the policy may call.
+        options: tool name -> options (e.g. ``{"zoom": {"size": 224}}``).
+        timeout_s: time limit of one tool call (None: no limit).
+    """
+
+    def __init__(
+        self, tools: dict[str, Tool], options: dict | None = None, timeout_s: float | None = 5.0
+    ):
+        self.tools, self.options, self.timeout_s = tools, dict(options or {}), timeout_s
+        self._rows: list[tuple[ToolContext, dict[str, Tool]]] = []
+
+    def reset(self, samples: list[dict]) -> None:
+        contexts: dict[int, tuple[ToolContext, dict[str, Tool]]] = {}
+        self._rows = []
+        for s in samples:
+            if id(s) not in contexts:  # the G rows of a prompt share one sample object
+                ctx = ToolContext(s, load_images(s), self.options)
+                contexts[id(s)] = (ctx, allowed_tools(s, self.tools))
+            self._rows.append(contexts[id(s)])
+
+    def respond(self, row: int, text: str) -> Observation | None:
+        ctx, tools = self._rows[row]
+        return run_call(text, tools, ctx, self.timeout_s)
+
+
+def resolve_tools(names: list[str] | tuple[str, ...]) -> dict[str, Tool]:
+    """Name the policy writes -> tool, for registered names and ``module:function`` specs."""
+    out: dict[str, Tool] = {}
+    for spec in names:
+        tool = get_tool(spec)
+        if tool.name in out:
+            raise ValueError(f"two tools are called {tool.name!r} ({spec!r}); rename one")
+        out[tool.name] = tool
+    return out
+
+
+def allowed_tools(sample: dict, tools: dict[str, Tool]) -> dict[str, Tool]:
+    """The tools a sample allows: its ``tools`` list (names or specs) if it has one, else all."""
+    names = sample.get("tools")
+    if names is None:
+        return tools
+    short = [tool_name(str(n)) for n in names]
+    return {n: tools[n] for n in short if n in tools}
+
+
+def check_sample_tools(samples: list[dict], tools: dict[str, Tool], where: str) -> None:
+    """Every tool a sample lists must be enabled in the recipe; ValueError names the first."""
+    for i, s in enumerate(samples):
+        names = s.get("tools")
+        if names is None:
+            continue
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"sample {s.get('id')!r} of {where}: 'tools' must be a list of names")
+        bad = [n for n in names if tool_name(n) not in tools]
+        if bad:
+            raise ValueError(
+                f"sample {s.get('id')!r} (index {i}) of {where} allows tools {bad} that the "
+                f"recipe does not enable; rollout.episode.tools is {sorted(tools) or 'empty'}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# observations through the chat template
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncodedObservation:
+    ids: Tensor
+    """[O] long token ids (image placeholders expanded)"""
+    extras: dict[str, Tensor]
+    """per-token processor outputs, each [O] (e.g. mm_token_type_ids)"""
+    vision: dict[str, Tensor]
+    """vision inputs of its images (pixel_values, image_grid_thw ...)"""
+    num_images: int = 0
+    num_vision_tokens: int = 0
+
+
+class ObservationTemplate:
+    """Renders an observation as the tokens that follow a policy turn, with the processor's own
+    chat template: the template's text after an assistant turn's stop token, then the new turn
+    (images first, then text), then the generation prompt of the next assistant turn. Earlier
+    turns are never re-rendered or re-tokenized (the policy's tokens stay what it sampled).
+
+    Raises:
+        ValueError: the template does not end an assistant turn with ``stop_text`` or renders
+            earlier turns differently once a turn is added (it cannot be continued).
+    """
+
+    def __init__(self, processor, stop_text: str, settings: EpisodeSettings):
+        self.processor, self.role = processor, settings.observation_role
+        self._msgs = [
+            {"role": "user", "content": [{"type": "text", "text": "Q"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "A"}]},
+        ]
+        self._base = processor.apply_chat_template(self._msgs, tokenize=False)
+        i = self._base.rfind(stop_text)
+        if i < 0:
+            raise ValueError(
+                f"the chat template does not end an assistant turn with {stop_text!r}; episodes "
+                "need a template whose turns end with the stop token"
+            )
+        self._glue = self._base[i + len(stop_text) :]
+        self._size: dict[str, int] = {}
+        if settings.min_pixels or settings.max_pixels:
+            self._size = dict(processor.image_processor.size)
+            if settings.min_pixels:
+                self._size["shortest_edge"] = settings.min_pixels
+            if settings.max_pixels:
+                self._size["longest_edge"] = settings.max_pixels
+
+    def text(self, obs: Observation) -> str:
+        content: list[dict] = [{"type": "image"} for _ in obs.images]
+        if obs.text or not obs.images:
+            content.append({"type": "text", "text": obs.text})
+        full = self.processor.apply_chat_template(
+            [*self._msgs, {"role": self.role, "content": content}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        if not full.startswith(self._base):
+            raise ValueError(
+                "the chat template renders earlier turns differently once a turn is added; "
+                "episodes need a template that only appends"
+            )
+        return self._glue + full[len(self._base) :]
+
+    def encode(self, obs: Observation, vision_ids: list[int]) -> EncodedObservation:
+        kwargs: dict[str, Any] = {}
+        if obs.images and self._size:
+            kwargs["images_kwargs"] = {"size": self._size}
+        enc = self.processor(
+            text=[self.text(obs)], images=obs.images or None, return_tensors="pt", **kwargs
+        )
+        ids = enc["input_ids"][0]
+        extras, vision = {}, {}
+        for k, v in enc.items():
+            if k in ("input_ids", "attention_mask") or not isinstance(v, Tensor):
+                continue
+            if v.shape == enc["input_ids"].shape:
+                extras[k] = v[0]
+            else:
+                vision[k] = v
+        n_vis = int(torch.isin(ids, torch.tensor(vision_ids)).sum()) if vision_ids else 0
+        return EncodedObservation(ids, extras, vision, len(obs.images), n_vis)
+
+
+# ---------------------------------------------------------------------------------------------
+# recording episodes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EpisodeLog:
+    """What happened in one episode (``meta["episode"]`` of its row, for rewards and metrics)."""
+
+    turns: int = 0
+    calls: int = 0
+    """turns answered with an observation (valid or not)"""
+    errors: Counter = field(default_factory=Counter)
+    """error counter -> calls that failed (tool name, malformed, unknown)"""
+    tools: Counter = field(default_factory=Counter)
+    """tool name -> calls that ran"""
+    stop: str = ""
+    texts: list[str] = field(default_factory=list)
+    """decoded policy turns"""
+    observations: list[str] = field(default_factory=list)
+    """observation texts shown to the model"""
+    images: int = 0
+    vision_tokens: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    """merged ``Observation.info`` of the episode (e.g. an executor's outcome)"""
+    turn_seconds: list[float] = field(default_factory=list)
+    """wall time of each round this episode took part in (all live rows' turns, batched)"""
+
+    def observe(self, obs: Observation) -> None:
+        self.calls += 1
+        if obs.tool is not None and obs.error is None:
+            self.tools[obs.tool] += 1
+        if obs.error is not None:
+            self.errors[obs.error] += 1
+        self.info.update(obs.info)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "turns": self.turns, "calls": self.calls, "valid_calls": self.calls - sum(self.errors.values()),
+            "errors": dict(self.errors), "tools": dict(self.tools), "stop": self.stop,
+            "texts": self.texts, "observations": self.observations, "images": self.images,
+            "vision_tokens": self.vision_tokens, "info": self.info,
+            "turn_seconds": self.turn_seconds,
+        }  # fmt: skip
+
+
+class Tape:
+    """Fixed [B, T] buffers of an episode batch (tokens, loss mask, observation mask, log-probs,
+    per-token observation extras) with a write cursor per row, and each row's observation vision
+    inputs. Rows are written in place; `to_batch` trims them to the longest row."""
+
+    def __init__(self, rows: int, width: int, pad_id: int):
+        self.pad_id = pad_id
+        self.tokens = torch.full((rows, width), pad_id, dtype=torch.long)
+        self.mask = torch.zeros((rows, width))
+        self.obs = torch.zeros((rows, width))
+        self.logp = torch.zeros((rows, width))
+        self.extras: dict[str, Tensor] = {}
+        self.cursor = torch.zeros(rows, dtype=torch.long)
+        self.vision: list[dict[str, list[Tensor]]] = [{} for _ in range(rows)]
+        self.logs = [EpisodeLog() for _ in range(rows)]
+
+    def _grow(self, width: int) -> None:
+        if width <= self.tokens.shape[1]:
+            return
+        pad = width - self.tokens.shape[1]
+        f = torch.nn.functional.pad
+        self.tokens = f(self.tokens, (0, pad), value=self.pad_id)
+        self.mask, self.obs, self.logp = (f(t, (0, pad)) for t in (self.mask, self.obs, self.logp))
+        self.extras = {k: f(v, (0, pad)) for k, v in self.extras.items()}
+
+    def put_tokens(self, rows: Tensor, tok: Tensor, logp: Tensor | None = None) -> None:
+        """One policy token for each of ``rows`` [L] (``tok``, ``logp`` [L]) at their cursors."""
+        self._grow(int(self.cursor[rows].max()) + 1)
+        at = self.cursor[rows]
+        self.tokens[rows, at] = tok.cpu()
+        self.mask[rows, at] = 1.0
+        if logp is not None:
+            self.logp[rows, at] = logp.float().cpu()
+        self.cursor[rows] += 1
+
+    def put_text(self, row: int, ids: list[int]) -> None:
+        """A whole policy turn of row ``row`` (forced, e.g. an SFT trace)."""
+        c, n = int(self.cursor[row]), len(ids)
+        self._grow(c + n)
+        self.tokens[row, c : c + n] = torch.tensor(ids)
+        self.mask[row, c : c + n] = 1.0
+        self.cursor[row] += n
+
+    def put_observation(self, row: int, enc: EncodedObservation) -> None:
+        c, n = int(self.cursor[row]), int(enc.ids.numel())
+        self._grow(c + n)
+        self.tokens[row, c : c + n] = enc.ids
+        self.obs[row, c : c + n] = 1.0
+        for k, v in enc.extras.items():
+            if k not in self.extras:
+                self.extras[k] = torch.zeros(self.tokens.shape, dtype=v.dtype)
+            self.extras[k][row, c : c + n] = v
+        for k, v in enc.vision.items():
+            self.vision[row].setdefault(k, []).append(v)
+        self.cursor[row] += n
+        log = self.logs[row]
+        log.images += enc.num_images
+        log.vision_tokens += enc.num_vision_tokens
+
+    def row_sequence(self, row: int) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        """Row ``row`` so far: ids [C], per-token extras [C], observation vision (concatenated)."""
+        c = int(self.cursor[row])
+        extras = {k: v[row, :c] for k, v in self.extras.items()}
+        vision = {k: torch.cat(v) for k, v in self.vision[row].items()}
+        return self.tokens[row, :c], extras, vision
+
+    def to_batch(self, samples: list[dict], group_id: Tensor, prompts: dict, index: Tensor,
+                 with_logp: bool) -> RolloutBatch:  # fmt: skip
+        """The recorded rows as a `RolloutBatch` (layout in the module docstring)."""
+        T = max(int(self.cursor.max()), 1)
+        inputs: dict[str, Any] = {"obs_mask": self.obs[:, :T].clone()}
+        for k, v in self.extras.items():
+            inputs[f"obs_{k}"] = v[:, :T].clone()
+        keys = sorted({k for v in self.vision for k in v})
+        for k in keys:
+            inputs[f"obs_{k}"] = [torch.cat(v[k]) if k in v else None for v in self.vision]
+        meta = []
+        for s, log in zip(samples, self.logs):
+            last = log.texts[-1] if log.texts else ""
+            truncated = log.stop in ("turn_length", "max_tokens")
+            meta.append({"sample": s, "completion": last, "truncated": truncated,
+                         "episode": log.as_dict()})  # fmt: skip
+        return RolloutBatch(
+            tokens=self.tokens[:, :T].clone(), mask=self.mask[:, :T].clone(), group_id=group_id,
+            logp_rollout=self.logp[:, :T].clone() if with_logp else None, inputs=inputs,
+            prompts=prompts, prompt_index=index, meta=meta,
+        )  # fmt: skip
+
+
+def forced_batch(policy, samples: list[dict], traces: list[list[str]]) -> RolloutBatch:
+    """Record given policy turns as episodes (SFT targets): each turn is tokenized and ends with
+    the stop token (mask 1); after every turn but the last, the policy's episode environment
+    answers it (the tool really runs) and its observation is recorded (mask 0).
+
+    Raises:
+        ValueError: a turn before the last gets no observation (it calls no tool), or a tool
+            call in a trace fails (the trace is wrong, not the policy).
+    """
+    from . import rollout
+
+    if policy.episode is None:
+        raise ValueError("multi-turn SFT traces need rollout.episode.tools")
+    prompts, _ = policy.encode(samples, strict=True)
+    env = policy.episode.env()
+    env.reset([p.sample for p in prompts])
+    template = ObservationTemplate(policy.processor, policy.stop_text, policy.episode)
+    tape = Tape(len(samples), 64, policy.pad_id)
+    tok = policy.processor.tokenizer
+    for row, turns in enumerate(traces):
+        for k, text in enumerate(turns):
+            tape.put_text(
+                row, tok(text, add_special_tokens=False)["input_ids"] + [policy.stop_ids[0]]
+            )
+            tape.logs[row].texts.append(text)
+            tape.logs[row].turns += 1
+            if k == len(turns) - 1:
+                break
+            obs = env.respond(row, text)
+            if obs is None or obs.error is not None:
+                why = "calls no tool" if obs is None else f"fails: {obs.text}"
+                raise ValueError(f"trace of sample {samples[row].get('id')!r}: turn {k + 1} {why}")
+            tape.logs[row].observe(obs)
+            tape.logs[row].observations.append(obs.text)
+            tape.put_observation(row, template.encode(obs, policy.banned_ids))
+        tape.logs[row].stop = "answer"
+    index = torch.arange(len(samples))
+    return tape.to_batch(
+        [p.sample for p in prompts], index, rollout.prompt_table(prompts), index, False
+    )
+
+
+def episode_metrics(batch: RolloutBatch, prefix: str = "episode") -> dict[str, float]:
+    """Metrics of a batch's episodes ({} for single-turn rows): ``<prefix>/turns_mean``,
+    ``tool_calls_mean``, ``valid_call_rate``, ``images_mean``, ``obs_tokens_mean``,
+    ``stop/<reason>`` (share of episodes), ``tool/calls/<name>`` and ``tool/errors/<name>``
+    (counts), and ``time/turn_<k>`` (seconds of the batched round that ran turn k)."""
+    logs = [m["episode"] for m in batch.meta if "episode" in m]
+    if not logs:
+        return {}
+    m = summarize(logs, prefix)
+    m[f"{prefix}/obs_tokens_mean"] = float(batch.inputs["obs_mask"].sum()) / len(logs)
+    rounds = max(len(e["turn_seconds"]) for e in logs)
+    for k in range(rounds):
+        secs = [e["turn_seconds"][k] for e in logs if len(e["turn_seconds"]) > k]
+        m[f"time/turn_{k + 1}"] = sum(secs) / len(secs)
+    return m
+
+
+def summarize(logs: list[dict], prefix: str = "episode") -> dict[str, float]:
+    """Turns, calls, valid-call rate, images, stop reasons and tool counters of episode records
+    (``meta["episode"]``)."""
+    n = len(logs)
+    calls = sum(e["calls"] for e in logs)
+    m = {
+        f"{prefix}/turns_mean": sum(e["turns"] for e in logs) / n,
+        f"{prefix}/tool_calls_mean": calls / n,
+        f"{prefix}/valid_call_rate": sum(e["valid_calls"] for e in logs) / max(calls, 1),
+        f"{prefix}/images_mean": sum(e["images"] for e in logs) / n,
+    }
+    for r in STOP_REASONS:
+        m[f"{prefix}/stop/{r}"] = sum(e["stop"] == r for e in logs) / n
+    tools, errors = Counter(), Counter()
+    for e in logs:
+        tools.update(e["tools"])
+        errors.update(e["errors"])
+    m.update({f"tool/calls/{k}": float(v) for k, v in tools.items()})
+    m.update({f"tool/errors/{k}": float(v) for k, v in errors.items()})
+    return m
