@@ -5,7 +5,8 @@ scored batch. Behind it, `rollout.workers` Ray actors (`RolloutWorker`) each bui
 copy and rollout source in their own process (a VLM with the HF engine, or a VLA with its vector
 env), receive the trainer's weights with a version number through Ray's object store, and return
 scored chunks of whole groups (a chunk is what one worker's source collects in one call, so GRPO
-groups and VLA groups from one initial state never straddle workers). Every row carries the
+groups and VLA groups from one initial state never straddle workers); a step joins
+``chunks_per_step`` chunks (one per worker: each worker's source collects its share of the step). Every row carries the
 policy version that produced it (``RolloutBatch.policy_version``); a worker loads weights only
 between calls and every row is cut at a call's end, so weights never change within a row.
 
@@ -13,7 +14,7 @@ between calls and every row is cut at a call's end, so weights never change with
   k trains; every sample is exactly one version old (the first step's is on-policy).
 * ``async``: a background thread keeps every worker busy with the latest published weights and
   puts finished chunks into a buffer of at most ``buffer_chunks``; the trainer takes chunks until
-  it has a step's groups, dropping (and counting) chunks more than ``max_staleness`` versions old.
+  it has a step's worth, dropping (and counting) chunks more than ``max_staleness`` versions old.
 
 Off-policy data is handed over as behaviour log-probs: a source's ``logp_old`` (the VLA collector
 fills it while acting) becomes ``logp_rollout`` and the trainer scores the proximal log-probs
@@ -91,7 +92,7 @@ class PipelineSource:
     Args:
         mode: ``one_step_off`` or ``async``.
         factory, args: what each worker builds (see `RolloutWorker`).
-        groups_per_step: groups the trainer wants per step (chunks are joined to reach it).
+        chunks_per_step: chunks joined into a step's batch (default: one per worker).
         workers: number of rollout workers; cpus / gpus: Ray resources of each.
         max_staleness: async: chunks older than this many versions are dropped.
         buffer_chunks: async: finished chunks held at most (workers wait when it is full).
@@ -101,7 +102,7 @@ class PipelineSource:
     """
 
     def __init__(
-        self, mode: str, factory: Callable, args: tuple, *, groups_per_step: int,
+        self, mode: str, factory: Callable, args: tuple, *, chunks_per_step: int = 0,
         workers: int = 1, cpus: float = 1.0, gpus: float = 0.0, max_staleness: int = 1,
         buffer_chunks: int = 2, worker_timeout_s: float = 600.0, timeout_s: float = 1800.0,
         address: str = "",
@@ -112,7 +113,7 @@ class PipelineSource:
 
         if not ray.is_initialized():
             ray.init(address=address or None, include_dashboard=False, log_to_driver=True)
-        self.mode, self.groups_per_step = mode, groups_per_step
+        self.mode, self.chunks_per_step = mode, chunks_per_step or workers
         self.max_staleness, self.buffer_chunks = max_staleness, max(1, buffer_chunks)
         self.worker_timeout_s, self.timeout_s = worker_timeout_s, timeout_s
         actor = ray.remote(RolloutWorker).options(
@@ -190,8 +191,8 @@ class PipelineSource:
 
     # ---- RolloutSource -------------------------------------------------------------------
     def collect(self, policy, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """A step's batch: ``groups_per_step`` groups from one or more chunks (see the module
-        docstring for which weights produced them), and the pipeline's metrics."""
+        """A step's batch: ``chunks_per_step`` chunks joined (see the module docstring for which
+        weights produced them), and the pipeline's metrics."""
         t0 = time.perf_counter()
         self.publish(policy, step)
         chunks = self._one_step_off() if self.mode == "one_step_off" else self._async(step)
@@ -204,7 +205,7 @@ class PipelineSource:
     def _one_step_off(self) -> list[Chunk]:
         """Wait for the chunk launched last step, then launch the next with these weights."""
         chunks: list[Chunk] = []
-        while self._groups(chunks) < self.groups_per_step:
+        while len(chunks) < self.chunks_per_step:
             if not self.pending:
                 self._launch_all()
             chunks += self._wait()
@@ -227,13 +228,13 @@ class PipelineSource:
 
     def _async(self, step: int) -> list[Chunk]:
         """Take buffered chunks no more than ``max_staleness`` versions old until the step has
-        its groups (the background thread keeps the workers busy)."""
+        ``chunks_per_step`` (the background thread keeps the workers busy)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._produce, daemon=True)
             self._thread.start()
         chunks: list[Chunk] = []
         deadline = time.monotonic() + self.timeout_s
-        while self._groups(chunks) < self.groups_per_step:
+        while len(chunks) < self.chunks_per_step:
             with self._lock:
                 chunk = self.buffer.popleft() if self.buffer else None
             if chunk is None:
@@ -272,9 +273,6 @@ class PipelineSource:
                     self.buffer.extend(got)
         except BaseException as e:  # noqa: BLE001 - reported by the trainer's next collect
             self._error = e
-
-    def _groups(self, chunks: list[Chunk]) -> int:
-        return sum(int(c.batch.group_id.unique().numel()) for c in chunks)
 
     def _stuck_message(self) -> str:
         states = ", ".join(

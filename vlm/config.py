@@ -194,6 +194,14 @@ class RolloutConfig:
     """vLLM engine settings (rollout.engine=vllm)"""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     """multi-turn episodes with tools (rollout.episode.tools non-empty turns them on)"""
+    workers: int = 1
+    """rollout workers (Ray actors) when train.pipeline is one_step_off or async"""
+    worker_cpus: float = 1.0
+    """CPUs each rollout worker reserves (and its torch threads)"""
+    worker_gpus: float = 0.0
+    """GPUs each rollout worker reserves (fractions share one)"""
+    worker_timeout_s: float = 600.0
+    """a rollout chunk that takes longer kills its worker (Ray restarts it; counted)"""
     tgrpo_alpha: float = 0.0
     """T-GRPO (Video-R1): bonus added to correct rollouts of a video prompt whose group is at least
     tgrpo_mu times as accurate on ordered frames as on shuffled ones; 0 turns T-GRPO off"""

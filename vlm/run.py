@@ -331,13 +331,68 @@ def build_trainer(cfg, run_dir: Path) -> Trainer:
     ref = policy.reference() if cfg.algo.kl_coef > 0 else None
     engine = build_engine(policy, cfg.train)
     train, rollout_cfg, seed = data_shard(cfg, data.train, engine.rank, engine.world_size)
-    source = VLMRolloutSource(
-        train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict, data_skipped=data.skipped
-    )
+    if cfg.train.pipeline != "sync":
+        source = pipeline_source(cfg, run_dir, train, engine.world_size)
+    else:
+        source = VLMRolloutSource(
+            train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict,
+            data_skipped=data.skipped,
+        )  # fmt: skip
     return Trainer(
         cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg, data.val),
         engine=engine,
     )  # fmt: skip
+
+
+def pipeline_source(cfg, run_dir: Path, train: list[dict], world_size: int):
+    """``train.pipeline = one_step_off | async``: rollouts on ``rollout.workers`` Ray actors,
+    each with a policy copy and its shard of the samples (see trainer/pipeline.py)."""
+    from ..trainer.pipeline import PipelineSource
+
+    if world_size > 1:
+        raise ConfigError(
+            f"train.pipeline={cfg.train.pipeline} runs in one training process; use "
+            "train.pipeline=sync under torchrun/deepspeed"
+        )
+    if cfg.rollout.engine == "vllm" and cfg.rollout.workers > 1 and not cfg.rollout.worker_gpus:
+        raise ConfigError("rollout.engine=vllm workers need rollout.worker_gpus > 0")
+    model = cfg.model.path or str(run_dir / "init_model")  # built once, by the trainer
+    r, t = cfg.rollout, cfg.train
+    return PipelineSource(
+        t.pipeline, rollout_worker, (cfg, str(run_dir), model, train),
+        workers=r.workers, cpus=r.worker_cpus,
+        gpus=r.worker_gpus, max_staleness=t.max_staleness, buffer_chunks=t.pipeline_buffer,
+        worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,
+        address=t.ray_address,
+    )  # fmt: skip
+
+
+def rollout_worker(cfg, run_dir: str, model: str, train: list[dict], index: int):
+    """What a pipeline worker runs (in its own process): the recipe's policy on ``model`` with
+    the engine's behaviour log-probs kept, and a rollout source over its shard of the samples
+    producing ``ceil(prompts_per_step / workers)`` groups per call."""
+    from ..rewards import build_reward
+    from .source import VLMRolloutSource
+
+    workers = cfg.rollout.workers
+    cfg = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, path=model),
+        train=dataclasses.replace(cfg.train, device="cuda" if cfg.rollout.worker_gpus else "cpu"),
+    )  # fmt: skip
+    worker_dir = Path(run_dir) / f"worker_{index}"
+    policy = build_policy(cfg, worker_dir)
+    policy.sampling = dataclasses.replace(policy.sampling, return_logprobs=True)
+    if cfg.rollout.engine == "vllm":
+        policy = vllm_policy(cfg, policy, worker_dir)
+    rollout_cfg = dataclasses.replace(
+        cfg.rollout, prompts_per_step=-(-cfg.rollout.prompts_per_step // workers)
+    )
+    reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
+    source = VLMRolloutSource(
+        train[index::workers], reward, rollout_cfg, seed=cfg.train.seed + 7919 * (index + 1),
+        strict=cfg.data.strict,
+    )  # fmt: skip
+    return policy, source
 
 
 # ---------------------------------------------------------------------------------------------
