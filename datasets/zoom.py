@@ -185,5 +185,5 @@ def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> str | list[str]:
     if "zoom" not in tools or sample["family"] != "small_tile":
         return answer
     box = ", ".join(str(int(v)) for v in m["zoom_box"])
-    look = f"<think>The tile is too small to read.</think><tool_call>zoom(box=[{box}])</tool_call>"
+    look = f"<think>Too small to read: zoom in.</think><tool_call>zoom(box=[{box}])</tool_call>"
     return [look, answer]
