@@ -10,7 +10,14 @@ order, task-relevant entity first of each kind (see ``sim.tasks``), plus ``propr
 Reward: ``reward_mode="sparse"`` gives 1.0 on the step that succeeds (the episode terminates);
 ``"dense"`` adds the mean of the shaping terms. Every term is in ``info["reward/<term>"]``.
 Faults: invalid actions are clipped (NaN -> 0) or raise, per ``invalid_action``; a physics blow-up
-truncates the episode with ``info["sim_unstable"] = True`` and leaves a valid, finite state.
+truncates the episode with ``info["sim_unstable"] = True`` and leaves a valid, finite state (the
+episode's initial state: the observation that comes with it is *not* a successor of the last one,
+so a learner must not bootstrap from it).
+
+Snapshots: ``get_state()`` returns everything ``step`` and ``reset`` read besides their arguments
+(MuJoCo's full integration state, the layout, the controller's targets, ``np_random``), and
+``set_state`` on another env built with the same options continues the episode bit for bit (the
+time-limit wrapper's count is not the env's; ``sim.vector.BatchedEnv`` carries it).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ OBJ_BOUND = 10.0
 """bound of the state-mode entity poses (positions are clipped to +-10 m)"""
 PROPRIO_LOW = np.array([-2, -2, -2, -1, -1, -1, -1, 0], np.float32)
 PROPRIO_HIGH = np.array([2, 2, 2, 1, 1, 1, 1, 0.1], np.float32)
+PHYSICS_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
+"""what ``get_state`` snapshots of ``mjData``: everything ``mj_step`` reads (time, qpos, qvel,
+act, history, warm start, controls, applied forces, mocap poses, equality flags, user data)"""
 _BAD_WARNINGS = tuple(
     int(getattr(mujoco.mjtWarning, n))
     for n in ("mjWARN_BADQPOS", "mjWARN_BADQVEL", "mjWARN_BADQACC", "mjWARN_BADCTRL")
@@ -128,6 +138,11 @@ class ManipEnv(gym.Env):
         self._warnings = 0
         self.unstable_count = 0
         """number of physics blow-ups seen by this env (over all episodes)"""
+        self._state_size = mujoco.mj_stateSize(self.model, PHYSICS_STATE)
+        self._before_last_substep: np.ndarray | None = None
+        """physics state before the last ``mj_step`` of the last ``step`` (None after a reset):
+        ``mjData``'s derived quantities (site poses, contacts) date from that substep, and the
+        controller reads them, so ``set_state`` replays it to restore them exactly"""
 
     @property
     def dt(self) -> float:
@@ -229,12 +244,16 @@ class ManipEnv(gym.Env):
         for kind, arr in (("bowl", lay.bowls), ("zone", lay.zones), ("target", lay.targets)):
             for i, pos in enumerate(arr):
                 d.mocap_pos[self.mocap[kind][i]] = pos
+        self._apply_colours(lay)
+        self.robot.reset(d)  # also runs mj_forward
+        self._before_last_substep = None
+
+    def _apply_colours(self, lay: Layout) -> None:
         for kind, names in lay.colours.items():
             for i, name in enumerate(names):
                 rgb = COLOURS[name]
                 for g in self.entity_geoms[(kind[:-1], i)]:
-                    m.geom_rgba[g] = (*rgb, 1.0)
-        self.robot.reset(d)  # also runs mj_forward
+                    self.model.geom_rgba[g] = (*rgb, 1.0)
 
     # ---------------------------------------------------------------- step
     def step(self, action):
@@ -244,7 +263,9 @@ class ManipEnv(gym.Env):
             self.robot.apply_ee_action(self.data, action)
         else:
             self.robot.apply_joint_action(self.data, action)
-        for _ in range(self.cfg.frame_skip):
+        for i in range(self.cfg.frame_skip):
+            if i == self.cfg.frame_skip - 1:
+                self._before_last_substep = self._physics_state()
             mujoco.mj_step(self.model, self.data)
         if self._unstable():
             return self._fail_unstable()
@@ -301,6 +322,73 @@ class ManipEnv(gym.Env):
         info = self._info(self.world())
         info["sim_unstable"] = True
         return self._observe(), 0.0, False, True, info
+
+    # ---------------------------------------------------------------- snapshots
+    def _physics_state(self) -> np.ndarray:
+        """(nstate,) float64 `PHYSICS_STATE` of ``self.data``."""
+        out = np.empty(self._state_size)
+        mujoco.mj_getState(self.model, self.data, out, PHYSICS_STATE)
+        return out
+
+    def get_state(self) -> dict | None:
+        """A snapshot of the episode in flight (None before the first reset): numpy arrays and
+        plain Python values. See the module docstring and `set_state`."""
+        if self.layout is None:
+            return None
+        lay = self.layout
+        return {
+            "physics": self._physics_state(),
+            "before_last_substep": self._before_last_substep,
+            "layout": {
+                "blocks": lay.blocks, "block_yaw": lay.block_yaw, "bowls": lay.bowls,
+                "zones": lay.zones, "targets": lay.targets,
+                "colours": {k: list(v) for k, v in lay.colours.items()},
+                "instruction": lay.instruction,
+            },
+            "target_pos": self.robot.target_pos.copy(),
+            "target_yaw": float(self.robot.target_yaw),
+            "np_random": self.np_random.bit_generator.state,
+            "unstable_count": self.unstable_count,
+        }  # fmt: skip
+
+    def set_state(self, state: dict | list | None) -> None:
+        """Continue the episode ``state`` (from `get_state` of an env built with the same
+        options) exactly where it was. In a vector env ``state`` may be a list with one entry per
+        env (entry ``vector_index`` is used); None leaves the env as it is. Raises RuntimeError
+        when the restored physics does not reproduce the snapshot bit for bit."""
+        if isinstance(state, (list, tuple)):
+            state = state[self.cfg.vector_index]
+        if state is None:
+            return
+        lay = state["layout"]
+        self.layout = Layout(
+            np.asarray(lay["blocks"], float).reshape(-1, 3), np.asarray(lay["block_yaw"], float),
+            np.asarray(lay["bowls"], float).reshape(-1, 3),
+            np.asarray(lay["zones"], float).reshape(-1, 3),
+            np.asarray(lay["targets"], float).reshape(-1, 3),
+            {k: list(v) for k, v in lay["colours"].items()}, str(lay["instruction"]),
+        )  # fmt: skip
+        self._apply_colours(self.layout)
+        m, d = self.model, self.data
+        want = np.asarray(state["physics"], np.float64)
+        before = state["before_last_substep"]
+        if before is None:  # right after a reset: derived quantities are those of mj_forward
+            mujoco.mj_setState(m, d, want, PHYSICS_STATE)
+            mujoco.mj_forward(m, d)
+        else:  # replay the last substep: its derived quantities are what the controller reads
+            mujoco.mj_setState(m, d, np.asarray(before, np.float64), PHYSICS_STATE)
+            mujoco.mj_step(m, d)
+        self._before_last_substep = None if before is None else np.array(before, np.float64)
+        if not np.array_equal(self._physics_state(), want):
+            raise RuntimeError(
+                f"ManipEnv({self.cfg.task}).set_state did not reproduce the snapshot's physics "
+                "exactly (was it taken by an env with other options or another MuJoCo build?)"
+            )
+        self.robot.target_pos = np.array(state["target_pos"], np.float64)
+        self.robot.target_yaw = float(state["target_yaw"])
+        self.np_random.bit_generator.state = state["np_random"]
+        self.unstable_count = int(state["unstable_count"])
+        self._warnings = self._warning_count()
 
     # ---------------------------------------------------------------- observation
     def world(self) -> World:

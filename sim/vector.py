@@ -4,17 +4,25 @@
 (shared memory, forkserver workers; each worker creates its EGL renderer lazily). Sub-env ``i`` gets
 ``vector_index=i`` so reset options may carry one ``task_id``/``trial_id`` per env.
 ``BatchedEnv`` wraps one and hands out ``Batch`` records of [N, ...] numpy arrays plus the list of
-instructions, which a policy can move to its device in one go.
+instructions, which a policy can move to its device in one go. A worker of an async one that dies
+or raises (in ``reset``, ``step`` or a state call) leaves the vector env unusable; ``BatchedEnv``
+then raises `EnvWorkerError` whatever the worker's error was, so callers rebuild it in one place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+
+class EnvWorkerError(RuntimeError):
+    """A worker process of an async vector env died or raised; the vector env must be rebuilt.
+    The worker's own error is the ``__cause__``."""
 
 
 def _make_one(env_id: str, index: int, kwargs: dict) -> gym.Env:
@@ -87,8 +95,31 @@ class BatchedEnv:
         self.env = make_vec(env_id, n, async_=async_, **kwargs)
         self.n = n
         self.env_id = env_id
+        self.async_ = isinstance(self.env, AsyncVectorEnv)
         self.single_action_space = self.env.single_action_space
         self.single_observation_space = self.env.single_observation_space
+        self.time_limit = kwargs.get("max_episode_steps") or gym.spec(env_id).max_episode_steps
+        """steps of the time-limit wrapper of each sub-env (None: no wrapper)"""
+
+    @contextlib.contextmanager
+    def _workers(self):
+        """Turn a dead or raising worker of an async vector env into `EnvWorkerError`. A worker
+        that raised sends its exception to the parent, which gymnasium re-raises there after
+        closing that worker's pipe; a dead one shows as a broken pipe or an EOF."""
+        try:
+            yield
+        except Exception as e:
+            if not self.async_:
+                raise
+            pipes = getattr(self.env, "parent_pipes", [])
+            failed = [i for i, (p, q) in enumerate(zip(pipes, self.processes))
+                      if p is None or not q.is_alive()]  # fmt: skip
+            if failed or isinstance(e, (EOFError, OSError)):
+                raise EnvWorkerError(
+                    f"{self.env_id}: env worker(s) {failed or '?'} of {self.n} died or raised "
+                    f"({type(e).__name__}: {e})"
+                ) from e
+            raise
 
     @property
     def envs(self) -> list[gym.Env]:
@@ -125,7 +156,8 @@ class BatchedEnv:
                 )
             if not mask.all():
                 opts["reset_mask"] = mask
-        obs, infos = self.env.reset(seed=seed, options=opts or None)
+        with self._workers():
+            obs, infos = self.env.reset(seed=seed, options=opts or None)
         return split_obs(obs), infos
 
     def step(self, actions: np.ndarray):
@@ -136,7 +168,8 @@ class BatchedEnv:
                 f"BatchedEnv.step got actions of shape {actions.shape}; expected "
                 f"{(self.n, *self.single_action_space.shape)}"
             )
-        obs, rew, term, trunc, infos = self.env.step(actions)
+        with self._workers():
+            obs, rew, term, trunc, infos = self.env.step(actions)
         return (
             split_obs(obs),
             np.asarray(rew, np.float32),
@@ -145,5 +178,44 @@ class BatchedEnv:
             infos,
         )
 
+    def get_state(self) -> list[dict]:
+        """Per sub-env snapshot of its episode in flight: ``env`` (``ManipEnv.get_state``, None
+        before its first reset) and ``elapsed_steps`` (the time-limit wrapper's count). Numpy
+        arrays and plain Python values; in and out of worker processes by ``call``/``get_attr``."""
+        with self._workers():
+            envs = self.env.call("get_state")
+            elapsed = self.env.get_attr("_elapsed_steps") if self.time_limit else [None] * self.n
+        return [{"env": e, "elapsed_steps": t} for e, t in zip(envs, elapsed)]
+
+    def set_state(self, states: list[dict]) -> None:
+        """Continue the episodes of `get_state`'s ``states`` [N] (every sub-env reset once
+        before; see ``ManipEnv.set_state``). The observations are not returned: they are the
+        ones the snapshot's owner last saw."""
+        if len(states) != self.n:
+            raise ValueError(f"BatchedEnv.set_state got {len(states)} states for {self.n} envs")
+        with self._workers():
+            self.env.call("set_state", [s["env"] for s in states])
+            if self.time_limit:
+                self.env.set_attr("_elapsed_steps", [int(s["elapsed_steps"] or 0) for s in states])
+
+    def _broken(self) -> bool:
+        """An async vector env with a worker that died or failed (its pipe was closed)."""
+        pipes = getattr(self.env, "parent_pipes", [])
+        return any(p is None for p in pipes) or any(not p.is_alive() for p in self.processes)
+
     def close(self) -> None:
-        self.env.close()
+        """Close the envs; an async one whose workers died or failed is torn down by force."""
+        if not self.async_:
+            self.env.close()
+            return
+        try:
+            self.env.close(terminate=self._broken())
+        except Exception:  # noqa: BLE001 - a broken pipe mid-close: end the workers ourselves
+            for proc in self.processes:
+                if proc.is_alive():
+                    proc.terminate()
+                proc.join(timeout=10)
+            for pipe in self.env.parent_pipes:
+                if pipe is not None:
+                    pipe.close()
+            self.env.closed = True

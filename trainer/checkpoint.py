@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ import numpy as np
 import torch
 
 STEP_PREFIX = "step_"
+PAUSE_ENV = "PERCEPTRL_TEST_CHECKPOINT_PAUSE_S"
+"""fault-injection tests: seconds to sleep after a checkpoint's files are written, before the
+rename that makes it visible (so a kill can land inside the write)"""
 
 
 def rng_state() -> dict[str, Any]:
@@ -107,6 +111,8 @@ def save_checkpoint(
     if rank == 0:
         (tmp / "state.json").write_text(json.dumps({"step": step, **counters}, indent=2))
         _fsync_tree(tmp)  # every file's data on disk before the rename makes it visible
+        if os.environ.get(PAUSE_ENV):
+            time.sleep(float(os.environ[PAUSE_ENV]))
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)

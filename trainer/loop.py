@@ -129,6 +129,8 @@ class Trainer:
             remove_stale_temporaries(self.run_dir / "checkpoints")
         self.engine.barrier()
         if not (resume and self._resume()):
+            if resume:  # killed before its first checkpoint: start over without its rows
+                self.logger.truncate_after(-1)
             seed_everything(self.cfg.train.seed)
             self._evaluate(0)
         total = self.cfg.train.steps

@@ -21,10 +21,24 @@ the episodes of a group start from the same indexed initial state (reset options
 Both configure the one episode loop, `vla.runner.EpisodeRunner` (fixed [T, N] buffers and masks,
 the success rule, initial-state ids); this module only turns its rows into `RolloutBatch`es and
 keeps the metrics and resume state.
+
+Physics blow-ups: an episode the simulator cut with ``info["sim_unstable"]`` is not a time limit.
+Its segment ends before the step that blew up (end ``"unstable"``), bootstrapped with the value
+of the observation that step acted on, never from the env's restored initial state; the episode
+counts in the episode metrics with what it achieved, in ``rollout/sim_unstable`` (run total) and
+``rollout/sim_unstable_frac`` (this collection's share of ended episodes), and a collection where
+more than `SIM_UNSTABLE_WARN` of the episodes blew up logs a warning naming the settings.
+
+Resume: ``state_dict()`` holds the collector's RNG, the runner's counters and the episodes in
+flight (every env's physics, layout, controller, RNG and time-limit count, the last
+observations, and each episode's return, length and success so far), as tensors and plain
+values (``torch.load(weights_only=True)`` reads them); ``load_state_dict`` continues those
+episodes, so a resumed run collects exactly what the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 
@@ -35,6 +49,11 @@ from ..trainer.batch import RolloutBatch
 from .config import EnvConfig
 from .envs import VecRunner
 from .runner import END_NAMES, Actor, EpisodeRunner, Episodes, EpisodeSpecs
+
+log = logging.getLogger(__name__)
+
+SIM_UNSTABLE_WARN = 0.05
+"""share of a collection's ended episodes cut by physics blow-ups above which it warns"""
 
 
 class _Base:
@@ -48,13 +67,27 @@ class _Base:
         self.rng = np.random.default_rng(seed)
         self.stats: dict[str, list] = defaultdict(list)
         self.episodes_done = 0
+        self.runner.counters.setdefault("sim_unstable", 0)
 
     def _record(self, ep: Episodes) -> None:
         """Add the episodes that ended to this collection's metrics."""
         self.stats["success"] += ep.success.astype(float).tolist()
         self.stats["return"] += ep.ret.tolist()
         self.stats["length"] += ep.length.tolist()
+        self.stats["unstable"] += ep.unstable.astype(float).tolist()
+        self.runner.counters["sim_unstable"] += int(ep.unstable.sum())
         self.episodes_done += len(ep.success)
+        frac = float(ep.unstable.mean()) if len(ep.unstable) else 0.0
+        if frac > SIM_UNSTABLE_WARN:
+            cfg = self.env_cfg
+            log.warning(
+                "%d of %d episodes of %s ended in a physics blow-up (joint velocities above the "
+                "env's max_qvel or MuJoCo's bad qpos/qvel/qacc warnings): they are cut without "
+                "bootstrapping, but the policy is driving the simulation out of its stable range "
+                "(env.control=%s, env.action_chunk=%d; check for actions saturated at +-1, or "
+                "lower train.lr)", int(ep.unstable.sum()), len(ep.unstable), cfg.id, cfg.control,
+                cfg.action_chunk,
+            )  # fmt: skip
 
     def _metrics(self, env_steps: int, seconds: float) -> dict[str, float]:
         m = {
@@ -62,6 +95,8 @@ class _Base:
             "rollout/env_steps_per_s": env_steps / max(seconds, 1e-9),
             **{f"rollout/{k}": float(v) for k, v in self.runner.counters.items()},
         }
+        if self.stats["unstable"]:
+            m["rollout/sim_unstable_frac"] = float(np.mean(self.stats["unstable"]))
         for key, name in (("success", "success_rate"), ("return", "episode_return")):
             if self.stats[key]:
                 m[f"rollout/{name}"] = float(np.mean(self.stats[key]))
@@ -71,11 +106,14 @@ class _Base:
         return m
 
     def state_dict(self) -> dict:
-        """Resume state: RNG and counters (episodes in flight restart from a fresh reset)."""
+        """Resume state: RNG, counters and the episodes in flight (see the module docstring)."""
         return {
             "rng": self.rng.bit_generator.state,
             "counters": dict(self.runner.counters),
             "episodes_done": self.episodes_done,
+            "in_flight": to_checkpoint(
+                {"envs": self.runner.get_state(), "loop": self.loop.state_dict()}
+            ),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -84,6 +122,12 @@ class _Base:
         self.rng.bit_generator.state = state["rng"]
         self.runner.counters.update(state["counters"])
         self.episodes_done = state["episodes_done"]
+        if "in_flight" not in state:  # written before episodes were checkpointed
+            log.warning("the checkpoint holds no episodes in flight: they restart from resets")
+            return
+        flight = from_checkpoint(state["in_flight"])
+        self.runner.set_state(flight["envs"])
+        self.loop.load_state_dict(flight["loop"])
 
     def close(self) -> None:
         self.runner.close()
@@ -112,6 +156,31 @@ class PPOCollector(_Base):
         )  # fmt: skip
         self._record(res.episodes)
         return batch, self._metrics(res.env_steps, time.perf_counter() - t0)
+
+
+def to_checkpoint(x):
+    """Numpy arrays -> tensors (and numpy scalars -> Python numbers, tuples -> lists), through
+    dicts and lists: what ``torch.load(weights_only=True)`` reads back."""
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.array(x))
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, dict):
+        return {k: to_checkpoint(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_checkpoint(v) for v in x]
+    return x
+
+
+def from_checkpoint(x):
+    """The inverse of `to_checkpoint` (tensors -> numpy arrays)."""
+    if isinstance(x, torch.Tensor):
+        return x.numpy()
+    if isinstance(x, dict):
+        return {k: from_checkpoint(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [from_checkpoint(v) for v in x]
+    return x
 
 
 def _checked(out: tuple) -> tuple:

@@ -6,9 +6,17 @@ and guards the physics:
 
 * a NaN/inf action (or a non-action token decoded to NaN) is replaced by a no-op for that env,
   counted in ``counters["bad_actions"]`` and logged; it never reaches ``env.step``;
-* an env worker that dies (``AsyncVectorEnv``) makes the runner rebuild the vector env and
-  reset it; the episodes in flight are lost, counted in ``counters["dropped_episodes"]``, and
-  :class:`EnvRestarted` tells the collector to drop or cut them.
+* an env worker (``AsyncVectorEnv``) that dies or raises, in a step, a reset (masked or full, the
+  first one included) or a park, makes the runner rebuild the vector env and reset it; the
+  episodes in flight are lost, counted in ``counters["dropped_episodes"]``, and
+  :class:`EnvRestarted` tells the caller to drop or cut them;
+* a physics blow-up (the env's ``info["sim_unstable"]``) is reported apart from time limits
+  (``StepResult.unstable``): the env truncates and restores the episode's initial state, which is
+  no successor of the last observation.
+
+`VecRunner.get_state` / `VecRunner.set_state` snapshot and restore the episodes in flight (the
+envs' physics, layouts, controllers, RNGs and time-limit counts, the last observations and
+actions), in-process or through the workers, so a resumed collector continues them exactly.
 """
 
 from __future__ import annotations
@@ -19,13 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from ..sim.vector import Batch, BatchedEnv
+from ..sim.vector import Batch, BatchedEnv, EnvWorkerError
 from .config import EnvConfig
 
 log = logging.getLogger(__name__)
 
-WORKER_ERRORS = (EOFError, BrokenPipeError, ConnectionError, OSError)
-"""what a dead ``AsyncVectorEnv`` worker raises in the parent"""
+WORKER_ERRORS = (EnvWorkerError,)
+"""what `BatchedEnv` raises when an ``AsyncVectorEnv`` worker died or raised (any exception a
+worker raises ends that worker)"""
 MAX_RESTARTS = 3
 """consecutive restarts without a successful step before the runner gives up"""
 
@@ -50,6 +59,9 @@ class StepResult:
     """[N] bool: the task succeeded during the chunk"""
     env_steps: np.ndarray
     """[N] int: env steps executed (< K when the episode ended mid-chunk)"""
+    unstable: np.ndarray | None = None
+    """[N] bool: the episode was truncated by a physics blow-up (``truncated`` is set too; the
+    env restored its initial state, so ``batch`` holds no successor); None: no blow-ups"""
 
 
 def env_kwargs(cfg: EnvConfig) -> dict:
@@ -128,11 +140,11 @@ class VecRunner:
             mask = np.ones(self.n, bool)
         elif not mask.any():
             return self.batch
+        self._resets += 1
         try:
             self.batch, _ = self.env.reset(mask=mask, options=options, seed=seed)
         except WORKER_ERRORS as e:
             self._restart(e)
-        self._resets += 1
         self.last[mask] = self._noop_default()
         return self.batch
 
@@ -165,7 +177,7 @@ class VecRunner:
         actions, _ = self.sanitize(actions)
         N, K, _ = actions.shape
         reward = np.zeros(N, np.float32)
-        term, trunc, success = (np.zeros(N, bool) for _ in range(3))
+        term, trunc, success, unstable = (np.zeros(N, bool) for _ in range(4))
         steps = np.zeros(N, int)
         obs = self.batch
         for k in range(K):
@@ -183,11 +195,12 @@ class VecRunner:
             success |= live & np.asarray(info.get("success", np.zeros(N, bool)), bool)
             term |= live & te
             trunc |= live & tr & ~te
+            unstable |= live & np.asarray(info.get("sim_unstable", np.zeros(N, bool)), bool)
             steps += live
             self._park(live & (te | tr))
         self._restart_streak = 0
         self.batch = obs
-        return StepResult(obs, reward, term, trunc, success, steps)
+        return StepResult(obs, reward, term, trunc, success, steps, unstable)
 
     def _park(self, ended: np.ndarray) -> None:
         """Reset envs whose episode just ended so the vector env (autoreset disabled) may be
@@ -200,27 +213,87 @@ class VecRunner:
                 self._restart(e)
 
     def _restart(self, error: BaseException) -> None:
-        """Rebuild and reset the vector env after a worker died; raises `EnvRestarted`."""
-        self._restart_streak += 1
-        self.counters["env_restarts"] += 1
-        self.counters["dropped_episodes"] += self.n
-        log.warning("env worker died (%r); restarting %d envs of %s", error, self.n, self.env_id)
-        if self._restart_streak > MAX_RESTARTS:
-            raise RuntimeError(
-                f"{self.env_id}: the vector env died {self._restart_streak} times in a row "
-                f"(last error {error!r}); check the env workers' stderr or set env.async_envs=false"
-            ) from error
-        try:
-            self.env.close()
-        except Exception:  # noqa: BLE001 - the old env is broken; closing is best effort
-            pass
-        self.env = self._make()
-        self.batch, _ = self.env.reset(seed=self.seed + 7919 * self.counters["env_restarts"])
+        """Rebuild and reset the vector env after a worker died or raised (a rebuilt env whose
+        reset fails again is rebuilt again, up to `MAX_RESTARTS` in a row); raises
+        `EnvRestarted`."""
+        while True:
+            self._restart_streak += 1
+            self.counters["env_restarts"] += 1
+            self.counters["dropped_episodes"] += self.n
+            cause = error.__cause__ or error
+            log.warning(
+                "env worker died or raised (%r); restarting %d envs of %s", cause, self.n,
+                self.env_id,
+            )  # fmt: skip
+            if self._restart_streak > MAX_RESTARTS:
+                raise RuntimeError(
+                    f"{self.env_id}: the vector env failed {self._restart_streak} times in a row "
+                    f"(last error {cause!r}); check the env workers' stderr or set "
+                    "env.async_envs=false to see the error in this process"
+                ) from error
+            try:
+                self.env.close()
+            except Exception:  # noqa: BLE001 - the old env is broken; closing is best effort
+                pass
+            self.env = self._make()
+            try:
+                self.batch, _ = self.env.reset(
+                    seed=self.seed + 7919 * self.counters["env_restarts"]
+                )
+                break
+            except WORKER_ERRORS as e:
+                error = e
         self.last[:] = self._noop_default()
-        raise EnvRestarted(f"{self.env_id}: env worker died ({error!r}); envs restarted")
+        raise EnvRestarted(f"{self.env_id}: env worker died or raised ({cause!r}); envs restarted")
+
+    # ------------------------------------------------------------------ snapshots
+    def get_state(self) -> dict:
+        """The envs' episodes in flight and what this runner remembers of them: numpy arrays
+        and plain Python values (see `BatchedEnv.get_state`)."""
+        b = self.batch
+        return {
+            "envs": self.env.get_state(),
+            "batch": None if b is None else {
+                "images": dict(b.images), "proprio": b.proprio, "objects": b.objects,
+                "instructions": list(b.instructions),
+            },
+            "last": self.last.copy(),
+            "resets": self._resets,
+            "restart_streak": self._restart_streak,
+        }  # fmt: skip
+
+    def set_state(self, state: dict) -> None:
+        """Continue the episodes of `get_state` in this runner's envs (built with the same
+        recipe): a full reset, then each env's snapshot. Raises RuntimeError when a worker fails
+        meanwhile (the envs are then fresh: resume again to continue exactly)."""
+        try:
+            self.env.reset()
+            self.env.set_state(state["envs"])
+        except WORKER_ERRORS as e:
+            try:
+                self._restart(e)
+            except EnvRestarted:
+                pass
+            raise RuntimeError(
+                f"{self.env_id}: an env worker failed while the episodes in flight were "
+                f"restored ({e.__cause__!r}); resume again to continue them exactly"
+            ) from e
+        b = state["batch"]
+        if b is not None:
+            self.batch = Batch(
+                {k: np.asarray(v) for k, v in b["images"].items()}, _array(b["proprio"]),
+                _array(b["objects"]), [str(s) for s in b["instructions"]],
+            )  # fmt: skip
+        self.last[:] = np.asarray(state["last"], np.float32)
+        self._resets = int(state["resets"])
+        self._restart_streak = int(state["restart_streak"])
 
     def close(self) -> None:
         self.env.close()
+
+
+def _array(x) -> np.ndarray | None:
+    return None if x is None else np.asarray(x)
 
 
 def _merge(old: Batch, new: Batch, live: np.ndarray) -> Batch:

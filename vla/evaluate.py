@@ -3,13 +3,16 @@
 Episode ``j`` of a task is reset with seed ``env.eval_seed + j`` (training resets never use
 that range), actions are deterministic (the Gaussian mean / greedy tokens). ``write_report``
 adds a JSON + Markdown table and one mp4 per task (the first ``env.eval_videos`` episodes,
-rendered from the agent-view camera, replayed with the same seeds).
+rendered from the agent-view camera, replayed with the same seeds). An episode cut by a physics
+blow-up counts with what it achieved before it (``sim_unstable/<task>``: their share; a warning
+names the task).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,18 +22,23 @@ from .config import EnvConfig
 from .envs import VecRunner, env_kwargs
 from .runner import Actor, EpisodeRunner, EpisodeSpecs
 
+log = logging.getLogger(__name__)
+
 
 def run_seeded(policy, runner: VecRunner, seeds: list[int], deterministic: bool = True) -> dict:
     """Run one episode per seed, ``runner.n`` at a time, with the policy's mean / greedy
     actions (``deterministic``) or sampled ones. Returns per-episode lists ``success`` (the
-    runner's `episode_success` rule), ``return``, ``length`` (env steps), in seed order."""
+    runner's `episode_success` rule), ``return``, ``length`` (env steps) and ``unstable`` (cut
+    by a physics blow-up), in seed order."""
     act = lambda obs: policy.act(obs, deterministic=deterministic)  # noqa: E731
     loop = EpisodeRunner(runner, rows=False)
     ep = loop.episodes(Actor(policy.observe, act), EpisodeSpecs.seeded(seeds)).episodes
-    out = {k: [0.0] * len(seeds) for k in ("success", "return", "length")}
-    for j, ok, ret, n in zip(ep.spec.tolist(), ep.success.tolist(), ep.ret.tolist(),
-                             ep.length.tolist()):  # fmt: skip
-        out["success"][j], out["return"][j], out["length"][j] = float(ok), ret, float(n)
+    keys = ("success", "return", "length", "unstable")
+    out = {k: [0.0] * len(seeds) for k in keys}
+    for j, *values in zip(ep.spec.tolist(), ep.success.tolist(), ep.ret.tolist(),
+                          ep.length.tolist(), ep.unstable.tolist()):  # fmt: skip
+        for k, v in zip(keys, values):
+            out[k][j] = float(v)
     return out
 
 
@@ -39,8 +47,8 @@ def evaluate_policy(
 ) -> dict[str, float]:
     """Success rate per task (``env.eval_tasks``, default ``env.id``) over ``episodes`` held-out
     seeds, with the policy's mean actions (``deterministic``) or sampled ones. Returns flat
-    metrics ``success/<task>``, ``return/<task>``, ``length/<task>`` and ``success_rate`` (mean
-    over tasks)."""
+    metrics ``success/<task>``, ``return/<task>``, ``length/<task>``, ``sim_unstable/<task>``
+    (share of episodes cut by a physics blow-up) and ``success_rate`` (mean over tasks)."""
     n = episodes or env_cfg.eval_episodes
     seeds = [env_cfg.eval_seed + j for j in range(n)]
     metrics: dict[str, float] = {}
@@ -54,6 +62,12 @@ def evaluate_policy(
         name = task_name(env_id)
         for k in ("success", "return", "length"):
             metrics[f"{k}/{name}"] = float(np.mean(res[k]))
+        metrics[f"sim_unstable/{name}"] = float(np.mean(res["unstable"]))
+        if any(res["unstable"]):
+            log.warning(
+                "evaluation on %s: %d of %d episodes ended in a physics blow-up (counted with "
+                "what they achieved before it)", env_id, int(sum(res["unstable"])), n,
+            )  # fmt: skip
     succ = [v for k, v in metrics.items() if k.startswith("success/")]
     metrics["success_rate"] = float(np.mean(succ))
     return metrics

@@ -3,6 +3,10 @@
 ``wiring.py`` maps ``side: vla`` to this module's `build_trainer`, `run_sft` and `run_eval`.
 ``algo.adv_estimator=gae`` trains with per-step PPO experience (`PPOCollector`); any group
 estimator (grpo, rloo, ...) with whole-episode groups (`GRPOCollector`).
+
+Both builders seed the process's generators with ``train.seed`` before they build anything, so a
+fresh policy's initial weights (and everything else drawn before `Trainer.fit` seeds again) are
+the same in every run with that seed.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pathlib import Path
 
 from ..trainer.config import ConfigError
 from ..trainer.loop import Trainer
-from ..trainer.runtime import resolve_device, resolve_path
+from ..trainer.runtime import resolve_device, resolve_path, seed_everything
 from .collect import GRPOCollector, PPOCollector
 from .compact import CompactVLA, spec_from_config
 from .envs import VecRunner
@@ -106,6 +110,7 @@ def build_evaluator(cfg):
 
 def build_trainer(cfg, run_dir: str | Path) -> Trainer:
     """PPO (GAE) or GRPO-family training of a VLA policy on ``env.id``."""
+    seed_everything(cfg.train.seed)
     runner = VecRunner(cfg.env, seed=cfg.train.seed)
     policy = build_policy(cfg, runner, run_dir)
     source = build_source(cfg, runner)
@@ -121,6 +126,7 @@ def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
     """Behaviour cloning from the scripted expert: the trainer's SFT objective."""
     from .bc import ExpertSource
 
+    seed_everything(cfg.train.seed)
     runner = VecRunner(cfg.env, seed=cfg.train.seed)
     policy = build_policy(cfg, runner)
     source = ExpertSource(policy, runner, batch_steps=cfg.env.steps_per_rollout)

@@ -37,9 +37,12 @@ from torch import Tensor
 
 from .envs import EnvRestarted, StepResult, VecRunner
 
-CONTINUES, TERMINATED, TRUNCATED, CUT = 0, 1, 2, 3
-END_NAMES = ("", "terminated", "truncated", "cut")
-"""how a segment ended, by ``end`` code: terminal state | time limit | horizon or env restart"""
+CONTINUES, TERMINATED, TRUNCATED, CUT, UNSTABLE = 0, 1, 2, 3, 4
+END_NAMES = ("", "terminated", "truncated", "cut", "unstable")
+"""how a segment ended, by ``end`` code: terminal state | time limit | horizon or env restart |
+physics blow-up (the step that blew up is dropped; the segment ends at the step before it,
+bootstrapped with the value the actor gave at the blow-up step, never from the env's restored
+initial state)"""
 
 
 def episode_success(success: np.ndarray, terminated: np.ndarray) -> np.ndarray:
@@ -105,6 +108,8 @@ class Episodes:
     """float64 sum of rewards"""
     length: np.ndarray
     """env steps"""
+    unstable: np.ndarray
+    """bool: the episode was cut by a physics blow-up"""
 
 
 @dataclass
@@ -124,7 +129,8 @@ class Rows:
     inputs: dict[str, list[Tensor]]
     """observation key -> B tensors [T_i, ...] (valid steps only)"""
     bootstrap: Tensor
-    """[B] V(s') after the last step: 0 terminal, V(final obs) time limit, V(next obs) cut"""
+    """[B] V(s') after the last step: 0 terminal, V(final obs) time limit, V(next obs) cut,
+    V(obs the blow-up step acted on) unstable"""
     end: np.ndarray
     """[B] int8 end code (`END_NAMES`)"""
     spec: np.ndarray
@@ -208,19 +214,28 @@ class EpisodeRunner:
         ends and at the horizon, where ``bootstrap`` = ``actor.value`` of the next observation."""
         self._begin_run()
         self._reserve(steps)
+        N = self.vec.n
+        fresh = np.full(N, -1)
         if not self.started:
-            self.vec.reset()
-            self._start(np.ones(self.vec.n, bool), np.full(self.vec.n, -1), 0)
+            try:
+                self.vec.reset()
+            except EnvRestarted:  # the rebuilt envs were reset: nothing was in flight
+                pass
+            self._start(np.ones(N, bool), fresh, 0)
             self.started = True
         self.seg_start[:] = 0
         for t in range(steps):
             ended = self._step(t, actor)
-            if ended is None:  # env restart: cut what was collected, all envs start afresh
+            if ended is not None and ended.any():
+                try:
+                    self.vec.reset(mask=ended)
+                    self._start(ended, fresh, t + 1)
+                except EnvRestarted:
+                    ended = None  # the ended envs' episodes are closed; the others' are lost
+            if ended is None:  # env restart: drop the step of the episodes in flight and cut
+                self.valid[t, self.active] = False  # them before it; all envs start afresh
                 self._cut(t - 1, self.active, self._values_at(t))
-                self._start(np.ones(self.vec.n, bool), np.full(self.vec.n, -1), t + 1)
-            elif ended.any():
-                self.vec.reset(mask=ended)
-                self._start(ended, np.full(self.vec.n, -1), t + 1)
+                self._start(np.ones(N, bool), fresh, t + 1)
         if steps > 0:
             v = actor.value(actor.observe(self.vec.batch)) if actor.value is not None else None
             self._cut(steps - 1, self.active, None if v is None else _numpy(v))
@@ -264,7 +279,6 @@ class EpisodeRunner:
         try:
             res = vec.step(env_a)
         except EnvRestarted:
-            self.valid[t] = False
             return None
         reward = np.where(active, res.reward, np.float32(0))  # (N,) float32
         if self.store:
@@ -280,25 +294,31 @@ class EpisodeRunner:
 
     def _end(self, t: int, ended: np.ndarray, res: StepResult, actor: Actor) -> None:
         """Close the episodes of the ``ended`` envs at step ``t``; a time limit bootstraps from
-        ``actor.value`` of the final observation."""
-        trunc = ended & res.truncated
-        self.end[t, ended] = np.where(res.terminated, TERMINATED, TRUNCATED)[ended]
+        ``actor.value`` of the final observation. A physics blow-up is no time limit: its step
+        is dropped and the segment cut before it (see `UNSTABLE`)."""
+        blown = ended & (res.unstable if res.unstable is not None else False)
+        done = ended & ~blown
+        trunc = done & res.truncated
+        self.end[t, done] = np.where(res.terminated, TERMINATED, TRUNCATED)[done]
         if actor.value is not None and trunc.any():
             v = _numpy(actor.value(actor.observe(res.batch)))
             self.boot[t, trunc] = v[trunc]
-        self.end_spec[t, ended] = self.slot[ended]
-        self.end_success[t, ended] = self.success[ended]
+        self.end_spec[t, done] = self.slot[done]
+        self.end_success[t, done] = self.success[done]
+        if blown.any():
+            self.valid[t, blown] = False
+            self._cut(t - 1, blown, self._values_at(t), UNSTABLE)
         i = np.flatnonzero(ended)
-        self._done.append((self.slot[i], self.success[i], self.ret[i], self.length[i]))
+        self._done.append((self.slot[i], self.success[i], self.ret[i], self.length[i], blown[i]))
         self.active[ended] = False
 
-    def _cut(self, t: int, envs: np.ndarray, value: np.ndarray | None) -> None:
-        """End the segments in flight of ``envs`` [N] at row ``t`` (their episodes go on),
-        bootstrapped with ``value`` [N] (None: 0)."""
+    def _cut(self, t: int, envs: np.ndarray, value: np.ndarray | None, code: int = CUT) -> None:
+        """End the segments in flight of ``envs`` [N] at row ``t`` with end ``code`` (their
+        episodes go on, or were lost), bootstrapped with ``value`` [N] (None: 0)."""
         cut = envs & (self.seg_start <= t)
         if t < 0 or not cut.any():
             return
-        self.end[t, cut] = CUT
+        self.end[t, cut] = code
         self.boot[t, cut] = 0.0 if value is None else value[cut]
         self.end_spec[t, cut] = self.slot[cut]
         self.end_success[t, cut] = self.success[cut]
@@ -332,7 +352,12 @@ class EpisodeRunner:
             seeds = [None] * N
             for e, s in zip(envs.tolist(), sp.seed[ids].tolist()):
                 seeds[e] = s if s >= 0 else None
-        self.vec.reset(mask=mask, options=options, seeds=seeds)
+        try:
+            self.vec.reset(mask=mask, options=options, seeds=seeds)
+        except EnvRestarted:  # these episodes never started: back to the queue, with the lost
+            self.queue = np.concatenate([ids, self.queue])
+            self._requeue(row - 1)
+            return
         self._start(mask, slot, row)
 
     def _requeue(self, t: int) -> None:
@@ -344,6 +369,22 @@ class EpisodeRunner:
         self.queue = np.concatenate([self.slot[live], self.queue])
         self.active[:] = False
         self._assign(np.ones(self.vec.n, bool), t + 1)
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict:
+        """Between runs: the episodes in flight that the next `horizon` call continues (which
+        envs run one, its spec, return, length and success so far). Segments never carry over
+        (every run cuts its own), so this and the envs' state (`VecRunner.get_state`) are all a
+        resumed runner needs. Numpy arrays and plain Python values."""
+        return {
+            "started": self.started, "active": self.active.copy(), "slot": self.slot.copy(),
+            "ret": self.ret.copy(), "length": self.length.copy(), "success": self.success.copy(),
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.started = bool(state["started"])
+        for key in ("active", "slot", "ret", "length", "success"):
+            getattr(self, key)[:] = np.asarray(state[key])
 
     # ------------------------------------------------------------------ buffers
     def _begin_run(self) -> None:
@@ -409,7 +450,8 @@ class EpisodeRunner:
         if self._done:
             episodes = Episodes(*(np.concatenate(c) for c in zip(*self._done)))
         else:
-            episodes = Episodes(*(np.zeros(0, d) for d in (np.int64, bool, float, np.int64)))
+            kinds = (np.int64, bool, float, np.int64, bool)
+            episodes = Episodes(*(np.zeros(0, d) for d in kinds))
         return RunResult(self._rows(T) if self.store else None, episodes, self.env_steps)
 
     def _segments(self, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -171,3 +171,50 @@ def test_sim_is_a_leaf_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _same_step(a, b) -> None:
+    """Two step (or reset) results are identical, observations bit for bit."""
+    obs_a, obs_b = a[0], b[0]
+    assert obs_a.keys() == obs_b.keys()
+    for key in obs_a:
+        assert np.array_equal(np.asarray(obs_a[key]), np.asarray(obs_b[key])), key
+    assert a[1:-1] == b[1:-1]
+    assert a[-1] == b[-1]  # infos: reward terms, success, sim_unstable
+
+
+@pytest.mark.parametrize("mode", ["state", "rgb"])
+def test_snapshot_continues_the_episode_bit_for_bit(mode):
+    """get_state/set_state into an env with another history (mid-episode, right after a
+    reset, after a blow-up restored the initial state): the same observations, rewards and
+    infos afterwards, and the same next layouts from np_random."""
+    kw = dict(obs_mode=mode, width=32, height=32, reward_mode="dense", max_episode_steps=60)
+    a, b = (gym.make("perceptrl/Pick-v0", **kw) for _ in range(2))
+    actions = np.random.default_rng(0).uniform(-1, 1, (40, 5)).astype(np.float32)
+    a.reset(seed=3)
+    b.reset(seed=99)
+    for x in actions[:9]:
+        b.step(x)
+    for at in ("mid-episode", "after reset", "after blow-up"):
+        if at == "mid-episode":
+            for x in actions[:7]:
+                a.step(x)
+        elif at == "after reset":
+            a.reset()
+        else:
+            a.unwrapped.data.qvel[:] = 1e12
+            assert a.step(actions[0])[-1]["sim_unstable"]
+        b.unwrapped.set_state(a.unwrapped.get_state())
+        b.set_wrapper_attr("_elapsed_steps", a.get_wrapper_attr("_elapsed_steps"))
+        for x in actions[7:27]:
+            _same_step(a.step(x), b.step(x))
+        _same_step(a.reset(), b.reset())  # the layouts np_random draws next
+    a.close()
+    b.close()
+
+
+def test_snapshot_of_an_env_never_reset_is_none():
+    env = gym.make("perceptrl/Reach-v0", obs_mode="state")
+    assert env.unwrapped.get_state() is None
+    env.unwrapped.set_state(None)  # leaves it as it is
+    env.close()

@@ -7,6 +7,7 @@ import copy
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.vector import AutoresetMode
 
 from perceptrl.sim import ENV_IDS
 from perceptrl.sim.vector import BatchedEnv, make_vec
@@ -99,3 +100,59 @@ def test_batched_env_masked_reset_spaces_and_sub_envs(async_):
     else:
         assert env.processes == [] and [e.unwrapped.cfg.vector_index for e in env.envs] == [0, 1, 2]
     env.close()
+
+
+@pytest.mark.parametrize("async_", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_batched_env_state_round_trip_continues_exactly(async_):
+    """A snapshot of every sub-env (physics, layout, RNG, time-limit count) restored into a
+    fresh vector env continues the episodes as the original does, through the time limit."""
+    kw = dict(obs_mode="state", max_episode_steps=6, autoreset_mode=AutoresetMode.DISABLED)
+    a = BatchedEnv(ENV_IDS["push"], 2, async_=async_, **kw)
+    b = BatchedEnv(ENV_IDS["push"], 2, async_=async_, **kw)
+    actions = np.random.default_rng(1).uniform(-1, 1, (9, 2, 5)).astype(np.float32)
+    try:
+        a.reset(seed=0)
+        for x in actions[:4]:
+            a.step(x)
+        b.reset(seed=50)
+        b.set_state(a.get_state())
+        for k, x in enumerate(actions[4:6]):
+            ra, rb = a.step(x), b.step(x)
+            assert np.array_equal(ra[0].objects, rb[0].objects)
+            assert np.array_equal(ra[0].proprio, rb[0].proprio)
+            for i in (1, 2, 3):
+                assert np.array_equal(ra[i], rb[i])
+            assert ra[3].all() == (k == 1)  # the time limit (6 steps) falls at the same step
+        ra, rb = a.reset(), b.reset()  # the layouts np_random draws next
+        assert np.array_equal(ra[0].objects, rb[0].objects)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.slow  # the collectors' tests go through the same path in `make test`
+def test_a_worker_that_raises_or_dies_is_an_env_worker_error():
+    from perceptrl.sim.vector import EnvWorkerError
+
+    env = BatchedEnv(ENV_IDS["reach"], 2, async_=True, obs_mode="state")
+    try:
+        env.reset(seed=0)
+        # a ValueError raised inside worker 1's reset (its options list is too short) ends it
+        with pytest.raises(EnvWorkerError, match="died or raised") as err:
+            env.reset(options={"task_id": [3], "trial_id": [0]})
+        assert isinstance(err.value.__cause__, ValueError)
+    finally:
+        env.close()
+    env = BatchedEnv(ENV_IDS["reach"], 2, async_=True, obs_mode="state")
+    try:
+        env.reset(seed=0)
+        env.processes[0].kill()
+        env.processes[0].join(timeout=10)
+        with pytest.raises(EnvWorkerError):
+            env.reset(mask=np.array([True, False]))
+    finally:
+        env.close()
+    sync = BatchedEnv(ENV_IDS["reach"], 2, obs_mode="state")
+    with pytest.raises(ValueError, match="vector_index"):  # in-process: the error itself
+        sync.reset(options={"task_id": [3], "trial_id": [0]})
+    sync.close()

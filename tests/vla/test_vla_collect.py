@@ -185,3 +185,190 @@ def test_state_critic_without_poses_stops_ppo_collection_with_the_setting():
     with pytest.raises(ValueError, match="env.privileged_state=true"):
         col.collect(CompactVLA(spec), 0)
     col.close()
+
+
+# ---------------------------------------------------------------------- resume
+def _same_batches(a, b) -> None:
+    """Two (batch, metrics) results are identical (wall-clock metrics aside)."""
+    (ba, ma), (bb, mb) = a, b
+    for key in ("tokens", "mask", "rewards", "logp_old", "values_old", "bootstrap_value",
+                "group_id"):  # fmt: skip
+        x, y = getattr(ba, key), getattr(bb, key)
+        assert (x is None) == (y is None), key
+        if x is not None:
+            assert torch.equal(x, y), key
+    assert ba.meta == bb.meta and ba.inputs.keys() == bb.inputs.keys()
+    for k in ba.inputs:
+        assert all(torch.equal(x, y) for x, y in zip(ba.inputs[k], bb.inputs[k], strict=True)), k
+    ma, mb = dict(ma), dict(mb)
+    ma.pop("rollout/env_steps_per_s"), mb.pop("rollout/env_steps_per_s")
+    assert ma == mb
+
+
+def _collect(col, policy, steps) -> list:
+    out = []
+    for s in steps:
+        torch.manual_seed(1000 + s)  # the trainer restores the global RNG on resume
+        out.append(col.collect(policy, s))
+    return out
+
+
+def _through_checkpoint(state: dict, tmp_path) -> dict:
+    """What `trainer/checkpoint.py` does with the source state: torch.save, weights_only load."""
+    torch.save({"source": state}, tmp_path / "state.pt")
+    return torch.load(tmp_path / "state.pt", weights_only=True)["source"]
+
+
+@pytest.mark.parametrize("async_", [False, True])
+def test_ppo_resume_continues_the_episodes_in_flight_exactly(async_, tmp_path):
+    """A collector restored from a checkpoint in another runner (another process's envs)
+    continues the episodes in flight: the same batches as the uninterrupted collector."""
+    cfg = state_env(steps_per_rollout=3, max_episode_steps=5, async_envs=async_)
+    a = PPOCollector(cfg, seed=4)
+    policy = policy_for(a.runner)
+    b = None
+    try:
+        _collect(a, policy, [0, 1])  # episodes of 5 steps are in flight at 3 and 6
+        state = _through_checkpoint(a.state_dict(), tmp_path)
+        want = _collect(a, policy, [2, 3])
+        b = PPOCollector(cfg, seed=4)
+        b.load_state_dict(state)
+        got = _collect(b, policy, [2, 3])
+        for x, y in zip(want, got, strict=True):
+            _same_batches(x, y)
+        # an episode that began before the checkpoint ended after it, at its time limit
+        assert any(m["end"] == "truncated" and n < 5 for batch, _ in got
+                   for m, n in zip(batch.meta, batch.mask.sum(1).tolist()))  # fmt: skip
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+
+
+def test_grpo_resume_is_exact_once_the_rng_is_restored(tmp_path):
+    cfg = state_env(num_envs=2, max_episode_steps=4)
+    a = GRPOCollector(cfg, groups=2, group_size=2, seed=5)
+    policy = policy_for(a.runner)
+    try:
+        _collect(a, policy, [0])
+        state = _through_checkpoint(a.state_dict(), tmp_path)
+        want = _collect(a, policy, [1, 2])
+        b = GRPOCollector(cfg, groups=2, group_size=2, seed=5)
+        b.load_state_dict(state)
+        for x, y in zip(want, _collect(b, policy, [1, 2]), strict=True):
+            _same_batches(x, y)
+        b.close()
+    finally:
+        a.close()
+
+
+# ---------------------------------------------------------------------- physics blow-ups
+class BlowsUp:
+    """The policy, plus a physics explosion injected into env 0 before its ``at``-th act
+    (so the step that acts then blows up); records the values it gave."""
+
+    def __init__(self, policy, runner: VecRunner, at: int):
+        self.policy, self.runner, self.at, self.calls, self.values = policy, runner, at, 0, []
+        self.observe, self.value = policy.observe, policy.value
+
+    def act(self, obs, deterministic=False):
+        self.calls += 1
+        if self.calls == self.at:
+            self.runner.envs[0].unwrapped.data.qvel[:] = 1e12
+        out = self.policy.act(obs)
+        self.values.append(out[2].detach().clone())
+        return out
+
+
+def test_blow_up_is_cut_before_its_step_without_bootstrapping_from_the_restored_state(caplog):
+    runner = VecRunner(state_env(steps_per_rollout=6, max_episode_steps=50), seed=2)
+    actor = BlowsUp(policy_for(runner), runner, at=4)  # steps 0-2 fine, step 3 blows up
+    col = PPOCollector(runner.cfg, seed=2, runner=runner)
+    try:
+        with caplog.at_level("WARNING"):
+            batch, m = col.collect(actor, 0)
+    finally:
+        col.close()
+    ends = [meta["end"] for meta in batch.meta]
+    assert ends.count("unstable") == 1 and "truncated" not in ends
+    b = ends.index("unstable")
+    assert int(batch.mask[b].sum()) == 3  # the step that blew up carries no data
+    # bootstrapped with V(obs the blow-up step acted on), not V(the restored initial state)
+    assert batch.bootstrap_value[b] == actor.values[3][0]
+    # env 0 then runs a fresh episode (steps 4-5) cut by the horizon; env 1 never stopped
+    assert sorted(int(n) for n in batch.mask.sum(1)) == [2, 3, 6]
+    assert m["rollout/sim_unstable"] == 1 and m["rollout/sim_unstable_frac"] == 1.0
+    assert m["rollout/episodes"] == 1
+    assert "physics blow-up" in caplog.text and "env.control=ee" in caplog.text
+
+
+# ---------------------------------------------------------------------- dead or raising workers
+def sabotage(runner: VecRunner, fault: str, nth: int) -> list:
+    """Make the ``nth`` reset of ``runner``'s current vector env fail in a worker: worker 0 is
+    killed just before it (``"kill"``), or every reset worker raises ValueError inside its
+    reset (``"raise"``: an options list too short for it). The rebuilt env is not sabotaged.
+    Returns the list of reset masks seen."""
+    env, calls = runner.env, []
+    real = env.reset
+
+    def reset(mask=None, options=None, seed=None):
+        calls.append(mask)
+        if len(calls) == nth:
+            if fault == "kill":
+                env.processes[0].kill()
+                env.processes[0].join(timeout=10)
+            else:
+                options = {"task_id": [], "trial_id": []}
+        return real(mask=mask, options=options, seed=seed)
+
+    env.reset = reset
+    return calls
+
+
+def _async(**kw) -> EnvConfig:
+    return state_env(async_envs=True, **kw)
+
+
+@pytest.mark.parametrize(
+    "fault, which",
+    [("kill", "ppo-first"), ("raise", "ppo-masked"),
+     pytest.param("raise", "ppo-first", marks=pytest.mark.slow),
+     pytest.param("kill", "ppo-masked", marks=pytest.mark.slow),
+     pytest.param("kill", "ppo-park", marks=pytest.mark.slow),
+     pytest.param("raise", "ppo-park", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_ppo_worker_failing_in_a_reset_is_restarted_and_counted(fault, which):
+    """The first reset, the masked reset after an episode ended, and the park of an env whose
+    episode ended mid-chunk: a worker that dies or raises there is restarted and counted, and
+    the collection goes on (the episodes in flight are cut, never a crash)."""
+    chunk = 2 if which == "ppo-park" else 1
+    runner = VecRunner(_async(steps_per_rollout=4, max_episode_steps=3, action_chunk=chunk))
+    policy = policy_for(runner, chunk=chunk)
+    col = PPOCollector(runner.cfg, runner=runner)
+    try:
+        # resets: 1 the first, 2 the park of the envs that just ended (in VecRunner.step),
+        # 3 the runner's masked reset into their next episodes
+        nth = {"ppo-first": 1, "ppo-park": 2, "ppo-masked": 3}[which]
+        calls = sabotage(runner, fault, nth)
+        batch, m = col.collect(policy, 0)
+        assert len(calls) >= nth
+        assert m["rollout/env_restarts"] == 1 and m["rollout/dropped_episodes"] == 2
+        assert torch.isfinite(policy.evaluate(batch).logp).all()
+        batch, m = col.collect(policy, 1)  # the rebuilt env keeps working
+        assert m["rollout/env_restarts"] == 1 and batch.mask.sum() == 2 * 4
+    finally:
+        col.close()
+
+
+@pytest.mark.parametrize("fault", ["kill", pytest.param("raise", marks=pytest.mark.slow)])
+def test_grpo_worker_failing_in_a_reset_reruns_the_episodes_it_dropped(fault):
+    runner = VecRunner(_async(num_envs=2, max_episode_steps=3))
+    col = GRPOCollector(runner.cfg, groups=3, group_size=1, runner=runner)
+    try:
+        sabotage(runner, fault, nth=3)  # 1 assign, 2 park, 3 the third episode's assign
+        batch, m = col.collect(policy_for(runner), 0)
+        assert m["rollout/env_restarts"] == 1 and m["rollout/episodes"] == 3
+        assert sorted(batch.group_id.tolist()) == [0, 1, 2]  # each initial state ran once
+        assert all(int(n) == 3 for n in batch.mask.sum(1))  # whole episodes only
+    finally:
+        col.close()
