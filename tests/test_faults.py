@@ -190,6 +190,21 @@ def test_vla_sigkill_after_first_checkpoint_resumes_to_the_same_metrics(root):
     assert_same_run(ref, run)
 
 
+def test_killed_before_its_first_checkpoint_starts_over_without_its_rows(root):
+    """What a kill before the first checkpoint leaves (the config and some rows, no
+    checkpoint): `--resume` runs from the start and logs every step once."""
+    import shutil
+
+    ref = reference("vla_ppo_reach_state", root)
+    run = root / "killed-early"
+    run.mkdir()
+    shutil.copy(ref / "config.yaml", run / "config.yaml")
+    lines = (ref / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(lines[:3]))  # step 0's evaluation, step 1, ...
+    _resume(run, root)
+    assert_same_run(ref, run)
+
+
 def _where(ckpts: Path) -> str:
     """Where a kill landed, from what it left behind."""
     if _writing(ckpts):
