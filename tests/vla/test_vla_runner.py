@@ -25,8 +25,10 @@ from perceptrl.vla.envs import EnvRestarted, StepResult, VecRunner, env_kwargs  
 from perceptrl.vla.evaluate import run_seeded  # noqa: E402
 from perceptrl.vla.runner import (  # noqa: E402
     CUT,
+    END_NAMES,
     TERMINATED,
     TRUNCATED,
+    UNSTABLE,
     Actor,
     EpisodeRunner,
     EpisodeSpecs,
@@ -308,3 +310,42 @@ def test_ppo_bootstraps_read_the_critic_without_sampling():
         assert (batch.bootstrap_value[trunc] != 0).all()
     finally:
         runner.close()
+
+
+class BlowUpOnce(CounterEnvs):
+    """CounterEnvs whose env 0 blows up at step ``at`` of its first episode: truncated, with
+    the observation of a restored initial state (t = 0), as ManipEnv does."""
+
+    def __init__(self, n: int, at: int):
+        super().__init__(n)
+        self.at = at
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        res = super().step(actions)
+        res.unstable = np.zeros(self.n, bool)
+        if self.serial[0] == 1 and self.t[0] == self.at and not res.terminated[0]:
+            res.unstable[0] = res.truncated[0] = True
+            res.reward[0] = 0.0
+            self.t[0] = 0
+            res.batch = self.batch = self._obs()
+        return res
+
+
+def test_blow_up_drops_its_step_and_bootstraps_from_the_state_it_acted_on():
+    loop = EpisodeRunner(BlowUpOnce(1, at=2))
+    res = loop.horizon(counter_actor(), 6)
+    rows = res.rows
+    # steps 0-1 of episode 1 (step 1 blew up: dropped), then episode 2 (goal 4): steps 2-5
+    assert rows.end.tolist() == [UNSTABLE, TERMINATED] and rows.lengths() == [1, 4]
+    assert [END_NAMES[e] for e in rows.end] == ["unstable", "terminated"]
+    # V(obs at the blow-up step: env 0, serial 1, t 1), not V(the restored initial state)
+    assert rows.bootstrap.tolist() == [11.0, 0.0]
+    assert res.episodes.unstable.tolist() == [True, False]
+    assert res.episodes.length.tolist() == [2, 4] and res.episodes.success.tolist() == [0, 1]
+    # whole-episode schedules (GRPO, evaluation) report it too, with what it achieved
+    specs = EpisodeSpecs.indexed([0, 1], [3, 3], [0, 0])
+    res = EpisodeRunner(BlowUpOnce(1, at=2)).episodes(counter_actor(), specs)
+    assert res.rows.spec.tolist() == [0, 1] and res.rows.lengths() == [1, 3]
+    assert res.rows.end.tolist() == [UNSTABLE, TERMINATED]
+    assert res.episodes.unstable.tolist() == [True, False]
+    assert res.episodes.success.tolist() == [False, True]
