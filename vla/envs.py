@@ -131,8 +131,9 @@ class VecRunner:
     ) -> Batch:  # fmt: skip
         """Reset every env (``mask`` None) or those where ``mask`` [N] is True. ``options``
         (e.g. ``task_id``/``trial_id`` lists with one entry per env) go to each reset env;
-        ``seeds`` [N] seed them. The first reset without seeds seeds env i with ``seed + i``.
-        Returns the observations of all N."""
+        ``seeds`` [N] seed them. The first reset without seeds seeds env i with ``seed + i``;
+        a first reset of some envs resets all of them first. Returns the observations of all
+        N."""
         seed = seeds
         if seed is None and self.batch is None and self._resets == 0:
             seed = self.seed
@@ -140,6 +141,9 @@ class VecRunner:
             mask = np.ones(self.n, bool)
         elif not mask.any():
             return self.batch
+        elif self.batch is None:  # the others would wait (no-op steps) in envs never reset
+            self.reset()
+            seed = seeds
         self._resets += 1
         try:
             self.batch, _ = self.env.reset(mask=mask, options=options, seed=seed)

@@ -126,6 +126,17 @@ def test_grpo_groups_share_initial_state():
     runner.close()
 
 
+def test_grpo_with_fewer_episodes_than_envs():
+    """The envs left without an episode wait (no-op steps) in a valid state."""
+    runner = VecRunner(state_env(num_envs=4, max_episode_steps=4), seed=0)
+    col = GRPOCollector(runner.cfg, groups=1, group_size=2, runner=runner)
+    try:
+        batch, m = col.collect(policy_for(runner), 0)
+    finally:
+        runner.close()
+    assert len(batch) == 2 and m["rollout/episodes"] == 2
+
+
 def test_nan_action_replaced_counted_and_never_sent(caplog):
     import dataclasses
 
