@@ -38,6 +38,9 @@ import torch
 from .batch import RolloutBatch
 
 PIPELINES = ("sync", "one_step_off", "async")
+COUNT_METRICS = frozenset({"rollout/env_steps", "rollout/episodes"})
+"""chunk metrics that count things: summed over a step's chunks (the others are row-weighted
+means)"""
 
 
 class PipelineError(RuntimeError):
@@ -337,9 +340,13 @@ def _join(batches: list[RolloutBatch], versions: list[int], step: int) -> Rollou
 
 
 def _mean_metrics(rows: list[dict], weights: list[int]) -> dict[str, float]:
-    """The chunks' metrics averaged, each weighted by its rows."""
+    """The chunks' metrics: counts (`COUNT_METRICS`) summed, the others averaged, each chunk
+    weighted by its rows."""
     out = {}
     for k in {k for r in rows for k in r}:
         pairs = [(r[k], w) for r, w in zip(rows, weights) if k in r]
-        out[k] = sum(v * w for v, w in pairs) / max(sum(w for _, w in pairs), 1)
+        if k in COUNT_METRICS:
+            out[k] = float(sum(v for v, _ in pairs))
+        else:
+            out[k] = sum(v * w for v, w in pairs) / max(sum(w for _, w in pairs), 1)
     return out

@@ -92,6 +92,7 @@ class _Base:
     def _metrics(self, env_steps: int, seconds: float) -> dict[str, float]:
         m = {
             "rollout/episodes": float(len(self.stats["success"])),
+            "rollout/env_steps": float(env_steps),
             "rollout/env_steps_per_s": env_steps / max(seconds, 1e-9),
             **{f"rollout/{k}": float(v) for k, v in self.runner.counters.items()},
         }

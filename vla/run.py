@@ -11,6 +11,7 @@ the same in every run with that seed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -111,9 +112,17 @@ def build_evaluator(cfg):
 def build_trainer(cfg, run_dir: str | Path) -> Trainer:
     """PPO (GAE) or GRPO-family training of a VLA policy on ``env.id``."""
     seed_everything(cfg.train.seed)
-    runner = VecRunner(cfg.env, seed=cfg.train.seed)
-    policy = build_policy(cfg, runner, run_dir)
-    source = build_source(cfg, runner)
+    if cfg.train.pipeline != "sync":  # envs live on the Ray workers; one here for the spaces
+        from .workers import pipeline_source
+
+        spaces = VecRunner(dataclasses.replace(cfg.env, num_envs=1), seed=cfg.train.seed)
+        policy = build_policy(cfg, spaces, run_dir)
+        spaces.close()
+        source = pipeline_source(cfg, Path(run_dir))
+    else:
+        runner = VecRunner(cfg.env, seed=cfg.train.seed)
+        policy = build_policy(cfg, runner, run_dir)
+        source = build_source(cfg, runner)
     ref = None
     if cfg.algo.kl_coef > 0:
         import copy
