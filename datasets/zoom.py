@@ -1,27 +1,28 @@
 """Synthetic small-object questions where looking again is needed (the ``zoom`` tool's task).
 
-A large image (448 px by default) on the mid-grey background holds a few large distractor shapes
-and one framed checkered tile: a checkerboard of two complementary colours (red/cyan,
-green/magenta, blue/yellow or black/white). Every pair averages to the same grey, and the
-pattern repeats every ``2 * cell`` pixels, so any window of that size holds as much of one
-colour as of the other: downscaled by ``2 * cell`` or more (448 px to the 112 px the model sees)
-the tile is a uniform grey square inside its dark frame. Where the tile is stays visible; what
-it is made of does not. Zoomed in, the colours are plain.
+A large image (448 px by default), cut into a ``grid`` x ``grid`` of cells, holds framed
+checkered tiles; the question names a cell ("row 2, column 3") and asks which two colours make
+up its tile: red/cyan, green/magenta, blue/yellow or black/white. Every pair averages to the same
+grey, and a small tile's pattern repeats every ``2 * small_cell`` pixels (3-px squares), so the
+model's view (the image downscaled 4x to 112 px) shows each small tile as a grey square in its
+dark frame: measured with a bicubic 4x downscale, under 2% of the colour contrast survives on
+average (4-px squares keep 20%). Zoomed into the named cell (the cell at 4x, 448 px), the squares are 12 px, about a
+vision patch, and the colours are plain. Small tiles have distractor tiles of random pairs in
+other cells, so a zoom into the wrong cell reads the wrong tile.
 
 Families (``sample["reward"]`` is ``mcq``, options in ``meta["options"]``):
 
 ==========  ==============================================================================
-small_tile  the tile is small (24 px, 2 px cells): unreadable in the downscaled view, read
-            after zooming into the grid cell that holds it (``meta["zoom_box"]``)
-large_tile  the control: the same question about a large tile (96 px, 12 px cells) that the
-            downscaled view resolves; zooming does not help
+small_tile  the named cell holds a small tile (60 px of 3-px squares), 1-3 other cells hold
+            distractors: unreadable in the downscaled view, read after zooming into the cell
+            (``meta["zoom_box"]``, original-image pixels)
+large_tile  the control: one large tile of four 48-px squares that the view resolves;
+            zooming does not help
 ==========  ==============================================================================
 
-The tile lies inside one cell of a ``grid`` x ``grid`` partition of the image; that cell, in
-original-image pixels, is ``meta["zoom_box"]``, the region an SFT trace zooms into.
 :func:`reasoning_trace` writes the SFT targets: with the ``zoom`` tool, a small tile gets two
-turns (look closer, then answer) and a large tile one; without tools every sample is answered
-in one turn (the colours of a small tile are then a guess).
+turns (zoom into the named cell, then answer) and a large tile one; without tools every sample
+is answered in one turn (the colours of a small tile are then a guess).
 """
 
 from __future__ import annotations
@@ -47,11 +48,8 @@ PAIRS: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
 LETTERS = "ABCD"
 BACKGROUND = (128, 128, 128)
 FRAME = (20, 20, 20)
-DISTRACTORS = ((220, 40, 40), (40, 170, 40), (40, 80, 230), (240, 220, 40), (150, 50, 190))
 FAMILIES = ("small_tile", "large_tile")
-QUESTION = "Which two colours make up the checkered tile? " + " ".join(
-    f"{letter}. {name}" for letter, name in zip(LETTERS, PAIRS)
-)
+OPTIONS = " ".join(f"{letter}. {name}" for letter, name in zip(LETTERS, PAIRS))
 
 
 @dataclass(frozen=True)
@@ -59,19 +57,26 @@ class ZoomConfig:
     image_size: int = 448
     """image side in pixels"""
     grid: int = 4
-    """the image is cut into grid x grid cells; the tile lies inside one"""
-    small_tile: int = 24
+    """the image is cut into grid x grid cells; a question names one"""
+    small_tile: int = 60
     """side of a small tile in pixels (a multiple of 2 * small_cell)"""
-    small_cell: int = 2
-    """checker cell of a small tile in pixels"""
+    small_cell: int = 3
+    """checker square of a small tile in pixels (3 or less vanishes in a 4x downscale)"""
     large_tile: int = 96
     """side of a large tile in pixels"""
-    large_cell: int = 12
-    """checker cell of a large tile in pixels"""
+    large_cell: int = 48
+    """checker square of a large tile in pixels"""
     frame: int = 3
     """width of the dark frame around a tile"""
-    distractors: tuple[int, int] = (2, 4)
-    """fewest and most large distractor shapes"""
+    distractors: tuple[int, int] = (1, 3)
+    """fewest and most distractor tiles beside a small tile"""
+
+
+def question(row: int, col: int, grid: int) -> str:
+    return (
+        f"The checkered tile in row {row}, column {col} of the {grid} x {grid} grid: which two "
+        f"colours make it up? {OPTIONS}"
+    )
 
 
 def _tile(side: int, cell: int, pair: str) -> np.ndarray:
@@ -82,35 +87,20 @@ def _tile(side: int, cell: int, pair: str) -> np.ndarray:
     return np.where(odd[..., None], b, a)
 
 
-def _place(rng: np.random.Generator, cfg: ZoomConfig, side: int) -> tuple[int, int, list[int]]:
-    """Top-left corner of a framed tile of ``side`` inside a random grid cell, and the cell's box."""
+def _draw(rng, img: np.ndarray, cfg: ZoomConfig, cell_xy: tuple[int, int], side: int,
+          square: int, pair: str) -> list[int]:  # fmt: skip
+    """Draw a framed tile at a random place inside grid cell ``cell_xy``; returns its box."""
     step = cfg.image_size // cfg.grid
     outer = side + 2 * cfg.frame
     if outer > step:
         raise ValueError(f"a {side} px tile does not fit a {step} px grid cell; lower grid")
-    gx, gy = (int(v) for v in rng.integers(0, cfg.grid, size=2))
+    gx, gy = cell_xy
     x = gx * step + cfg.frame + int(rng.integers(0, step - outer + 1))
     y = gy * step + cfg.frame + int(rng.integers(0, step - outer + 1))
-    return x, y, [gx * step, gy * step, (gx + 1) * step, (gy + 1) * step]
-
-
-def _distractors(rng, img: np.ndarray, cfg: ZoomConfig, keep_out: list[int]) -> None:
-    """Large circles and squares away from the tile's cell (drawn in place)."""
-    n = int(rng.integers(cfg.distractors[0], cfg.distractors[1] + 1))
-    s = cfg.image_size
-    for _ in range(n):
-        for _try in range(50):
-            r = int(rng.integers(s // 16, s // 9))
-            cx, cy = (int(v) for v in rng.integers(r, s - r, size=2))
-            x1, y1, x2, y2 = keep_out
-            if x1 - r <= cx <= x2 + r and y1 - r <= cy <= y2 + r:
-                continue
-            colour = DISTRACTORS[int(rng.integers(len(DISTRACTORS)))]
-            if rng.random() < 0.5:
-                cv2.circle(img, (cx, cy), r, colour, -1, lineType=cv2.LINE_8)
-            else:
-                cv2.rectangle(img, (cx - r, cy - r), (cx + r, cy + r), colour, -1)
-            break
+    f = cfg.frame
+    img[y - f : y + side + f, x - f : x + side + f] = FRAME
+    img[y : y + side, x : x + side] = _tile(side, square, pair)
+    return [x, y, x + side, y + side]
 
 
 def make_sample(split: str, index: int, family: str, seed: int = 0,
@@ -120,27 +110,30 @@ def make_sample(split: str, index: int, family: str, seed: int = 0,
     if family not in FAMILIES:
         raise ValueError(f"unknown question family {family!r}; valid: {list(FAMILIES)}")
     rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(split.encode()), index]))
-    side, cell = (
-        (cfg.small_tile, cfg.small_cell)
-        if family == "small_tile"
-        else (cfg.large_tile, cfg.large_cell)
-    )
-    pair = list(PAIRS)[int(rng.integers(len(PAIRS)))]
-    x, y, box = _place(rng, cfg, side)
+    names = list(PAIRS)
+    pair = names[int(rng.integers(len(names)))]
+    cells = [(int(c) % cfg.grid, int(c) // cfg.grid) for c in rng.permutation(cfg.grid**2)]
     img = np.empty((cfg.image_size, cfg.image_size, 3), dtype=np.uint8)
     img[:] = BACKGROUND
-    _distractors(rng, img, cfg, box)
-    f = cfg.frame
-    img[y - f : y + side + f, x - f : x + side + f] = FRAME
-    img[y : y + side, x : x + side] = _tile(side, cell, pair)
-    letter = LETTERS[list(PAIRS).index(pair)]
+    small = family == "small_tile"
+    side, square = (cfg.small_tile, cfg.small_cell) if small else (cfg.large_tile, cfg.large_cell)
+    tile_box = _draw(rng, img, cfg, cells[0], side, square, pair)
+    others = []
+    if small:
+        for c in cells[1 : 1 + int(rng.integers(cfg.distractors[0], cfg.distractors[1] + 1))]:
+            other = names[int(rng.integers(len(names)))]
+            others.append({"pair": other, "box": _draw(rng, img, cfg, c, side, square, other)})
+    step = cfg.image_size // cfg.grid
+    gx, gy = cells[0]
     sample = {
-        "id": f"zoom-{split}-{index:06d}", "images": [], "question": QUESTION, "answer": letter,
+        "id": f"zoom-{split}-{index:06d}", "images": [],
+        "question": question(gy + 1, gx + 1, cfg.grid), "answer": LETTERS[names.index(pair)],
         "reward": "mcq", "family": family,
         "meta": {
             "split": split, "image_size": [cfg.image_size, cfg.image_size], "pair": pair,
-            "options": list(PAIRS), "tile_box": [x, y, x + side, y + side], "zoom_box": box,
-            "cell": cell,
+            "options": names, "cell": [gy + 1, gx + 1], "tile_box": tile_box,
+            "zoom_box": [gx * step, gy * step, (gx + 1) * step, (gy + 1) * step],
+            "distractors": others, "square": square,
         },
     }  # fmt: skip
     return sample, img
@@ -178,12 +171,14 @@ def generate(
 
 
 def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> str | list[str]:
-    """SFT target: with ``zoom`` among ``tools`` a small tile is two turns (zoom into
-    ``meta["zoom_box"]``, then answer), otherwise one turn that names the colours and answers."""
+    """SFT target: with ``zoom`` among ``tools`` a small tile is two turns (zoom into the named
+    cell, ``meta["zoom_box"]``, then answer), otherwise one turn that names the colours and
+    answers."""
     m = sample["meta"]
     answer = f"<think>The tile is {m['pair']}.</think><answer>{sample['answer']}</answer>"
     if "zoom" not in tools or sample["family"] != "small_tile":
         return answer
+    row, col = m["cell"]
     box = ", ".join(str(int(v)) for v in m["zoom_box"])
-    look = f"<think>Too small to read: zoom in.</think><tool_call>zoom(box=[{box}])</tool_call>"
+    look = f"<think>Row {row}, column {col}.</think><tool_call>zoom(box=[{box}])</tool_call>"
     return [look, answer]

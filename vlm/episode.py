@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from PIL import Image
 from torch import Tensor
 
 from ..trainer.batch import RolloutBatch
@@ -163,6 +164,15 @@ def check_sample_tools(samples: list[dict], tools: dict[str, Tool], where: str) 
 
 
 @dataclass
+class ObservationKeys:
+    """What the processor returns for an observation: per-token keys (with their dtypes) and
+    vision keys, found once from a probe so every batch carries the same ``inputs`` keys."""
+
+    extras: dict[str, torch.dtype]
+    vision: tuple[str, ...]
+
+
+@dataclass
 class EncodedObservation:
     ids: Tensor
     """[O] long token ids (image placeholders expanded)"""
@@ -199,6 +209,7 @@ class ObservationTemplate:
                 "need a template whose turns end with the stop token"
             )
         self._glue = self._base[i + len(stop_text) :]
+        self._keys: ObservationKeys | None = None
         self._size: dict[str, int] = {}
         if settings.min_pixels or settings.max_pixels:
             self._size = dict(processor.image_processor.size)
@@ -222,6 +233,15 @@ class ObservationTemplate:
                 "episodes need a template that only appends"
             )
         return self._glue + full[len(self._base) :]
+
+    def keys(self) -> ObservationKeys:
+        """The processor's output keys for observations (a probe with one small image)."""
+        if self._keys is None:
+            probe = self.encode(Observation("x", [Image.new("RGB", (56, 56))]), [])
+            self._keys = ObservationKeys(
+                {k: v.dtype for k, v in probe.extras.items()}, tuple(sorted(probe.vision))
+            )
+        return self._keys
 
     def encode(self, obs: Observation, vision_ids: list[int]) -> EncodedObservation:
         kwargs: dict[str, Any] = {}
@@ -294,13 +314,13 @@ class Tape:
     per-token observation extras) with a write cursor per row, and each row's observation vision
     inputs. Rows are written in place; `to_batch` trims them to the longest row."""
 
-    def __init__(self, rows: int, width: int, pad_id: int):
-        self.pad_id = pad_id
+    def __init__(self, rows: int, width: int, pad_id: int, keys: ObservationKeys):
+        self.pad_id, self.keys = pad_id, keys
         self.tokens = torch.full((rows, width), pad_id, dtype=torch.long)
         self.mask = torch.zeros((rows, width))
         self.obs = torch.zeros((rows, width))
         self.logp = torch.zeros((rows, width))
-        self.extras: dict[str, Tensor] = {}
+        self.extras = {k: torch.zeros((rows, width), dtype=t) for k, t in keys.extras.items()}
         self.cursor = torch.zeros(rows, dtype=torch.long)
         self.vision: list[dict[str, list[Tensor]]] = [{} for _ in range(rows)]
         self.logs = [EpisodeLog() for _ in range(rows)]
@@ -338,8 +358,6 @@ class Tape:
         self.tokens[row, c : c + n] = enc.ids
         self.obs[row, c : c + n] = 1.0
         for k, v in enc.extras.items():
-            if k not in self.extras:
-                self.extras[k] = torch.zeros(self.tokens.shape, dtype=v.dtype)
             self.extras[k][row, c : c + n] = v
         for k, v in enc.vision.items():
             self.vision[row].setdefault(k, []).append(v)
@@ -362,8 +380,7 @@ class Tape:
         inputs: dict[str, Any] = {"obs_mask": self.obs[:, :T].clone()}
         for k, v in self.extras.items():
             inputs[f"obs_{k}"] = v[:, :T].clone()
-        keys = sorted({k for v in self.vision for k in v})
-        for k in keys:
+        for k in self.keys.vision:  # the same keys in every batch, observations or not
             inputs[f"obs_{k}"] = [torch.cat(v[k]) if k in v else None for v in self.vision]
         meta = []
         for s, log in zip(samples, self.logs):
@@ -395,7 +412,7 @@ def forced_batch(policy, samples: list[dict], traces: list[list[str]]) -> Rollou
     env = policy.episode.env()
     env.reset([p.sample for p in prompts])
     template = ObservationTemplate(policy.processor, policy.stop_text, policy.episode)
-    tape = Tape(len(samples), 64, policy.pad_id)
+    tape = Tape(len(samples), 64, policy.pad_id, template.keys())
     tok = policy.processor.tokenizer
     for row, turns in enumerate(traces):
         for k, text in enumerate(turns):

@@ -131,7 +131,7 @@ class EpisodeSampler:
         samples = [prompts[u].sample for u in index.tolist()]
         env = self.settings.env()
         env.reset(samples)
-        tape = Tape(len(index), self.settings.max_tokens, self.pad_id)
+        tape = Tape(len(index), self.settings.max_tokens, self.pad_id, self.template.keys())
         with generation_mode(self.model):
             live = self._prefill(table, index)
             while len(live.rows):

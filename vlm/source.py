@@ -320,6 +320,15 @@ class VLMRolloutSource:
         self._order_epoch = -1
 
 
+def _greedy(policy, prompts: list[EncodedPrompt], max_new_tokens: int, token_budget: int):
+    """Greedy answers: episodes with the tools when the policy has ``episode`` settings, else
+    one completion each."""
+    if getattr(policy, "episode", None) is None:
+        return rollout.greedy(policy.model, policy.processor, prompts, max_new_tokens, token_budget)
+    sp = rollout.SamplingParams(0.0, max_new_tokens=max_new_tokens, token_budget=token_budget)
+    return policy.sample(prompts, 1, sp)
+
+
 def evaluate_accuracy(
     policy,
     samples: list[dict],
@@ -353,14 +362,8 @@ def evaluate_accuracy(
         skipped += len(bad)
         if not enc:
             continue
-        if getattr(policy, "episode", None) is not None:  # greedy episodes with the tools
-            sp = rollout.SamplingParams(
-                0.0, max_new_tokens=max_new_tokens, token_budget=token_budget
-            )
-            b = policy.sample(enc, 1, sp)
-            episodes += [m["episode"] for m in b.meta]
-        else:
-            b = rollout.greedy(policy.model, policy.processor, enc, max_new_tokens, token_budget)
+        b = _greedy(policy, enc, max_new_tokens, token_budget)
+        episodes += [m["episode"] for m in b.meta if "episode" in m]
         done = [m["sample"] for m in b.meta]
         totals, comps, _ = _check_reward(reward([m["completion"] for m in b.meta], done), len(b))
         for s, t in zip(done, totals):

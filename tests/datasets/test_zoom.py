@@ -1,5 +1,6 @@
 """The small-object task: exact ground truth, a tile unreadable in the downscaled view and
-readable after zooming into its cell, the control family, SFT traces with tool calls."""
+readable after zooming into the named cell, distractors elsewhere, the control family, SFT
+traces with tool calls."""
 
 from __future__ import annotations
 
@@ -18,18 +19,31 @@ def view(img: np.ndarray, side: int = 112) -> np.ndarray:
     return np.asarray(Image.fromarray(img).resize((side, side), Image.BICUBIC)).astype(float)
 
 
+def inside(box, cell) -> bool:
+    return (
+        cell[0] <= box[0] - 3
+        and box[2] + 3 <= cell[2]
+        and cell[1] <= box[1] - 3
+        and box[3] + 3 <= cell[3]
+    )
+
+
 @pytest.mark.parametrize("family", zoom.FAMILIES)
 def test_ground_truth_and_layout(family):
     for i in range(12):
         s, img = zoom.make_sample("train", i, family, seed=3)
         m = s["meta"]
         x1, y1, x2, y2 = m["tile_box"]
-        bx1, by1, bx2, by2 = m["zoom_box"]
-        assert bx1 <= x1 - 3 and x2 + 3 <= bx2 and by1 <= y1 - 3 and y2 + 3 <= by2
-        pair = zoom.PAIRS[m["pair"]]
+        assert inside(m["tile_box"], m["zoom_box"])  # the tile, framed, lies in the named cell
+        row, col = m["cell"]
+        assert f"row {row}, column {col}" in s["question"]
+        assert m["zoom_box"][:2] == [112 * (col - 1), 112 * (row - 1)]
         colours = {tuple(c) for c in img[y1:y2, x1:x2].reshape(-1, 3)}
-        assert colours == set(pair)  # exactly the two colours of the answer
+        assert colours == set(zoom.PAIRS[m["pair"]])  # exactly the two colours of the answer
         assert s["answer"] == zoom.LETTERS[m["options"].index(m["pair"])]
+        assert (1 <= len(m["distractors"]) <= 3) == (family == "small_tile")
+        for d in m["distractors"]:  # in other cells
+            assert not inside(d["box"], m["zoom_box"])
         again, img2 = zoom.make_sample("train", i, family, seed=3)
         assert again == s and np.array_equal(img, img2)
 
@@ -44,8 +58,8 @@ def test_small_tiles_are_grey_in_the_model_view_and_large_ones_are_not():
             inner = view(img)[y1 + 1 : y2 - 1, x1 + 1 : x2 - 1].reshape(-1, 3)
             means.append(np.abs(inner - inner.mean(1, keepdims=True)).max())  # colourfulness
         spread[family] = max(means)
-    assert spread["small_tile"] < 3  # no colour survives the 4x downscale
-    assert spread["large_tile"] > 60
+    assert spread["small_tile"] < 12  # under 5% of the contrast survives the 4x downscale
+    assert spread["large_tile"] > 100
 
 
 def test_generate_and_traces(tmp_path):
@@ -56,7 +70,10 @@ def test_generate_and_traces(tmp_path):
     gen = get_generator("zoom")
     turns = gen.reasoning_trace(rows[0], ["zoom"])
     box = ", ".join(str(v) for v in rows[0]["meta"]["zoom_box"])
-    assert turns[0].endswith(f"<tool_call>zoom(box=[{box}])</tool_call>")
+    row, col = rows[0]["meta"]["cell"]
+    assert turns[0] == (
+        f"<think>Row {row}, column {col}.</think><tool_call>zoom(box=[{box}])</tool_call>"
+    )
     assert turns[1].endswith(f"<answer>{rows[0]['answer']}</answer>")
     assert isinstance(gen.reasoning_trace(rows[1], ["zoom"]), str)  # large tile: answer directly
     assert isinstance(gen.reasoning_trace(rows[0]), str)  # no tools: one turn

@@ -198,3 +198,36 @@ def test_budgets_end_episodes_with_their_reason(tiny_dirs, samples, settings, sp
     assert m[f"episode/stop/{stop}"] == 1.0
     if stop == "max_turns":
         assert all(e["turns"] == 2 and e["calls"] == 2 for e in logs)
+
+
+class FirstPromptOnly(ScriptedEnv):
+    """Observations only for the episodes of sample ``s0`` (rows are those of the samples the
+    environment was reset with: one chunk of prompts)."""
+
+    def reset(self, samples):
+        super().reset(samples)
+        self.ids = [s["id"] for s in samples]
+
+    def respond(self, row, text):
+        return super().respond(row, text) if self.ids[row] == "s0" else None
+
+
+def test_batches_keep_their_keys_when_only_some_rows_observe(tiny_dirs, samples):
+    """Prompts sampled in separate chunks (a small token budget), only the first chunk's
+    episodes get observations: the chunks still concatenate, as batches of different
+    collections do under dynamic sampling, and the training forward matches the sampling."""
+    pol = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"])
+    pol.episode = EpisodeSettings(env=lambda: FirstPromptOnly(2), max_tokens=200)
+    prompts, _ = pol.encode(samples[:3])
+    torch.manual_seed(0)
+    with short_turns(pol):
+        b = pol.sample(
+            prompts, 2, SamplingParams(max_new_tokens=30, token_budget=600, return_logprobs=True)
+        )
+        assert [m["episode"]["turns"] for m in b.meta] == [2, 2, 1, 1, 1, 1]
+        assert (
+            b.inputs["obs_pixel_values"][2] is None and b.inputs["obs_pixel_values"][0] is not None
+        )
+        assert b.group_id.tolist() == [0, 0, 1, 1, 2, 2]
+        logp, _ = forwards(pol, b, share=True)
+    assert ((logp - b.logp_rollout) * b.mask).abs().max() <= TOL

@@ -133,6 +133,15 @@ def test_sft_on_tool_traces(tiny_dirs, tmp_path):
     pol.episode = settings
     pol.prompt = dataclasses.replace(pol.prompt, tools={"zoom": tools["zoom"].usage})
     traces = [get_generator("zoom").reasoning_trace(s, ["zoom"]) for s in data]
+    from perceptrl.cli import CONFIGS
+    from perceptrl.wiring import load_config
+
+    limit = load_config(CONFIGS / "vlm_zoom.yaml").rollout.max_new_tokens
+    tok = pol.processor.tokenizer
+    longest = max(
+        len(tok(t)["input_ids"]) for tr in traces for t in ([tr] if isinstance(tr, str) else tr)
+    )
+    assert longest + 1 <= limit - 8  # every turn and its stop token fit a turn, with headroom
     b = pol.completions_batch(data, traces)
     image_pad = pol.banned_ids[0]
     for row, (trace, m) in enumerate(zip(traces, b.meta)):
