@@ -158,26 +158,30 @@ class InstructionEncoder(nn.Module):
         return out[torch.arange(len(words), device=words.device), lens - 1]
 
 
+def _check_spec(spec: CompactSpec) -> None:
+    """The names a spec built without a recipe may still get wrong, and the privileged options
+    without the poses they read."""
+    for name, valid in (("encoder", ENCODERS), ("critic", CRITICS), ("aux", AUX)):
+        value = getattr(spec.vla, name)
+        if value not in valid:
+            raise ValueError(f"vla.{name}={value!r}; valid: {' | '.join(valid)}")
+    for what, on in (
+        ("vla.critic=state", spec.vla.critic == "state"),
+        (f"vla.aux={spec.vla.aux}", spec.vla.aux != "none"),
+    ):
+        if on and spec.objects_dim <= 0:
+            raise ValueError(
+                f"{what} reads the true entity poses; set env.privileged_state=true (rgb "
+                "mode) so the env returns them"
+            )
+
+
 class CompactVLA(nn.Module):
     """CNN (or state MLP) + FiLM + proprio -> Gaussian action head and value head."""
 
     def __init__(self, spec: CompactSpec):
         super().__init__()
-        if spec.vla.encoder not in ENCODERS:
-            raise ValueError(f"vla.encoder={spec.vla.encoder!r}; valid: {' | '.join(ENCODERS)}")
-        if spec.vla.critic not in CRITICS:
-            raise ValueError(f"vla.critic={spec.vla.critic!r}; valid: {' | '.join(CRITICS)}")
-        if spec.vla.aux not in AUX:
-            raise ValueError(f"vla.aux={spec.vla.aux!r}; valid: {' | '.join(AUX)}")
-        for what, on in (
-            ("vla.critic=state", spec.vla.critic == "state"),
-            (f"vla.aux={spec.vla.aux}", spec.vla.aux != "none"),
-        ):
-            if on and spec.objects_dim <= 0:
-                raise ValueError(
-                    f"{what} reads the true entity poses; set env.privileged_state=true (rgb "
-                    "mode) so the env returns them"
-                )
+        _check_spec(spec)
         if not spec.words:
             spec.words = instruction_words()
         self.spec = spec
