@@ -251,6 +251,7 @@ def test_registry_generates_the_splits_it_can(tmp_path):
         "clevr",
         "video",
         "spatial",
+        "zoom",
     }
-    with pytest.raises(KeyError, match="valid: clevr, video, spatial"):
+    with pytest.raises(KeyError, match="valid: clevr, video, spatial, zoom"):
         get_generator("kitti")
