@@ -163,7 +163,7 @@ def build_trainer(args, run_dir: Path):
     from perceptrl.trainer.loop import Trainer
     from perceptrl.vlm.model import resolve_dtype, set_pixel_bounds
     from perceptrl.vlm.policy import VLMPolicy
-    from perceptrl.vlm.prompts import PromptConfig
+    from perceptrl.vlm.run import prompt_config, sampling_params
     from perceptrl.vlm.run import samples as vlm_samples
     from perceptrl.vlm.source import VLMRolloutSource
 
@@ -174,17 +174,11 @@ def build_trainer(args, run_dir: Path):
     torch.manual_seed(cfg.train.seed)
     config = model_config(SIZES["tiny" if args.tiny else "qwen2.5-vl-3b"], processor.tokenizer)
     model = build_model(config, resolve_dtype(cfg.model.dtype), cfg.train.device)
-    prompt = PromptConfig(
-        system_prompt=cfg.rollout.system_prompt, max_prompt_length=cfg.rollout.max_prompt_length,
-        min_pixels=cfg.model.min_pixels or None, max_pixels=cfg.model.max_pixels or None,
-    )  # fmt: skip
-    policy = VLMPolicy(model, processor, prompt, share_prefix=cfg.model.share_prefix)
-    policy.temperature = cfg.rollout.temperature
+    policy = VLMPolicy(
+        model, processor, prompt_config(cfg), sampling_params(cfg), share_prefix=cfg.model.share_prefix
+    )
     reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
-    source = VLMRolloutSource(
-        train, reward, cfg.rollout, seed=cfg.train.seed, strict=True,
-        min_pixels=cfg.model.min_pixels or None, max_pixels=cfg.model.max_pixels or None,
-    )  # fmt: skip
+    source = VLMRolloutSource(train, reward, cfg.rollout, seed=cfg.train.seed, strict=True)
     return Trainer(cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train))
 
 

@@ -150,10 +150,12 @@ def test_same_seed_same_metrics(recipe, root):
 
 
 def _start(args: list[str], cwd: Path, pause: float) -> subprocess.Popen:
-    return subprocess.Popen(
-        _cmd(args), cwd=cwd, env=_env({PAUSE_ENV: str(pause)}), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    """`perceptrl` in a process of its own, its stderr appended to ``cwd/stderr.log``."""
+    with (cwd / "stderr.log").open("a") as err:
+        return subprocess.Popen(
+            _cmd(args), cwd=cwd, env=_env({PAUSE_ENV: str(pause)}), stdout=subprocess.DEVNULL,
+            stderr=err,
+        )  # fmt: skip
 
 
 def _wait_for(cond, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -184,7 +186,9 @@ def test_vla_sigkill_after_first_checkpoint_resumes_to_the_same_metrics(root):
     ckpts = run / "checkpoints"
     _wait_for(lambda: (ckpts / "step_000001").exists(), proc)
     time.sleep(random.Random(13).uniform(0.0, 1.2))
-    assert _kill(proc), "the run finished before it could be killed"
+    assert _kill(proc), (
+        "the run ended before it was killed: " + (root / "stderr.log").read_text()[-3000:]
+    )
     assert not (ckpts / "step_000006").exists()
     _resume(run, root)
     assert_same_run(ref, run)

@@ -52,7 +52,7 @@ class RolloutWorker:
 
     Args:
         factory: ``factory(*args, index) -> (policy, source)``, a module-level function of the
-            side (picklable), e.g. ``perceptrl.vlm.run.rollout_worker``.
+            side (picklable), e.g. the VLM side's ``run.rollout_worker``.
         index: this worker's number (the factory seeds its data order and envs with it).
         threads: torch threads of the worker.
     """
