@@ -174,9 +174,8 @@ def build_trainer(args, run_dir: Path):
     torch.manual_seed(cfg.train.seed)
     config = model_config(SIZES["tiny" if args.tiny else "qwen2.5-vl-3b"], processor.tokenizer)
     model = build_model(config, resolve_dtype(cfg.model.dtype), cfg.train.device)
-    policy = VLMPolicy(
-        model, processor, prompt_config(cfg), sampling_params(cfg), share_prefix=cfg.model.share_prefix
-    )
+    prompt, sampling = prompt_config(cfg), sampling_params(cfg)
+    policy = VLMPolicy(model, processor, prompt, sampling, share_prefix=cfg.model.share_prefix)
     reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
     source = VLMRolloutSource(train, reward, cfg.rollout, seed=cfg.train.seed, strict=True)
     return Trainer(cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train))

@@ -310,12 +310,7 @@ class CompositeReward:
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions for {len(samples)} samples")
         n = len(completions)
-        ctx = {"lengths": lengths, "group_ids": group_ids, "episodes": episodes}
-        for k, v in ctx.items():
-            if v is not None:
-                ctx[k] = list(v)
-                if len(ctx[k]) != n:
-                    raise ValueError(f"got {len(ctx[k])} {k} for {n} completions")
+        ctx = _context(n, lengths=lengths, group_ids=group_ids, episodes=episodes)
         raw: dict[str, list[float]] = {}
         stats: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
         for term in self.terms:
@@ -455,3 +450,13 @@ def build_reward(
     if not items:
         raise ValueError("empty reward spec; e.g. {'format': 0.5, 'accuracy': 1.0}")
     return CompositeReward([_term(str(k), v) for k, v in items], timeout_s=timeout_s)
+
+
+def _context(n: int, **ctx) -> dict:
+    """The per-completion context of a call as lists, each checked to hold ``n`` entries."""
+    for k, v in ctx.items():
+        if v is not None:
+            ctx[k] = list(v)
+            if len(ctx[k]) != n:
+                raise ValueError(f"got {len(ctx[k])} {k} for {n} completions")
+    return ctx

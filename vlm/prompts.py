@@ -243,6 +243,26 @@ def _with_sizes(sample: dict, images: list[Image.Image], model_sizes: list[list[
     return {**sample, "meta": meta}
 
 
+def _processor_kwargs(processor, cfg: PromptConfig, has_images: bool, videos: list) -> dict:
+    """The processor call's pixel bounds for images and its already-sampled video frames."""
+    kwargs: dict[str, Any] = {}
+    if has_images and (cfg.min_pixels is not None or cfg.max_pixels is not None):
+        size = dict(processor.image_processor.size)
+        if cfg.min_pixels is not None:
+            size["shortest_edge"] = cfg.min_pixels
+        if cfg.max_pixels is not None:
+            size["longest_edge"] = cfg.max_pixels
+        kwargs["images_kwargs"] = {"size": size}
+    if videos:  # frames are sampled and sized already (vlm/video.py): the processor keeps them
+        kwargs["videos"] = [v.frames for v in videos]
+        kwargs["videos_kwargs"] = {
+            "video_metadata": [v.metadata() for v in videos],
+            "do_sample_frames": False,
+            "do_resize": False,
+        }
+    return kwargs
+
+
 def encode_prompt(
     processor,
     sample: dict,
@@ -273,21 +293,7 @@ def encode_prompt(
         tokenize=False,
         add_generation_prompt=True,
     )
-    kwargs: dict[str, Any] = {}
-    if images and (cfg.min_pixels is not None or cfg.max_pixels is not None):
-        size = dict(processor.image_processor.size)
-        if cfg.min_pixels is not None:
-            size["shortest_edge"] = cfg.min_pixels
-        if cfg.max_pixels is not None:
-            size["longest_edge"] = cfg.max_pixels
-        kwargs["images_kwargs"] = {"size": size}
-    if videos:  # frames are sampled and sized already (vlm/video.py): the processor keeps them
-        kwargs["videos"] = [v.frames for v in videos]
-        kwargs["videos_kwargs"] = {
-            "video_metadata": [v.metadata() for v in videos],
-            "do_sample_frames": False,
-            "do_resize": False,
-        }
+    kwargs = _processor_kwargs(processor, cfg, bool(images), videos)
     enc = processor(text=[text], images=images or None, return_tensors="pt", **kwargs)
     input_ids = enc["input_ids"][0]
     token_extras, vision = {}, {}
