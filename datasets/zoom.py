@@ -1,9 +1,9 @@
 """Synthetic small-object questions where looking again is needed (the ``zoom`` tool's task).
 
 A large image (448 px by default), cut into a ``grid`` x ``grid`` of cells, holds framed
-checkered tiles; the question names a cell ("row 2, column 3") and asks which two colours make
-up its tile: red/cyan, green/magenta, blue/yellow or black/white. Every pair averages to the same
-grey, and a small tile's pattern repeats every ``2 * small_cell`` pixels (3-px squares), so the
+checkered tiles; the question names a cell ("row 2, column 3", with its pixel box) and asks
+which two colours make up its tile: red/cyan, green/magenta, blue/yellow or black/white. Every
+pair averages to the same grey, and a small tile's pattern repeats every ``2 * small_cell`` pixels (3-px squares), so the
 model's view (the image downscaled 4x to 112 px) shows each small tile as a grey square in its
 dark frame: measured with a bicubic 4x downscale, under 2% of the colour contrast survives on
 average (4-px squares keep 20%). Zoomed into the named cell (the cell at 4x, 448 px), the squares are 12 px, about a
@@ -72,10 +72,13 @@ class ZoomConfig:
     """fewest and most distractor tiles beside a small tile"""
 
 
-def question(row: int, col: int, grid: int) -> str:
+def question(row: int, col: int, grid: int, box: Sequence[int]) -> str:
+    """The question names the cell by grid position and by its pixel box (the zoom call's
+    argument, so the call copies it rather than computing it)."""
+    where = ", ".join(str(int(v)) for v in box)
     return (
-        f"The checkered tile in row {row}, column {col} of the {grid} x {grid} grid: which two "
-        f"colours make it up? {OPTIONS}"
+        f"The checkered tile in row {row}, column {col} of the {grid} x {grid} grid (box "
+        f"[{where}]): which two colours make it up? {OPTIONS}"
     )
 
 
@@ -125,14 +128,16 @@ def make_sample(split: str, index: int, family: str, seed: int = 0,
             others.append({"pair": other, "box": _draw(rng, img, cfg, c, side, square, other)})
     step = cfg.image_size // cfg.grid
     gx, gy = cells[0]
+    zoom_box = [gx * step, gy * step, (gx + 1) * step, (gy + 1) * step]
     sample = {
         "id": f"zoom-{split}-{index:06d}", "images": [],
-        "question": question(gy + 1, gx + 1, cfg.grid), "answer": LETTERS[names.index(pair)],
+        "question": question(gy + 1, gx + 1, cfg.grid, zoom_box),
+        "answer": LETTERS[names.index(pair)],
         "reward": "mcq", "family": family,
         "meta": {
             "split": split, "image_size": [cfg.image_size, cfg.image_size], "pair": pair,
             "options": names, "cell": [gy + 1, gx + 1], "tile_box": tile_box,
-            "zoom_box": [gx * step, gy * step, (gx + 1) * step, (gy + 1) * step],
+            "zoom_box": zoom_box,
             "distractors": others, "square": square,
         },
     }  # fmt: skip
@@ -178,7 +183,6 @@ def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> str | list[str]:
     answer = f"<think>The tile is {m['pair']}.</think><answer>{sample['answer']}</answer>"
     if "zoom" not in tools or sample["family"] != "small_tile":
         return answer
-    row, col = m["cell"]
     box = ", ".join(str(int(v)) for v in m["zoom_box"])
-    look = f"<think>Row {row}, column {col}.</think><tool_call>zoom(box=[{box}])</tool_call>"
+    look = f"<think>Too small to see; zoom in.</think><tool_call>zoom(box=[{box}])</tool_call>"
     return [look, answer]

@@ -37,6 +37,7 @@ def test_ground_truth_and_layout(family):
         assert inside(m["tile_box"], m["zoom_box"])  # the tile, framed, lies in the named cell
         row, col = m["cell"]
         assert f"row {row}, column {col}" in s["question"]
+        assert "(box [" + ", ".join(map(str, m["zoom_box"])) + "])" in s["question"]
         assert m["zoom_box"][:2] == [112 * (col - 1), 112 * (row - 1)]
         colours = {tuple(c) for c in img[y1:y2, x1:x2].reshape(-1, 3)}
         assert colours == set(zoom.PAIRS[m["pair"]])  # exactly the two colours of the answer
@@ -70,9 +71,8 @@ def test_generate_and_traces(tmp_path):
     gen = get_generator("zoom")
     turns = gen.reasoning_trace(rows[0], ["zoom"])
     box = ", ".join(str(v) for v in rows[0]["meta"]["zoom_box"])
-    row, col = rows[0]["meta"]["cell"]
     assert turns[0] == (
-        f"<think>Row {row}, column {col}.</think><tool_call>zoom(box=[{box}])</tool_call>"
+        f"<think>Too small to see; zoom in.</think><tool_call>zoom(box=[{box}])</tool_call>"
     )
     assert turns[1].endswith(f"<answer>{rows[0]['answer']}</answer>")
     assert isinstance(gen.reasoning_trace(rows[1], ["zoom"]), str)  # large tile: answer directly
