@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     out = Path(args.out)
     arms = [run_arm(args.side, m, args, out) for m in args.modes.split(",")]
-    data = {"machine": machine(), "side": args.side, "args": vars(args), "arms": arms}
+    settings = {k: v for k, v in vars(args).items() if k != "out"}  # no local paths in results
+    data = {"machine": machine(), "side": args.side, "args": settings, "arms": arms}
     paths = write_results(f"pipeline_{args.side}", data, report(args.side, arms, args))
     print(Path(paths[1]).read_text())
 
