@@ -3,12 +3,13 @@
 A large image (448 px by default), cut into a ``grid`` x ``grid`` of cells, holds framed
 checkered tiles; the question names a cell ("row 2, column 3", with its pixel box) and asks
 which two colours make up its tile: red/cyan, green/magenta, blue/yellow or black/white. Every
-pair averages to the same grey, and a small tile's pattern repeats every ``2 * small_cell`` pixels (3-px squares), so the
-model's view (the image downscaled 4x to 112 px) shows each small tile as a grey square in its
-dark frame: measured with a bicubic 4x downscale, under 2% of the colour contrast survives on
-average (4-px squares keep 20%). Zoomed into the named cell (the cell at 4x, 448 px), the squares are 12 px, about a
-vision patch, and the colours are plain. Small tiles have distractor tiles of random pairs in
-other cells, so a zoom into the wrong cell reads the wrong tile.
+pair averages to the same grey, and a small tile's pattern repeats every ``2 * small_cell``
+pixels (3-px squares), so the model's view (the image downscaled 4x to 112 px) shows each small
+tile as a grey square in its dark frame: measured with a bicubic 4x downscale, under 2% of the
+colour contrast survives on average (4-px squares keep 20%). Zoomed into the named cell (the
+cell at 4x, 448 px), the squares are 12 px, about a vision patch, and the colours are plain.
+Small tiles have distractor tiles of random pairs in other cells, so a zoom into the wrong cell
+reads the wrong tile.
 
 Families (``sample["reward"]`` is ``mcq``, options in ``meta["options"]``):
 
