@@ -243,6 +243,24 @@ class ObservationTemplate:
             )
         return self._keys
 
+    def encode_or_error(
+        self, obs: Observation, vision_ids: list[int]
+    ) -> tuple[EncodedObservation, Observation]:
+        """`encode`, or, when the processor refuses the observation's images (a zoom into a
+        2-px sliver has an aspect ratio Qwen's resizer rejects), an error observation in its
+        place, counted under the tool's name like any failed call. Returns what is shown."""
+        try:
+            return self.encode(obs, vision_ids), obs
+        except Exception as e:  # the processor's ValueError, or a PIL error on a bad image
+            if not obs.images:
+                raise  # text alone always encodes; anything else is a bug, not bad input
+            name = obs.tool or "observation"
+            err = Observation(
+                f"Error: {name} returned an image the model cannot take ({e})",
+                error=name, tool=obs.tool, info=obs.info,
+            )  # fmt: skip
+            return self.encode(err, vision_ids), err
+
     def encode(self, obs: Observation, vision_ids: list[int]) -> EncodedObservation:
         kwargs: dict[str, Any] = {}
         if obs.images and self._size:

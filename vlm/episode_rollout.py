@@ -222,15 +222,17 @@ class EpisodeSampler:
             if obs is None:
                 log.stop = "answer"
                 continue
+            enc = None
+            if log.turns < s.max_turns and log.images + len(obs.images) <= s.max_images:
+                enc, obs = self.template.encode_or_error(obs, self.banned)
             log.observe(obs)
             log.observations.append(obs.text)
             if log.turns >= s.max_turns:
                 log.stop = "max_turns"
                 continue
-            if log.images + len(obs.images) > s.max_images:
+            if enc is None:
                 log.stop = "max_images"
                 continue
-            enc = self.template.encode(obs, self.banned)
             if log.vision_tokens + enc.num_vision_tokens > s.max_vision_tokens:
                 log.stop = "max_vision_tokens"
             elif int(tape.cursor[row]) + enc.ids.numel() + 1 > s.max_tokens:

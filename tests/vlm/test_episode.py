@@ -231,3 +231,32 @@ def test_batches_keep_their_keys_when_only_some_rows_observe(tiny_dirs, samples)
         assert b.group_id.tolist() == [0, 0, 1, 1, 2, 2]
         logp, _ = forwards(pol, b, share=True)
     assert ((logp - b.logp_rollout) * b.mask).abs().max() <= TOL
+
+
+class SliverEnv(ScriptedEnv):
+    """A tool that answers with an image of aspect ratio 224 (what ``zoom`` returns for a 2-px
+    wide box at size 448): Qwen's resizer refuses it."""
+
+    def respond(self, row, text):
+        self.turns[row] += 1
+        if self.turns[row] >= self.k:
+            return None
+        return Observation("Zoomed.", [Image.new("RGB", (2, 448))], tool="zoom")
+
+
+def test_an_image_the_processor_refuses_is_an_error_observation(tiny_dirs, samples):
+    """The episode goes on with an error turn the model sees, counted under the tool's name
+    (before: the processor's ValueError ended the training run)."""
+    pol = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"])
+    pol.episode = EpisodeSettings(env=lambda: SliverEnv(2), max_tokens=300)
+    prompts, _ = pol.encode(samples[:1])
+    torch.manual_seed(0)
+    with short_turns(pol):
+        b = pol.sample(prompts, 2, SamplingParams(max_new_tokens=20, return_logprobs=True))
+        logp, _ = forwards(pol, b, share=True)
+    logs = [m["episode"] for m in b.meta]
+    assert all(e["turns"] == 2 and e["images"] == 0 for e in logs)
+    assert all(e["errors"] == {"zoom": 1} and not e["tools"] for e in logs)
+    assert all("cannot take" in e["observations"][0] for e in logs)
+    assert episode_metrics(b)["tool/errors/zoom"] == 2.0
+    assert ((logp - b.logp_rollout) * b.mask).abs().max() <= TOL
