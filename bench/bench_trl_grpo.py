@@ -16,7 +16,8 @@ loss normaliser        token-mean over the step         loss_type="dapo" (active
                                                         the accumulated batch)
 advantage              (r - mean_g) / (std_g + eps)     scale_rewards="group"
 clip                   0.2 / 0.28                       epsilon / epsilon_high
-KL                     kl_coef 0                        beta 0 (no reference model)
+KL (``--kl``, 0)       kl_coef, k3 in the loss, a       beta (k3 in the loss, a reference
+                       reference policy                 model)
 epochs                 ppo_epochs 1, one minibatch      num_iterations 1
 =====================  ===============================  ====================================
 
@@ -26,8 +27,9 @@ folder holding the ``perceptrl`` the driver imported (a checkout's code is what 
 ``--warmup`` steps are excluded from the timings.
 
     python bench/bench_trl_grpo.py [--steps 10] [--warmup 2] [--prompts 16] [--group 8]
+    python bench/bench_trl_grpo.py --kl 0.04 --arms perceptrl,trl   # with a KL reference model
 
-Writes bench/results/trl_vs_perceptrl_grpo.{json,md}.
+Writes bench/results/trl_vs_perceptrl_grpo.{json,md} (``--kl``: ``..._kl.{json,md}``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def our_config(args):
             f"train.micro_batch_size={args.micro}", f"train.seed={args.seed}", "train.device=cpu",
             "train.eval_every=0", "train.eval_samples=0", "train.steps=100000",
             "checkpoint.every=0", "log.tensorboard=false", "log.progress=false",
-            f"model.share_prefix={str(share).lower()}",
+            f"model.share_prefix={str(share).lower()}", f"algo.kl_coef={args.kl}",
+            "algo.kl_estimator=k3", "algo.kl_in_reward=false",
         ],
     )  # fmt: skip
 
@@ -201,7 +204,7 @@ def run_trl(args) -> dict:
         temperature=cfg.rollout.temperature, top_p=1.0, top_k=0,
         learning_rate=cfg.train.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=cfg.train.weight_decay, max_grad_norm=cfg.train.grad_clip,
-        beta=0.0, num_iterations=1, epsilon=cfg.algo.clip_low, epsilon_high=cfg.algo.clip_high,
+        beta=args.kl, num_iterations=1, epsilon=cfg.algo.clip_low, epsilon_high=cfg.algo.clip_high,
         loss_type="dapo", scale_rewards="group", mask_truncated_completions=False,
         disable_dropout=True, shuffle_dataset=False, seed=args.seed,
         max_steps=args.warmup + args.steps, logging_steps=1, save_strategy="no",
@@ -300,13 +303,27 @@ def spawn(arm: str, args, out: Path) -> dict:
            "--arm-dir", str(arm_dir), "--data", str(args.data), "--base", str(args.base),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--prompts", str(args.prompts),
            "--group", str(args.group), "--micro", str(args.micro), "--seed", str(args.seed),
-           "--max-new-tokens", str(args.max_new_tokens)]  # fmt: skip
+           "--max-new-tokens", str(args.max_new_tokens), "--kl", str(args.kl)]  # fmt: skip
     t, load = time.perf_counter(), os.getloadavg()[0]
     subprocess.run(cmd, check=True, env=env, cwd=out)
     r = json.loads(result.read_text())
     r["process_wall_s"] = time.perf_counter() - t
     r["loadavg_1min"] = [load, os.getloadavg()[0]]  # before / after: other work on the cores
     return r
+
+
+def result_name(kl: float) -> str:
+    return "trl_vs_perceptrl_grpo" + ("_kl" if kl > 0 else "")
+
+
+def kl_text(beta: float) -> str:
+    """The KL setting as the report states it for both sides."""
+    if beta <= 0:
+        return "`beta=0` (no reference model; ours `kl_coef` 0)"
+    return (
+        f"`beta={beta:g}` with a reference model (ours `algo.kl_coef={beta:g}`, k3 in the loss, "
+        "a reference policy scored every step)"
+    )
 
 
 def median_breakdown(rs: list[dict]) -> dict[str, float]:
@@ -433,7 +450,7 @@ def markdown(data: dict) -> str:
         f"Same work on both sides: prompts in the same order (TRL prompt ids identical to ours: "
         f"{data['prompt_ids_identical']}), reward `format` 0.2 + `accuracy` 1.0, lr 2e-4 constant, "
         'AdamW, grad clip 1.0. TRL: `loss_type="dapo"` (token mean over the accumulated batch, '
-        '= our `token-mean`), `scale_rewards="group"`, `beta=0` (no reference model), '
+        f'= our `token-mean`), `scale_rewards="group"`, {kl_text(st["trl"]["beta"])}, '
         "`num_iterations=1`, `epsilon` 0.2 / `epsilon_high` 0.28, "
         f"{st['micro']} x {st['prompts'] * st['group'] // st['micro']} accumulation = "
         f"{st['prompts'] * st['group']} completions. Ours: `configs/vlm_clevr.yaml` without dynamic "
@@ -459,6 +476,7 @@ def main() -> None:
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {ARMS}")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kl", type=float, default=0.0, help="KL coefficient (TRL's beta), k3")
     ap.add_argument("--base", default="assets/vlm_base")
     ap.add_argument("--out", default="runs/bench_trl_grpo")
     ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
@@ -472,9 +490,10 @@ def main() -> None:
     if args.report_only:
         from common import RESULTS, write_results
 
-        data = json.loads((RESULTS / "trl_vs_perceptrl_grpo.json").read_text())
+        name = result_name(args.kl)
+        data = json.loads((RESULTS / f"{name}.json").read_text())
         data["summary"] = summarize(data["runs"])
-        write_results("trl_vs_perceptrl_grpo", data, markdown(data))
+        write_results(name, data, markdown(data))
         return print(markdown(data))
 
     from common import machine, write_results
@@ -518,7 +537,7 @@ def main() -> None:
             "trl": {
                 "loss_type": "dapo",
                 "scale_rewards": "group",
-                "beta": 0.0,
+                "beta": args.kl,
                 "num_iterations": 1,
                 "epsilon": 0.2,
                 "epsilon_high": 0.28,
@@ -529,7 +548,7 @@ def main() -> None:
         "runs": runs,
     }
     md = markdown(data)
-    js, mdp = write_results("trl_vs_perceptrl_grpo", data, md)
+    js, mdp = write_results(result_name(args.kl), data, md)
     print(md)
     print(f"\nwrote {js} and {mdp}")
 
