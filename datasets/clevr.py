@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -478,20 +478,25 @@ def generate(
     splits = {"train": 1000, "val": 200, "test": 200, "ood": 200} if splits is None else splits
     cfg = generator_config(ClevrConfig, families, _BUILDERS, image_size=image_size, **config)
     out = Path(out_dir)
-    paths: dict[str, Path] = {}
-    for split, n in splits.items():
-        img_dir = out / "images" / split
-        img_dir.mkdir(parents=True, exist_ok=True)
-        path = out / f"{split}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
-            for sample, img in iter_samples(split, n, families, seed, cfg):
-                rel = f"images/{split}/{sample['id']}.png"
-                if not cv2.imwrite(str(out / rel), cv2.cvtColor(img, cv2.COLOR_RGB2BGR)):
-                    raise OSError(f"could not write image {out / rel}")
-                sample["images"] = [rel]
-                f.write(json.dumps(sample) + "\n")
-        paths[split] = path
-    return paths
+    return {
+        split: write_split(out, split, iter_samples(split, n, families, seed, cfg))
+        for split, n in splits.items()
+    }
+
+
+def write_split(out: Path, split: str, samples: Iterable[tuple[dict, np.ndarray]]) -> Path:
+    """Write each (sample, RGB image) as ``out/images/<split>/<id>.png`` and the samples, their
+    ``images`` set to that relative path, to ``out/<split>.jsonl``; returns the JSONL path."""
+    (out / "images" / split).mkdir(parents=True, exist_ok=True)
+    path = out / f"{split}.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for sample, img in samples:
+            rel = f"images/{split}/{sample['id']}.png"
+            if not cv2.imwrite(str(out / rel), cv2.cvtColor(img, cv2.COLOR_RGB2BGR)):
+                raise OSError(f"could not write image {out / rel}")
+            sample["images"] = [rel]
+            f.write(json.dumps(sample) + "\n")
+    return path
 
 
 # --------------------------------------------------------------------------- SFT traces

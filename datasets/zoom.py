@@ -28,16 +28,14 @@ is answered in one turn (the colours of a small tile are then a guess).
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 
-from .clevr import generator_config
+from .clevr import generator_config, write_split
 
 PAIRS: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     "red and cyan": ((255, 0, 0), (0, 255, 255)),
@@ -160,20 +158,14 @@ def generate(
     builders = {f: None for f in FAMILIES}
     cfg = generator_config(ZoomConfig, families, builders, image_size=image_size, **config)
     out = Path(out_dir)
-    paths = {}
-    for split, n in splits.items():
-        (out / "images" / split).mkdir(parents=True, exist_ok=True)
-        path = out / f"{split}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
-            for i in range(n):
-                sample, img = make_sample(split, i, families[i % len(families)], seed, cfg)
-                rel = f"images/{split}/{sample['id']}.png"
-                if not cv2.imwrite(str(out / rel), cv2.cvtColor(img, cv2.COLOR_RGB2BGR)):
-                    raise OSError(f"could not write image {out / rel}")
-                sample["images"] = [rel]
-                f.write(json.dumps(sample) + "\n")
-        paths[split] = path
-    return paths
+    return {
+        split: write_split(
+            out,
+            split,
+            (make_sample(split, i, families[i % len(families)], seed, cfg) for i in range(n)),
+        )
+        for split, n in splits.items()
+    }
 
 
 def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> str | list[str]:
