@@ -14,6 +14,7 @@ family       example question                                      answer     re
 count_all    How many objects are there?                           ``"3"``    numeric
 count_color  How many red objects are there?                       ``"0"``    numeric
 count_shape  How many circles are there?                           ``"2"``    numeric
+count_sum    How many red and blue objects are there in total?     ``"3"``    numeric
 attr_mcq     What colour is the large square? + lettered options   ``"B"``    mcq
 spatial      Where is the red circle relative to the blue square?  ``"A"``    mcq
 grounding    What is the bounding box of the red circle? ...       ``"[x1, y1, x2, y2]"``  iou
@@ -277,6 +278,21 @@ def _q_count_attr(attr: str, plural: Callable[[str], str]):
     return q
 
 
+def _q_count_sum(rng, objs, cfg, ood) -> QA | None:
+    """Two colours' objects in total: a question of several steps (a sub-count per colour, then
+    their sum); ``meta["steps"]`` holds the sub-counts a process reward checks."""
+    present = sorted({o["color"] for o in objs})
+    if len(present) < 2:
+        return None
+    pair = sorted(str(c) for c in rng.choice(present, size=2, replace=False))
+    counts = {c: sum(o["color"] == c for o in objs) for c in pair}
+    q = (
+        f"How many {pair[0]} and {pair[1]} objects are there in total? "
+        f"Count each colour first (as '{pair[0]}: N'), then add."
+    )
+    return q, str(sum(counts.values())), {"filter": {"color": pair}, "steps": counts}
+
+
 def _q_attr_mcq(rng, objs, cfg, ood) -> QA | None:
     ask = "color" if rng.random() < 0.5 else "shape"
     ref = ["shape"] if ask == "color" else ["color"]
@@ -346,6 +362,7 @@ _BUILDERS: dict[str, tuple[Callable, str, int]] = {
     "count_all": (_q_count_all, "numeric", 1),
     "count_color": (_q_count_attr("color", lambda c: f"{c} objects"), "numeric", 1),
     "count_shape": (_q_count_attr("shape", lambda s: f"{s}s"), "numeric", 1),
+    "count_sum": (_q_count_sum, "numeric", 2),
     "attr_mcq": (_q_attr_mcq, "mcq", 1),
     "spatial": (_q_spatial, "mcq", 2),
     "grounding": (_q_grounding, "iou", 1),
@@ -506,6 +523,13 @@ def _name(o: dict) -> str:
     return f"{o['size']} {o['color']} {o['shape']}"
 
 
+def _trace_sum(sample: dict, objs: list[dict]) -> tuple[str, str]:
+    steps = sample["meta"]["steps"]
+    parts = [f"{c}: {n}." for c, n in steps.items()]
+    total = " + ".join(str(n) for n in steps.values())
+    return f"{' '.join(parts)} Total: {total} = {sample['answer']}.", sample["answer"]
+
+
 def _trace_count(sample: dict, objs: list[dict]) -> tuple[str, str]:
     flt = sample["meta"].get("filter", {})
     hits = sorted(
@@ -572,7 +596,9 @@ def reasoning_trace(sample: dict) -> str:
     """
     objs = sample["meta"]["objects"]
     fam = sample["family"]
-    if fam.startswith("count_"):
+    if fam == "count_sum":
+        think, ans = _trace_sum(sample, objs)
+    elif fam.startswith("count_"):
         think, ans = _trace_count(sample, objs)
     elif fam in ("attr_mcq", "spatial"):
         think, ans = _trace_mcq(sample, objs)

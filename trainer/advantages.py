@@ -5,6 +5,12 @@ Every estimator has one signature::
     fn(rewards, mask, group_id, cfg, values=None, bootstrap_value=None)
         -> (advantages [B, T], returns [B, T], metrics)
 
+An estimator may also take the keywords ``segments`` (the tree node of each token,
+``RolloutBatch.segments``: tree rollouts) and ``step_rewards`` (process rewards [B, T],
+``RolloutBatch.step_rewards``); the loop passes them when the batch has them and the signature
+names them. An estimator without ``step_rewards`` gets outcome + ``cfg.process_coef`` * process
+as [B, T] ``rewards``.
+
 ``mask`` [B, T] is 1 on the policy's own tokens/steps and 0 elsewhere: trailing padding, and
 also interior holes (observations the policy did not write, e.g. a tool result inside a
 multi-turn episode). A hole gets no advantage of its own, does not reset a return, and a later
@@ -373,3 +379,146 @@ def grpo_passk(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_
     score = torch.where(std[inv] > 0, score, 0.0).to(r.dtype)
     adv = _broadcast(score, mask)
     return adv, adv, _adv_metrics(adv, mask, passk_mean=mean.mean())
+
+
+# ----------------------------------------------------------------------------- tree rollouts
+
+
+def _tree_nodes(segments: Tensor | None, mask: Tensor, inv: Tensor) -> list[list[tuple]]:
+    """Each row's path from its group's root: ``[(group,), (group, node_1), ...]`` in sampling
+    order (a flat row is one node below the root: its own row). Node keys are hashable."""
+    out = []
+    for b in range(mask.shape[0]):
+        g = int(inv[b])
+        if segments is None:
+            out.append([(g,), (g, "row", b)])
+            continue
+        seq = segments[b][(mask[b] > 0) & (segments[b] > 0)].tolist()
+        path = [(g,)]
+        for n in seq:
+            if path[-1] != (g, n):
+                path.append((g, n))
+        out.append(path if len(path) > 1 else [(g,), (g, "row", b)])
+    return out
+
+
+def _subtree_means(paths: list[list[tuple]], r: Tensor) -> tuple[dict, dict]:
+    """Mean reward and leaf count of every node's subtree (the rows whose path holds it)."""
+    total: dict[tuple, float] = {}
+    count: dict[tuple, int] = {}
+    for path, rb in zip(paths, r.tolist()):
+        for node in path:
+            total[node] = total.get(node, 0.0) + rb
+            count[node] = count.get(node, 0) + 1
+    return {k: total[k] / count[k] for k in total}, count
+
+
+@register_advantage("treepo")
+def treepo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None,
+           segments=None):  # fmt: skip
+    """TreePO-style tree advantage: each leaf against the mean of every subtree it belongs to.
+
+    For leaf i with subtrees ``S`` on its path (the group's root and each segment node above it
+    with at least two leaves; a one-leaf subtree says nothing), the score is the mean over those
+    ``S`` of ``r_i - mean_S(r)``, then divided by the group's std + ``cfg.eps`` (unbiased, as
+    :func:`grpo`; ``cfg.norm_by_std=False`` skips it). Subtrees are weighted equally (TreePO
+    also weighs them by size; equal weights credit a leaf as much for beating its siblings as
+    for beating the whole group). A flat group (no ``segments``) is GRPO. Broadcast over the
+    row's valid tokens, so losses and aggregation are unchanged.
+
+    Args:
+        segments [B, T]: tree node per token (0 on padding), ``RolloutBatch.segments``.
+    Returns:
+        advantages [B, T], returns (= advantages), metrics (``tree_depth``: mean path length).
+    """
+    r = _seq_rewards(rewards, mask)
+    inv, _ = _group_index(group_id)
+    paths = _tree_nodes(segments, mask, inv)
+    mean, count = _subtree_means(paths, r)
+    _, _, std, group_std = _group_baseline(r, group_id)
+    score = torch.zeros_like(r)
+    for b, path in enumerate(paths):
+        shared = [n for n in path if count[n] >= 2]
+        if shared:
+            score[b] = sum(float(r[b]) - mean[n] for n in shared) / len(shared)
+    if cfg.norm_by_std:
+        score = score / (std + cfg.eps)
+    adv = _broadcast(score, mask)
+    depth = sum(len(p) - 1 for p in paths) / max(len(paths), 1)
+    zero = (group_std <= cfg.eps).float().mean()
+    return adv, adv, _adv_metrics(adv, mask, tree_depth=depth, group_zero_std_frac=zero)
+
+
+@register_advantage("treerl")
+def treerl(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None,
+           segments=None):  # fmt: skip
+    """TreeRL-style segment credit: each segment's tokens get its node's value gain.
+
+    A node's value ``V(n)`` is the mean reward of the leaves below it; the root's is the group
+    mean. A token sampled in segment ``n`` with parent ``p`` gets
+    ``((V(n) - V(root)) + (V(n) - V(p))) / sqrt(L(n))`` (TreeRL's global plus local advantage,
+    divided by the root of the node's leaf count ``L(n)``, because the segment's tokens sit in
+    ``L(n)`` rows of the loss). A flat row is one node: ``2 (r - mean_g)``. Per-token advantages;
+    returns are the advantages. Groups of one get 0.
+
+    Args:
+        segments [B, T]: tree node per token (0 on padding), ``RolloutBatch.segments``.
+    Returns:
+        advantages [B, T], returns [B, T], metrics.
+    """
+    r = _seq_rewards(rewards, mask)
+    inv, _ = _group_index(group_id)
+    paths = _tree_nodes(segments, mask, inv)
+    value, count = _subtree_means(paths, r)
+    adv = torch.zeros_like(mask, dtype=r.dtype)
+    for b, path in enumerate(paths):
+        root = path[0]
+        if count[root] < 2:
+            continue
+        gain = {}
+        for parent, node in zip(path, path[1:]):
+            v = value[node]
+            gain[node] = ((v - value[root]) + (v - value[parent])) / count[node] ** 0.5
+        if path[1][1] == "row":  # a flat row: one node
+            adv[b] = gain[path[1]]
+        else:
+            for node, g in gain.items():
+                adv[b][segments[b] == node[1]] = g
+    adv = torch.where(mask > 0, adv, 0.0)
+    return adv, adv, _adv_metrics(adv, mask)
+
+
+# ----------------------------------------------------------------------------- process rewards
+
+
+@register_advantage("prime")
+def prime(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None,
+          step_rewards=None):  # fmt: skip
+    """PRIME's combination of process and outcome rewards: an RLOO term on each, summed.
+
+    Outcome: RLOO of the sequence rewards (:func:`rloo`), broadcast over valid tokens. Process:
+    the returns-to-go of ``step_rewards`` (``cfg.gamma``; holes skipped as in
+    :func:`reinforce_pp`) minus the leave-one-out mean of the other rows' total process reward
+    (a baseline that does not depend on the row's own tokens, so the gradient stays unbiased).
+    Advantage = outcome + ``cfg.process_coef`` * process; returns are the advantages. Without
+    ``step_rewards`` this is :func:`rloo`. (PRIME subtracts the baseline per token from dense
+    implicit rewards; the per-row form here also fits sparse step rewards, one per step.)
+
+    Args:
+        step_rewards [B, T]: process rewards on the tokens that end each step (0 elsewhere).
+    Returns:
+        advantages [B, T], returns [B, T], metrics (``process_mean``, ``outcome_mean``).
+    """
+    outcome, _, _ = rloo(rewards, mask, group_id, cfg)
+    if step_rewards is None:
+        return outcome, outcome, _adv_metrics(outcome, mask)
+    p = torch.where(mask > 0, _as_float(step_rewards.detach()), 0.0)
+    ret = _discounted_returns(p, mask, cfg.gamma)
+    total = p.sum(1)
+    g, mean, _, _ = _group_baseline(total, group_id)
+    loo = torch.where(g > 1, (g * mean - total) / (g - 1).clamp(min=1), 0.0)
+    process = torch.where(mask > 0, ret - loo[:, None], 0.0)
+    adv = outcome + cfg.process_coef * process
+    return adv, adv, _adv_metrics(
+        adv, mask, process_mean=masked_mean(process, mask), outcome_mean=masked_mean(outcome, mask)
+    )

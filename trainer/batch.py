@@ -54,6 +54,14 @@ class RolloutBatch:
     policy_version: Tensor | None = None
     """[B] long: the version of the weights (optimizer updates applied) that produced each row,
     filled by an asynchronous pipeline (trainer/pipeline.py); rows never span a weight change."""
+    segments: Tensor | None = None
+    """[B, T] long: the tree node each token was sampled in (tree rollouts, ``vlm/tree_rollout.py``),
+    numbered 1, 2, ... within a group, 0 on padding; rows of a group that carry the same node
+    share that segment (a common prefix). None for flat groups."""
+    step_rewards: Tensor | None = None
+    """[B, T] process rewards (a score per reasoning step, on the step's last token), next to the
+    outcome ``rewards``; estimators that take them keep the two apart (``prime``), the others
+    get their sum (see ``trainer/advantages.py``)."""
     inputs: dict[str, Any] = field(default_factory=dict)
     """Policy-specific forward inputs: batch-first tensors or per-sample lists."""
     prompts: dict[str, list] = field(default_factory=dict)

@@ -127,6 +127,10 @@ class AlgoConfig:
     """lower threshold of the two-sided corrections (geo_mask, icepop) on pi_prox / pi_behav"""
     passk_k: int = 0
     """grpo_passk: k of pass@k (0 uses half the group size; k must be below the group size to learn)"""
+    process_coef: float = 1.0
+    """weight of the process rewards (RolloutBatch.step_rewards) next to the outcome reward: prime
+    sums its two RLOO terms with it; other estimators get outcome + process_coef * process per
+    token"""
     whiten_advantages: bool = False
     """normalise advantages to zero mean / unit std over the batch's valid tokens (PPO's norm_adv)"""
     eps: float = 1e-6

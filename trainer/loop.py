@@ -15,6 +15,7 @@ model, a dataset or a simulator.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -114,6 +115,7 @@ class Trainer:
         )
         self.policy_loss = algos.get_policy_loss(cfg.algo.policy_loss)
         self.advantage = algos.get_advantage(cfg.algo.adv_estimator)
+        self._advantage_args = set(inspect.signature(self.advantage).parameters)
         self.kl = algos.get_kl(cfg.algo.kl_estimator)
         algos.agg_loss(torch.zeros(1, 1), torch.ones(1, 1), cfg.algo.loss_agg_mode)  # validate name
         self.step = 0
@@ -313,9 +315,18 @@ class Trainer:
             rewards = algos.kl_to_reward(
                 rewards, batch.logp_old, batch.logp_ref, batch.mask, algo.kl_coef, algo.kl_estimator
             )
+        extra = {}
+        if batch.segments is not None and "segments" in self._advantage_args:
+            extra["segments"] = batch.segments
+        if batch.step_rewards is not None:
+            if "step_rewards" in self._advantage_args:
+                extra["step_rewards"] = batch.step_rewards
+            else:  # outcome + process per token
+                steps = batch.step_rewards.float().to(rewards.device)
+                rewards = algos.token_rewards(rewards, batch.mask) + algo.process_coef * steps
         adv, ret, m = self.advantage(
             rewards, batch.mask, batch.group_id, algo,
-            values=batch.values_old, bootstrap_value=batch.bootstrap_value,
+            values=batch.values_old, bootstrap_value=batch.bootstrap_value, **extra,
         )  # fmt: skip
         if algo.whiten_advantages:
             adv = self._whiten(adv, batch.mask)

@@ -161,9 +161,27 @@ class EpisodeConfig:
 
 
 @dataclass
+class TreeConfig:
+    branches: list[int] = field(default_factory=list)
+    """children per node at each depth (e.g. [2, 2, 2]: 8 leaves); the product must equal
+    rollout.group_size; empty: flat groups (vlm/tree_rollout.py)"""
+    segment_tokens: int = 16
+    """tokens of every segment but the last (the last runs to the stop token or max_new_tokens)"""
+    allocate: str = choice("uniform", ("uniform", "entropy"))
+    """how a depth's forks are spread over the branches still running: uniform | entropy (more
+    children where the policy's next-token entropy is highest)"""
+
+
+@dataclass
 class RolloutConfig:
     engine: str = choice("hf", ("hf", "vllm"))
-    """rollout engine: hf (transformers generate) | vllm (colocated vLLM, see rollout.vllm)"""
+    """rollout engine: hf (transformers, see rollout.sampler) | vllm (colocated vLLM, see
+    rollout.vllm)"""
+    sampler: str = choice("fork", ("fork", "generate"))
+    """hf engine, single turn: fork (each prompt prefilled once, its KV cache forked to its G rows;
+    trees) | generate (model.generate on G copies of each prompt)"""
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    """tree rollouts (rollout.tree.branches non-empty turns them on; needs rollout.sampler=fork)"""
     prompts_per_step: int = 8
     """prompts (groups) sampled per training step"""
     group_size: int = 4
@@ -188,6 +206,14 @@ class RolloutConfig:
     )
     """reward components (registered names or module:function): name -> weight, or name ->
     {weight, gate, parameters}, e.g. {accuracy: 1, overlong: {max_len: 256, cache_len: 64}}"""
+    process_reward: str = ""
+    """process rewards next to the outcome reward (RolloutBatch.step_rewards, weighed by
+    algo.process_coef; algo.adv_estimator=prime keeps the two apart): a step reward of
+    rewards/process.py (step_values: rule-based sub-result checks), implicit_prm (PRIME's
+    implicit PRM, vlm/process.py), or module:function; empty: outcome only"""
+    process_params: dict[str, Any] = field(default_factory=dict)
+    """parameters of the process reward: a step reward's keywords (step_values: right, wrong),
+    or implicit_prm's beta (0.05) and lr (1e-5)"""
     reward_timeout_s: float = 10.0
     """time limit of one reward call; a timeout scores 0 and is counted"""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)

@@ -70,7 +70,7 @@ def batch_positions(rope, kwargs: dict) -> Tensor:
 
 
 @dataclass
-class _Live:
+class LiveRows:
     """The rows still in the batch, aligned with the cache's rows."""
 
     rows: Tensor
@@ -84,7 +84,9 @@ class _Live:
     cache: object
 
     def keep(self, idx: Tensor) -> None:
-        if len(idx) == len(self.rows):
+        """Keep rows ``idx`` [L'] in this order: a row left out is dropped, a row named twice is
+        forked (its cache row copied)."""
+        if len(idx) == len(self.rows) and bool((idx == torch.arange(len(idx))).all()):
             return
         self.cache.batch_select_indices(idx.to(self.attn.device))
         self.rows, self.next_pos = self.rows[idx], self.next_pos[idx.to(self.next_pos.device)]
@@ -94,7 +96,63 @@ class _Live:
         )
 
 
-class EpisodeSampler:
+class KVSampler:
+    """Token-by-token sampling with a Hugging Face KV cache that rows share and fork: the distinct
+    prompts are prefilled once and their keys/values indexed out to the rows (`_prefill`), one
+    token per live row is fed per step (`_step`), and `LiveRows.keep` drops or repeats cache rows.
+    The episode sampler and the tree sampler (``vlm/tree_rollout.py``) are built on it.
+
+    Args:
+        model, processor: the policy's.
+        stop_ids, pad_id, banned: the policy's stop tokens, padding and never-sampled ids.
+    """
+
+    def __init__(self, model, processor, stop_ids: list[int], pad_id: int, banned: list[int]):
+        self.model, self.processor = model, processor
+        self.stop_ids, self.pad_id, self.banned = stop_ids, pad_id, banned
+        self.rope = rope_module(model)
+        self.device = next(model.parameters()).device
+        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    # ---- model calls ------------------------------------------------------------------------
+
+    def _forward(self, ids: Tensor, live_attn: Tensor, pos: Tensor, cache, **vision):
+        pos = pos if self.rope is not None else pos[0]
+        if self._keep_arg:
+            vision["logits_to_keep"] = 1
+        return self.model(
+            input_ids=ids, attention_mask=live_attn, position_ids=pos, past_key_values=cache,
+            use_cache=True, **vision,
+        )  # fmt: skip
+
+    def _prefill(self, table: dict, index: Tensor) -> LiveRows:
+        """The distinct prompts once, their keys/values indexed out to the rows."""
+        from transformers import DynamicCache
+
+        kwargs = collate(table, self.pad_id, self.device)  # [U, P], left-padded
+        pos = batch_positions(self.rope, kwargs)
+        vision = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
+        if self.rope is not None:
+            vision.pop("mm_token_type_ids", None)  # positions are given
+        cache = DynamicCache()
+        out = self._forward(kwargs["input_ids"], kwargs["attention_mask"], pos, cache, **vision)
+        idx = index.to(self.device)
+        cache.batch_select_indices(idx)
+        return LiveRows(
+            rows=torch.arange(len(index)), attn=kwargs["attention_mask"][idx],
+            next_pos=pos.amax(dim=(0, 2))[idx] + 1, logits=out.logits[idx, -1], cache=cache,
+        )  # fmt: skip
+
+    def _step(self, live: LiveRows, tok: Tensor, feed: Tensor) -> None:
+        """Feed one token per live row (padding with attention 0 where ``feed`` is False)."""
+        ids = torch.where(feed, tok, torch.full_like(tok, self.pad_id))[:, None]
+        live.attn = torch.cat([live.attn, feed.long()[:, None]], dim=1)
+        pos = live.next_pos[:, None].expand(3, -1, 1)
+        live.logits = self._forward(ids, live.attn, pos, live.cache).logits[:, -1]
+        live.next_pos = live.next_pos + feed.long()
+
+
+class EpisodeSampler(KVSampler):
     """Runs episodes for a policy's model (see the module docstring).
 
     Args:
@@ -105,13 +163,10 @@ class EpisodeSampler:
 
     def __init__(self, model, processor, settings: EpisodeSettings, stop_ids: list[int],
                  pad_id: int, banned: list[int]):  # fmt: skip
-        self.model, self.processor, self.settings = model, processor, settings
-        self.stop_ids, self.pad_id, self.banned = stop_ids, pad_id, banned
+        super().__init__(model, processor, stop_ids, pad_id, banned)
+        self.settings = settings
         stop_text = processor.tokenizer.convert_ids_to_tokens(stop_ids[0])
         self.template = ObservationTemplate(processor, stop_text, settings)
-        self.rope = rope_module(model)
-        self.device = next(model.parameters()).device
-        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def sample(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams) -> RolloutBatch:
         """``n`` episodes per prompt. Returns a `RolloutBatch` (layout in ``vlm/episode.py``)
@@ -145,44 +200,7 @@ class EpisodeSampler:
                     tape.logs[r].turn_seconds.append(dt)
         return tape.to_batch(samples, index.clone(), table, index, sp.return_logprobs)
 
-    # ---- model calls ------------------------------------------------------------------------
-
-    def _forward(self, ids: Tensor, live_attn: Tensor, pos: Tensor, cache, **vision):
-        pos = pos if self.rope is not None else pos[0]
-        if self._keep_arg:
-            vision["logits_to_keep"] = 1
-        return self.model(
-            input_ids=ids, attention_mask=live_attn, position_ids=pos, past_key_values=cache,
-            use_cache=True, **vision,
-        )  # fmt: skip
-
-    def _prefill(self, table: dict, index: Tensor) -> _Live:
-        """The distinct prompts once, their keys/values indexed out to the rows."""
-        from transformers import DynamicCache
-
-        kwargs = collate(table, self.pad_id, self.device)  # [U, P], left-padded
-        pos = batch_positions(self.rope, kwargs)
-        vision = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
-        if self.rope is not None:
-            vision.pop("mm_token_type_ids", None)  # positions are given
-        cache = DynamicCache()
-        out = self._forward(kwargs["input_ids"], kwargs["attention_mask"], pos, cache, **vision)
-        idx = index.to(self.device)
-        cache.batch_select_indices(idx)
-        return _Live(
-            rows=torch.arange(len(index)), attn=kwargs["attention_mask"][idx],
-            next_pos=pos.amax(dim=(0, 2))[idx] + 1, logits=out.logits[idx, -1], cache=cache,
-        )  # fmt: skip
-
-    def _step(self, live: _Live, tok: Tensor, feed: Tensor) -> None:
-        """Feed one token per live row (padding with attention 0 where ``feed`` is False)."""
-        ids = torch.where(feed, tok, torch.full_like(tok, self.pad_id))[:, None]
-        live.attn = torch.cat([live.attn, feed.long()[:, None]], dim=1)
-        pos = live.next_pos[:, None].expand(3, -1, 1)
-        live.logits = self._forward(ids, live.attn, pos, live.cache).logits[:, -1]
-        live.next_pos = live.next_pos + feed.long()
-
-    def _turn(self, live: _Live, tape: Tape, sp: SamplingParams) -> Tensor:
+    def _turn(self, live: LiveRows, tape: Tape, sp: SamplingParams) -> Tensor:
         """Sample one policy turn of every live row. Returns [L] why each turn ended (stop
         token, turn length, episode token budget)."""
         start = tape.cursor[live.rows].clone()
@@ -205,7 +223,7 @@ class EpisodeSampler:
 
     # ---- the environment's answers ------------------------------------------------------------
 
-    def _respond(self, live: _Live, tape: Tape, env, reasons: Tensor) -> list[EncodedObservation]:
+    def _respond(self, live: LiveRows, tape: Tape, env, reasons: Tensor) -> list[EncodedObservation]:
         """Decode each live row's turn, ask the environment, apply the budgets; rows that stop
         leave ``live``. Returns the encoded observations of the rows that go on."""
         s = self.settings
@@ -243,7 +261,7 @@ class EpisodeSampler:
         live.keep(torch.tensor(keep, dtype=torch.long))
         return encs
 
-    def _turn_texts(self, live: _Live, tape: Tape) -> list[str]:
+    def _turn_texts(self, live: LiveRows, tape: Tape) -> list[str]:
         """The text of each live row's last turn (from its previous segment's end)."""
         out = []
         for row in live.rows.tolist():
@@ -253,7 +271,7 @@ class EpisodeSampler:
             out.append(tape.tokens[row, c - n : c].tolist())
         return self.processor.batch_decode(out, skip_special_tokens=True)
 
-    def _observe(self, live: _Live, tape: Tape, encs: list, table: dict, index: Tensor) -> None:
+    def _observe(self, live: LiveRows, tape: Tape, encs: list, table: dict, index: Tensor) -> None:
         """Record the observations and feed them in one left-padded forward (new images only)."""
         L = len(encs)
         lens = [int(e.ids.numel()) for e in encs]

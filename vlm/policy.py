@@ -43,6 +43,7 @@ from .episode import EpisodeSettings
 from .model import check_model_dir, load_vlm
 from .prompts import EncodedPrompt, PromptConfig, encode_prompts, vision_token_ids
 from .rollout import BANNED_LOGIT, SamplingParams
+from .tree_rollout import TreeSampler, TreeShape
 
 OBS_PREFIX = "obs_"
 """``RolloutBatch.inputs`` keys of episode observations (see ``vlm/episode.py``)."""
@@ -77,6 +78,11 @@ class VLMPolicy:
             so this is the one place the rollout temperature is set.
         episode: multi-turn settings (budgets, the environment that answers a turn); None
             samples one completion per row.
+        tree: how single-turn completions branch (``vlm/tree_rollout.py``); None samples flat
+            groups. Used when a call asks for ``tree.leaves`` completions per prompt.
+        fork: single-turn groups prefill each prompt once and fork its KV cache
+            (``vlm/tree_rollout.py``); False samples with ``generate`` on G copies
+            (``rollout.sample``), for models whose cache cannot fork rows.
     """
 
     def __init__(
@@ -88,6 +94,8 @@ class VLMPolicy:
         *,
         share_prefix: bool = True,
         episode: EpisodeSettings | None = None,
+        tree: TreeShape | None = None,
+        fork: bool = True,
     ):
         self.model = model
         self.processor = processor
@@ -96,7 +104,11 @@ class VLMPolicy:
         """the rollouts' sampling settings (the rollout source samples with them)"""
         self.episode = episode
         """multi-turn rollouts (the rollout source and the evaluator read it); None: one turn"""
+        self.tree = tree
+        """single-turn tree shape (None: flat groups)"""
+        self.fork = fork
         self._sampler = None
+        self._tree_sampler = None
         self.stop_ids = rollout.stop_token_ids(model, processor)
         self.pad_id = rollout.pad_token_id(processor, self.stop_ids)
         self.banned_ids = vision_token_ids(processor)
@@ -125,6 +137,8 @@ class VLMPolicy:
         sampling: SamplingParams | None = None,
         share_prefix: bool = True,
         episode: EpisodeSettings | None = None,
+        tree: TreeShape | None = None,
+        fork: bool = True,
         **load_kwargs,
     ) -> VLMPolicy:
         """Load a local model directory (see ``load_vlm`` for ``load_kwargs``)."""
@@ -132,7 +146,10 @@ class VLMPolicy:
         load_kwargs.setdefault("min_pixels", prompt.min_pixels)
         load_kwargs.setdefault("max_pixels", prompt.max_pixels)
         model, processor = load_vlm(path, **load_kwargs)
-        return cls(model, processor, prompt, sampling, share_prefix=share_prefix, episode=episode)
+        return cls(
+            model, processor, prompt, sampling, share_prefix=share_prefix, episode=episode,
+            tree=tree, fork=fork,
+        )  # fmt: skip
 
     @property
     def device(self) -> torch.device:
@@ -381,7 +398,7 @@ class VLMPolicy:
         ref_model.requires_grad_(False)
         ref = VLMPolicy(
             ref_model, self.processor, self.prompt, self.sampling,
-            share_prefix=self.share_prefix, episode=self.episode,
+            share_prefix=self.share_prefix, episode=self.episode, tree=self.tree, fork=self.fork,
         )  # fmt: skip
         return ref.eval()
 
@@ -396,12 +413,21 @@ class VLMPolicy:
     def sample(
         self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams | None = None
     ) -> RolloutBatch:
-        """``n`` completions per encoded prompt (see ``rollout.sample``), or ``n`` episodes when
-        the policy has ``episode`` settings (see ``vlm/episode_rollout.py``), with ``sampling``
-        (default: the policy's own, the distribution ``evaluate`` scores); rewards not filled."""
+        """``n`` completions per encoded prompt, or ``n`` episodes when the policy has
+        ``episode`` settings (see ``vlm/episode_rollout.py``), with ``sampling`` (default: the
+        policy's own, the distribution ``evaluate`` scores); rewards not filled. Completions are
+        the leaves of ``tree`` when it has ``n`` leaves, else flat groups, both from the
+        prefill-once sampler (``vlm/tree_rollout.py``; ``generate`` when ``fork`` is off)."""
         sp = sampling or self.sampling
         if self.episode is None:
-            return rollout.sample(self.model, self.processor, prompts, n, sp)
+            if not self.fork:
+                return rollout.sample(self.model, self.processor, prompts, n, sp)
+            shape = self.tree if self.tree is not None and self.tree.leaves == n else None
+            if self._tree_sampler is None:
+                self._tree_sampler = TreeSampler(
+                    self.model, self.processor, self.stop_ids, self.pad_id, self.banned_ids
+                )
+            return self._tree_sampler.sample(prompts, shape or TreeShape.flat(n), sp)
         if self._sampler is None or self._sampler.settings is not self.episode:
             from .episode_rollout import EpisodeSampler
 

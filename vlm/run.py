@@ -30,6 +30,7 @@ from ..trainer.runtime import resolve_device, resolve_path
 from .episode import EpisodeSettings, ToolEnv, check_sample_tools, resolve_tools
 from .prompts import PromptConfig, PromptLengths, too_long_error
 from .rollout import SamplingParams
+from .tree_rollout import TreeShape
 from .video import VideoLoadError
 
 EVAL_REWARD = {"accuracy": 1.0}
@@ -75,6 +76,32 @@ def episode_settings(cfg) -> EpisodeSettings | None:
         min_pixels=e.min_pixels or m.min_pixels or None,
         max_pixels=e.max_pixels or m.max_pixels or None, tool_names=tuple(e.tools),
     )  # fmt: skip
+
+
+def tree_shape(cfg) -> TreeShape | None:
+    """The tree of ``rollout.tree`` (None: flat groups), checked against the rest of the recipe."""
+    t, r = cfg.rollout.tree, cfg.rollout
+    if not t.branches:
+        return None
+    where = f"rollout.tree.branches={t.branches}"
+    if r.engine != "hf" or r.sampler != "fork":
+        raise ConfigError(f"{where} needs rollout.engine=hf and rollout.sampler=fork")
+    if r.episode.tools:
+        raise ConfigError(f"{where}: tree rollouts of multi-turn episodes are not supported yet")
+    try:
+        shape = TreeShape(tuple(t.branches), t.segment_tokens, t.allocate)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if shape.leaves != r.group_size:
+        raise ConfigError(
+            f"{where} has {shape.leaves} leaves per prompt; set rollout.group_size={shape.leaves}"
+        )
+    if len(shape.branches) > 1 and (len(shape.branches) - 1) * t.segment_tokens >= r.max_new_tokens:
+        raise ConfigError(
+            f"{where}: {len(shape.branches) - 1} segments of {t.segment_tokens} tokens leave "
+            f"nothing of rollout.max_new_tokens={r.max_new_tokens} for the last segment"
+        )
+    return shape
 
 
 def sampling_params(cfg) -> SamplingParams:
@@ -255,7 +282,7 @@ def build_policy(cfg, run_dir: Path):
         path, prompt=prompt_config(cfg), sampling=sampling_params(cfg), dtype=m.dtype,
         device=resolve_device(cfg.train.device), gradient_checkpointing=m.gradient_checkpointing,
         trust_remote_code=m.trust_remote_code, share_prefix=m.share_prefix,
-        episode=episode_settings(cfg),
+        episode=episode_settings(cfg), tree=tree_shape(cfg), fork=cfg.rollout.sampler == "fork",
     )  # fmt: skip
     if m.lora_rank > 0:
         from .lora import apply_lora
@@ -315,6 +342,27 @@ def vllm_policy(cfg, policy, run_dir: Path):
     return VLLMRolloutPolicy.colocate(policy, engine)
 
 
+def process_reward(cfg, policy):
+    """The process reward of ``rollout.process_reward`` (None: outcome only)."""
+    name, params = cfg.rollout.process_reward, dict(cfg.rollout.process_params)
+    if not name:
+        return None
+    from .process import IMPLICIT, ImplicitPRM, RuleSteps
+
+    where = f"rollout.process_reward={name}"
+    if cfg.rollout.episode.tools:
+        raise ConfigError(f"{where}: process rewards of multi-turn episodes are not supported yet")
+    if name == IMPLICIT:
+        unknown = sorted(set(params) - {"beta", "lr"})
+        if unknown:
+            raise ConfigError(f"rollout.process_params {unknown}: implicit_prm takes beta, lr")
+        return ImplicitPRM(policy, micro_batch_size=cfg.train.micro_batch_size, **params)
+    try:
+        return RuleSteps(name, params)
+    except ValueError as e:
+        raise ConfigError(f"rollout.process_reward: {e}") from e
+
+
 def build_trainer(cfg, run_dir: Path) -> Trainer:
     """GRPO (or any registered estimator/loss) on the VLM side."""
     from ..rewards import build_reward
@@ -332,11 +380,15 @@ def build_trainer(cfg, run_dir: Path) -> Trainer:
     engine = build_engine(policy, cfg.train)
     train, rollout_cfg, seed = data_shard(cfg, data.train, engine.rank, engine.world_size)
     if cfg.train.pipeline != "sync":
+        if cfg.rollout.process_reward:
+            raise ConfigError(
+                "rollout.process_reward runs in the trainer's process; use train.pipeline=sync"
+            )
         source = pipeline_source(cfg, run_dir, train, engine.world_size)
     else:
         source = VLMRolloutSource(
             train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict,
-            data_skipped=data.skipped,
+            data_skipped=data.skipped, process=process_reward(cfg, policy),
         )  # fmt: skip
     return Trainer(
         cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg, data.val),

@@ -26,7 +26,9 @@ from ..trainer.batch import RolloutBatch
 from . import rollout
 from .config import RolloutConfig
 from .episode import episode_metrics, summarize
+from .process import ProcessMonitor
 from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
+from .tree_rollout import sampled_tokens
 
 RewardFn = Callable[[list[str], list[dict]], tuple[list[float], dict[str, list[float]], dict]]
 """``(completions, samples) -> (totals [B], components {name: [B]}, stats)``."""
@@ -151,6 +153,7 @@ class VLMRolloutSource:
         seed: int = 0,
         strict: bool = True,
         data_skipped: dict[str, int] | None = None,
+        process=None,
     ):
         if not samples:
             raise ValueError("VLMRolloutSource needs at least one sample")
@@ -161,6 +164,9 @@ class VLMRolloutSource:
             f"data/skipped_{k}": float(v) for k, v in (data_skipped or {}).items() if v
         }
         self.tgrpo_key = tgrpo_correct_key(cfg.reward) if cfg.tgrpo_alpha > 0 else None
+        self.process = process
+        """process reward (``vlm/process.py``: ``(batch, policy, correct) -> ([B, T], stats)``)"""
+        self.monitor = ProcessMonitor()
         self.epoch, self.pos, self.skipped_total = 0, 0, 0
         self._order: np.ndarray | None = None
         self._order_epoch = -1
@@ -221,6 +227,9 @@ class VLMRolloutSource:
         t2 = time.perf_counter()
         batch.rewards = torch.tensor(totals, dtype=torch.float32, device=batch.tokens.device)
         metrics = self._metrics(batch, totals, comps, stats)
+        if self.process is not None:
+            metrics.update(self._process(batch, policy, totals, comps, step))
+            t2 = time.perf_counter()
         metrics.update(episode_metrics(batch))
         metrics.update(
             {
@@ -276,6 +285,23 @@ class VLMRolloutSource:
         stats["reward/tgrpo_shuffled_samples"] = float(len(sb))
         return [t + float(b) for t, b in zip(totals, bonus.tolist())], stats
 
+    def _process(self, batch: RolloutBatch, policy, totals, comps, step: int) -> dict:
+        """Process rewards into ``batch.step_rewards``; their metrics and the hacking monitor
+        (outcome = the ``accuracy`` component, or the total reward without one)."""
+        correct = torch.tensor(comps.get("accuracy", totals), dtype=torch.float32)
+        steps, stats = self.process(batch, policy, correct)
+        if not torch.isfinite(steps).all():
+            raise ValueError("the process reward returned NaN or infinite step rewards")
+        batch.step_rewards = steps.to(batch.tokens.device)
+        per_row = steps.sum(1)
+        m = {f"reward/{k}": float(v) for k, v in stats.items()}
+        m["reward/process_mean"] = float(per_row.mean())
+        m["reward/process_std"] = float(per_row.std()) if len(per_row) > 1 else 0.0
+        m["reward/process_vs_outcome"] = self.monitor(
+            m["reward/process_mean"], float(correct.mean()), step
+        )
+        return m
+
     def _metrics(self, batch: RolloutBatch, totals, comps, stats) -> dict[str, float]:
         lengths = batch.mask.sum(1)
         r = torch.tensor(totals, dtype=torch.float64)
@@ -292,6 +318,10 @@ class VLMRolloutSource:
             "rollout/samples": float(len(batch)),
             "rollout/zero_std_groups": _mean(float(max(v) == min(v)) for v in groups.values()),
         }
+        if batch.segments is not None:
+            sampled, leaf = sampled_tokens(batch)
+            m["rollout/sampled_tokens"] = float(sampled)
+            m["rollout/tree_token_ratio"] = sampled / max(leaf, 1)
         for name, vals in comps.items():
             m[f"reward/{name}"] = _mean(vals)
         for k, v in stats.items():  # e.g. error / timeout counts of the composite reward
@@ -307,6 +337,7 @@ class VLMRolloutSource:
             "skipped_total": self.skipped_total,
             "seed": self.seed,
             "num_samples": len(self.samples),
+            "process": self.process.state_dict() if hasattr(self.process, "state_dict") else {},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -317,6 +348,8 @@ class VLMRolloutSource:
             )
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self.skipped_total = int(state.get("skipped_total", 0))
+        if state.get("process") and hasattr(self.process, "load_state_dict"):
+            self.process.load_state_dict(state["process"])
         self._order_epoch = -1
 
 

@@ -1,0 +1,95 @@
+"""Process rewards: scores of a completion's intermediate steps, each at the place the step ends.
+
+A step reward is a plain function ``fn(completions, samples, **params) -> list[list[Step]]``:
+for each completion, its scored steps in order, each ``Step(end, score)`` with ``end`` the
+character offset just past the step in the completion text. The rollout source places each
+score on the token that holds that character (``RolloutBatch.step_rewards`` [B, T]) and the
+estimators weigh it against the outcome reward (``algo.process_coef``; ``prime`` keeps the two
+apart). Rewards know nothing of models; the learned process reward (PRIME's implicit PRM) is a
+model of the VLM side (``vlm/prm.py``).
+
+Register with ``@register_step_reward("name")``; ``rollout.process_reward`` names one (or
+``implicit_prm``, or ``module:function``).
+
+Registered: ``step_values`` (rule-based: the sub-results a synthetic generator knows, e.g. the
+per-colour counts of ``count_sum``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .registry import _import_spec
+
+
+class Step(NamedTuple):
+    end: int
+    """character offset just past the step in the completion"""
+    score: float
+
+
+StepRewardFn = Callable[..., list[list[Step]]]
+_STEP_REWARDS: dict[str, StepRewardFn] = {}
+
+
+def register_step_reward(name: str) -> Callable[[StepRewardFn], StepRewardFn]:
+    """Decorator registering a step reward under ``name``."""
+
+    def deco(fn: StepRewardFn) -> StepRewardFn:
+        old = _STEP_REWARDS.get(name, fn)
+        if (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"step reward {name!r} is already registered by {old.__qualname__}")
+        _STEP_REWARDS[name] = fn
+        return fn
+
+    return deco
+
+
+def list_step_rewards() -> list[str]:
+    return sorted(_STEP_REWARDS)
+
+
+def get_step_reward(name: str) -> StepRewardFn:
+    """Registered step reward ``name`` or ``"module:function"``; ValueError listing valid names."""
+    if ":" in name:
+        return _import_spec(name)
+    if name not in _STEP_REWARDS:
+        raise ValueError(
+            f"unknown process reward {name!r}; valid: {', '.join(list_step_rewards())}, "
+            "implicit_prm, or 'package.module:function'"
+        )
+    return _STEP_REWARDS[name]
+
+
+_ANSWER = re.compile(r"<answer>", re.IGNORECASE)
+
+
+@register_step_reward("step_values")
+def step_values(
+    completions: list[str], samples: list[dict], right: float = 1.0, wrong: float = 0.0
+) -> list[list[Step]]:
+    """Rule-based step checks against ``sample["meta"]["steps"]`` (label -> value the generator
+    knows, e.g. ``{"red": 2, "blue": 1}``).
+
+    A step is a claim ``<label>: <number>`` (``<label> objects: N`` and ``=`` also read) before
+    the ``<answer>`` tag. Only a label's first claim counts, and labels the sample does not list
+    are ignored, so repeating a right claim or inventing new ones earns nothing. A right claim
+    scores ``right / k`` and a wrong one ``wrong / k`` (``k`` labels), so a completion's process
+    reward is at most ``right``. Samples without ``steps`` get no step rewards.
+    """
+    out = []
+    for text, sample in zip(completions, samples):
+        expected = (sample.get("meta") or {}).get("steps") or {}
+        head = _ANSWER.split(text, maxsplit=1)[0]
+        steps = []
+        for label, value in expected.items():
+            pat = rf"\b{re.escape(str(label))}\b(?:\s+objects?)?\s*[:=]\s*(-?\d+)"
+            m = re.search(pat, head, re.IGNORECASE)
+            if m is None:
+                continue
+            ok = int(m.group(1)) == int(value)
+            steps.append(Step(m.end(1), (right if ok else wrong) / len(expected)))
+        out.append(sorted(steps))
+    return out

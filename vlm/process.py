@@ -1,0 +1,179 @@
+"""Process rewards of VLM completions: rule-based step checks and PRIME's implicit PRM, placed on
+tokens as ``RolloutBatch.step_rewards`` [B, T], and the monitor that flags a hacked one.
+
+* `RuleSteps` runs a step reward of ``rewards/process.py`` on the completion texts and puts each
+  step's score on the token that holds the step's last character.
+* `ImplicitPRM` (PRIME, Cui et al. 2025): a second copy of the policy, trained online from the
+  outcome labels alone; its per-token reward is ``beta * (log pi_prm(y_t) - log pi_ref(y_t))``
+  against a frozen copy of the initial weights. Its loss is the cross-entropy of
+  ``sigmoid(beta * sum_t log-ratio)`` against the outcome label (``correct >= 0.5``): the
+  sequence-level ratio is trained as an outcome classifier, and its per-token terms are the
+  process rewards it implies. One optimizer step per rollout batch; rewards come from the same
+  forward, before that step (PRIME scores after its update; scoring first saves a forward).
+* `ProcessMonitor`: process reward rising while outcome accuracy falls, over a window of steps,
+  is logged as a warning with both curves and as ``reward/process_vs_outcome`` = 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import deque
+
+import torch
+from torch import Tensor
+
+from ..rewards.process import get_step_reward
+from ..trainer.batch import RolloutBatch
+
+log = logging.getLogger(__name__)
+
+IMPLICIT = "implicit_prm"
+
+
+def token_of_chars(tokenizer, ids: list[int], ends: list[int]) -> list[int]:
+    """For each character offset ``end`` of ``decode(ids)`` (special tokens skipped), the index
+    of the token that holds character ``end - 1`` (the smallest prefix whose text reaches it)."""
+    out = []
+    for end in ends:
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append(max(lo - 1, 0))
+    return out
+
+
+class RuleSteps:
+    """A registered step reward on the completion texts, scores placed on tokens.
+
+    Args:
+        name: a step reward of ``rewards/process.py`` (or ``module:function``).
+        params: its keyword parameters.
+    """
+
+    def __init__(self, name: str, params: dict | None = None):
+        self.fn, self.name, self.params = get_step_reward(name), name, dict(params or {})
+
+    def __call__(self, batch: RolloutBatch, policy, correct: Tensor) -> tuple[Tensor, dict]:
+        texts = [m["completion"] for m in batch.meta]
+        steps = self.fn(texts, [m["sample"] for m in batch.meta], **self.params)
+        if len(steps) != len(batch):
+            raise ValueError(f"process reward {self.name!r} returned {len(steps)} rows for {len(batch)}")
+        out = torch.zeros(batch.mask.shape)
+        tok = policy.processor.tokenizer
+        lengths = batch.mask.sum(1).long().tolist()
+        for b, row in enumerate(steps):
+            if not row:
+                continue
+            ids = batch.tokens[b, : lengths[b]].tolist()
+            for t, s in zip(token_of_chars(tok, ids, [st.end for st in row]), row):
+                out[b, t] += float(s.score)
+        n = sum(len(r) for r in steps)
+        return out, {"process_steps": n / max(len(batch), 1)}
+
+
+class ImplicitPRM:
+    """PRIME's implicit process reward model (see the module docstring).
+
+    Args:
+        policy: the policy (a `VLMPolicy`); the PRM and its reference start as copies of it.
+        beta: the log-ratio's scale.
+        lr: the PRM's AdamW learning rate.
+        micro_batch_size: rows per forward.
+    """
+
+    def __init__(self, policy, beta: float = 0.05, lr: float = 1e-5, micro_batch_size: int = 8):
+        from .policy import VLMPolicy
+
+        self.beta, self.micro = beta, micro_batch_size
+        self.prm = VLMPolicy(
+            copy.deepcopy(policy.model), policy.processor, policy.prompt, policy.sampling,
+            share_prefix=policy.share_prefix,
+        )  # fmt: skip
+        self.ref = self.prm.reference()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.prm.parameters() if p.requires_grad], lr=lr
+        )
+
+    def __call__(self, batch: RolloutBatch, policy, correct: Tensor) -> tuple[Tensor, dict]:
+        """Per-token rewards [B, T] of ``batch`` and one PRM step on its outcome labels."""
+        rows = len(batch)
+        out = torch.zeros(batch.mask.shape)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, acc = 0.0, 0.0
+        labels = (correct >= 0.5).float()
+        for start in range(0, rows, self.micro):
+            idx = list(range(start, min(start + self.micro, rows)))
+            mb = batch.select(idx).to(self.prm.device)
+            with torch.no_grad():
+                ref = self.ref.evaluate(mb).logp.float()
+            logp = self.prm.evaluate(mb).logp.float()
+            mask = mb.mask.float()
+            ratio = (logp - ref) * mask * self.beta  # [b, T]
+            out[idx, : ratio.shape[1]] = ratio.detach().cpu()
+            score = ratio.sum(1)
+            y = labels[idx].to(score.device)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(score, y, reduction="sum")
+            (loss / rows).backward()
+            loss_sum += float(loss.detach())
+            acc += float(((score > 0).float() == y).sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.prm.parameters(), 1.0)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return out, {
+            "prm_loss": loss_sum / max(rows, 1),
+            "prm_accuracy": acc / max(rows, 1),
+            "prm_grad_norm": float(grad_norm),
+        }
+
+    def state_dict(self) -> dict:
+        return {"prm": self.prm.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.prm.load_state_dict(state["prm"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class ProcessMonitor:
+    """Flags process reward rising while outcome accuracy falls over the last ``window`` steps
+    (least-squares slopes of both curves); warns once per window with both curves."""
+
+    def __init__(self, window: int = 10):
+        self.window = window
+        self.process: deque[float] = deque(maxlen=window)
+        self.outcome: deque[float] = deque(maxlen=window)
+        self._quiet = 0
+
+    def __call__(self, process: float, outcome: float, step: int) -> float:
+        self.process.append(process)
+        self.outcome.append(outcome)
+        self._quiet = max(self._quiet - 1, 0)
+        if len(self.process) < self.window:
+            return 0.0
+        up, down = _slope(self.process) > 0, _slope(self.outcome) < 0
+        if not (up and down):
+            return 0.0
+        if self._quiet == 0:
+            log.warning(
+                "step %d: the process reward rises while outcome accuracy falls over the last "
+                "%d steps (process %s; outcome %s): the process reward may be hacked; check the "
+                "step format or lower algo.process_coef",
+                step, self.window, _curve(self.process), _curve(self.outcome),
+            )  # fmt: skip
+            self._quiet = self.window
+        return 1.0
+
+
+def _slope(ys) -> float:
+    n = len(ys)
+    xm, ym = (n - 1) / 2, sum(ys) / n
+    return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / sum((i - xm) ** 2 for i in range(n))
+
+
+def _curve(ys) -> str:
+    return " ".join(f"{y:.3f}" for y in ys)

@@ -1,0 +1,271 @@
+"""Tree sampling: each prompt's completions grow as a tree of segments that share their prefixes.
+
+A prompt is prefilled once (vision tower included) and its KV cache forked to ``branches[0]``
+rows; every row samples a segment of ``segment_tokens`` tokens; at the segment's end each row
+still going is forked (its cache row copied, not recomputed) into ``branches[1]`` children,
+and so on; the segment of the last depth runs to the stop token or ``max_new_tokens``. A
+branch that emits the stop token ends there: it is a leaf, and its share of the prompt's
+leaves goes to the branches still running at the next fork (TreePO's fallback), so a prompt
+has ``prod(branches)`` leaves unless every branch ends first. Every leaf is an ordinary
+completion row (its ancestors' tokens copied in), so rewards, losses and the loop see a flat
+batch; ``RolloutBatch.segments`` [B, T] names the tree node each token was sampled in (1, 2,
+... within a prompt; 0 on padding), the structure the tree estimators read
+(``trainer/advantages.py``).
+
+A flat GRPO group is the tree of depth one (``branches = [G]``): its prompt is prefilled once
+and forked to G rows instead of being re-encoded G times as ``generate`` on G copies does, and
+rows that stop leave the batch. `VLMPolicy.sample` uses this sampler for single-turn rollouts.
+
+Forks are spread over a depth's live branches evenly (``allocate="uniform"``: each gets the
+same number of children, the remainder to random ones) or by uncertainty (``"entropy"``: every
+branch gets one child, each further child goes to the branch whose next-token entropy divided
+by its children so far is highest, so the tree branches where the policy is unsure).
+
+Log-probs are those of the tempered distribution ``VLMPolicy.evaluate`` scores (one sampling
+function with the episode sampler: ``episode_rollout.sample_token``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..trainer.batch import RolloutBatch
+from .episode_rollout import KVSampler, LiveRows, _chunks, sample_token
+from .prompts import EncodedPrompt
+from .rollout import SamplingParams, generation_mode, prompt_table
+
+ALLOCATIONS = ("uniform", "entropy")
+COMPACT_FRACTION = 0.25
+"""stopped rows leave the cache once they are this fraction of the live rows (a cache
+``index_select`` then costs less than feeding them padding)"""
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a prompt's completions branch (see the module docstring)."""
+
+    branches: tuple[int, ...]
+    """children per node at each depth; branches[0] rows start from the prompt; the product is
+    the prompt's leaves (the group size)"""
+    segment_tokens: int = 0
+    """tokens of every segment but the last (unused for a tree of depth one)"""
+    allocate: str = "uniform"
+    """uniform | entropy: how a depth's forks are spread over its live branches"""
+
+    def __post_init__(self):
+        if not self.branches or any(b < 1 for b in self.branches):
+            raise ValueError(f"tree branches must be positive integers, got {self.branches}")
+        if len(self.branches) > 1 and self.segment_tokens < 1:
+            raise ValueError("a tree deeper than one segment needs segment_tokens >= 1")
+        if self.allocate not in ALLOCATIONS:
+            raise ValueError(f"tree allocate {self.allocate!r}: use one of {ALLOCATIONS}")
+
+    @property
+    def leaves(self) -> int:
+        out = 1
+        for b in self.branches:
+            out *= b
+        return out
+
+    @classmethod
+    def flat(cls, n: int) -> TreeShape:
+        return cls((n,))
+
+
+class _Rows:
+    """Fixed buffers of a chunk's completions (one row per leaf), written at per-row cursors."""
+
+    def __init__(self, rows: int, width: int, pad_id: int):
+        self.tokens = torch.full((rows, width), pad_id, dtype=torch.long)
+        self.logp = torch.zeros((rows, width))
+        self.node = torch.zeros((rows, width), dtype=torch.long)
+        self.cursor = torch.zeros(rows, dtype=torch.long)
+        self.stopped = torch.zeros(rows, dtype=torch.bool)
+        self.prompt = torch.full((rows,), -1, dtype=torch.long)
+        self.used = 0
+
+    def take(self, n: int) -> Tensor:
+        """``n`` fresh rows."""
+        out = torch.arange(self.used, self.used + n)
+        self.used += n
+        return out
+
+    def put(self, rows: Tensor, tok: Tensor, logp: Tensor, node: Tensor) -> None:
+        at = self.cursor[rows]
+        self.tokens[rows, at], self.logp[rows, at], self.node[rows, at] = tok, logp, node
+        self.cursor[rows] += 1
+
+    def copy(self, dst: Tensor, src: Tensor) -> None:
+        """Rows ``dst`` become copies of rows ``src`` (a fork: the prefix is shared history)."""
+        for buf in (self.tokens, self.logp, self.node, self.cursor, self.stopped, self.prompt):
+            buf[dst] = buf[src]
+
+
+class TreeSampler(KVSampler):
+    """Samples completion trees (flat groups included) for a policy's model.
+
+    Args:
+        model, processor: the policy's.
+        stop_ids, pad_id, banned: the policy's stop tokens, padding and never-sampled ids.
+    """
+
+    def sample(
+        self, prompts: list[EncodedPrompt], shape: TreeShape, sp: SamplingParams
+    ) -> RolloutBatch:
+        """``shape.leaves`` completions per prompt (fewer when every branch of a prompt stops
+        before the last fork). Returns a `RolloutBatch` like ``rollout.sample``'s (rows of one
+        prompt adjacent, ``group_id`` the prompt's position, ``logp_rollout`` when
+        ``sp.return_logprobs``) plus ``segments`` for trees deeper than one segment."""
+        parts, start = [], 0
+        lens = [p.input_ids.numel() for p in prompts]
+        for chunk in _chunks(lens, shape.leaves, sp.max_new_tokens, sp.token_budget):
+            b = self._sample_chunk([prompts[i] for i in chunk], shape, sp)
+            b.group_id = b.group_id + start
+            start += len(chunk)
+            parts.append(b)
+        return RolloutBatch.concat(parts)
+
+    def _sample_chunk(self, prompts: list[EncodedPrompt], shape: TreeShape, sp: SamplingParams):
+        U, first = len(prompts), shape.branches[0]
+        buf = _Rows(U * shape.leaves, sp.max_new_tokens, self.pad_id)
+        rows = buf.take(U * first)
+        buf.prompt[rows] = torch.arange(U).repeat_interleave(first)
+        next_node = torch.ones(U, dtype=torch.long)  # next node id of each prompt's tree
+        depth = len(shape.branches)
+        with generation_mode(self.model):
+            live = self._prefill(prompt_table(prompts), buf.prompt[rows].clone())
+            live.rows = rows
+            for d in range(depth):
+                last = d == depth - 1
+                done = d * shape.segment_tokens
+                length = sp.max_new_tokens - done if last else shape.segment_tokens
+                length = min(length, sp.max_new_tokens - done)
+                prompt = buf.prompt[live.rows]
+                node = next_node[prompt] + _rank_within(prompt)  # one new node per live row
+                next_node.index_add_(0, prompt, torch.ones_like(prompt))
+                final = last or done + length >= sp.max_new_tokens
+                self._segment(live, buf, node, length, sp, final)
+                if final or not len(live.rows):
+                    break
+                self._fork(live, buf, shape, d + 1, U)
+        return self._batch(prompts, buf, sp, segments=depth > 1)
+
+    def _segment(self, live: LiveRows, buf: _Rows, node: Tensor, length: int,
+                 sp: SamplingParams, final: bool) -> None:  # fmt: skip
+        """Up to ``length`` tokens of every live row; rows that stop are marked and dropped.
+        The last token of the ``final`` segment is not fed (nothing follows it)."""
+        stop = torch.tensor(self.stop_ids)
+        gen = torch.ones(len(live.rows), dtype=torch.bool)
+        for i in range(length):
+            tok, logp = sample_token(live.logits, sp, self.banned)
+            tok, logp = tok.cpu(), logp.cpu()
+            buf.put(live.rows[gen], tok[gen], logp[gen], node[gen])
+            ended = gen & torch.isin(tok, stop)
+            buf.stopped[live.rows[ended]] = True
+            gen = gen & ~ended
+            if not gen.any() or (final and i == length - 1):
+                live.keep(torch.zeros(0, dtype=torch.long))
+                return
+            if (~gen).sum() >= max(1, COMPACT_FRACTION * len(gen)):
+                keep = gen.nonzero().squeeze(1)
+                live.keep(keep)
+                gen, node, tok = gen[keep], node[keep], tok[keep]
+            self._step(live, tok.to(self.device), gen.to(self.device))
+        keep = gen.nonzero().squeeze(1)
+        live.keep(keep)
+
+    def _fork(self, live: LiveRows, buf: _Rows, shape: TreeShape, depth: int, U: int) -> None:
+        """Each prompt's live branches get children so that its finished leaves plus its live
+        rows make ``prod(branches[:depth + 1])`` (see `_allocate`)."""
+        target = 1
+        for b in shape.branches[: depth + 1]:
+            target *= b
+        target = min(target, shape.leaves)
+        prompt = buf.prompt[live.rows]
+        finished = torch.zeros(U, dtype=torch.long)
+        all_rows = torch.arange(buf.used)
+        out_rows = all_rows[buf.stopped[: buf.used]]
+        finished.index_add_(0, buf.prompt[out_rows], torch.ones_like(out_rows))
+        counts = torch.zeros(len(live.rows), dtype=torch.long)
+        entropy = None
+        if shape.allocate == "entropy":
+            logp = live.logits.float().log_softmax(-1)
+            entropy = -(logp.exp() * logp).sum(-1).cpu()
+        for u in prompt.unique().tolist():
+            mine = (prompt == u).nonzero().squeeze(1)
+            ent = None if entropy is None else entropy[mine]
+            counts[mine] = _allocate(int(target - finished[u]), len(mine), ent)
+        idx = torch.arange(len(live.rows)).repeat_interleave(counts)
+        first = torch.ones(len(idx), dtype=torch.bool)
+        first[1:] = idx[1:] != idx[:-1]  # the first child keeps its parent's buffer row
+        new_rows = live.rows[idx].clone()
+        fresh = buf.take(int((~first).sum()))
+        buf.copy(fresh, new_rows[~first])
+        new_rows[~first] = fresh
+        live.keep(idx)
+        live.rows = new_rows
+
+    def _batch(self, prompts, buf: _Rows, sp: SamplingParams, segments: bool) -> RolloutBatch:
+        """The leaves as a `RolloutBatch`, grouped by prompt."""
+        rows = torch.arange(buf.used)
+        order = rows[torch.argsort(buf.prompt[rows] * (buf.used + 1) + rows)]
+        cursor = buf.cursor[order]
+        T = max(int(cursor.max()), 1) if len(order) else 1
+        tokens = buf.tokens[order, :T].clone()
+        mask = (torch.arange(T)[None] < cursor[:, None]).float()
+        texts = self.processor.batch_decode(
+            [r[:c] for r, c in zip(tokens.tolist(), cursor.tolist())], skip_special_tokens=True
+        )
+        index = buf.prompt[order].clone()
+        stopped = buf.stopped[order].tolist()
+        meta = [
+            {"sample": prompts[u].sample, "completion": t, "truncated": not s}
+            for u, t, s in zip(index.tolist(), texts, stopped)
+        ]
+        return RolloutBatch(
+            tokens=tokens, mask=mask, group_id=index.clone(),
+            logp_rollout=buf.logp[order, :T] * mask if sp.return_logprobs else None,
+            segments=buf.node[order, :T].clone() if segments else None,
+            prompts=prompt_table(prompts), prompt_index=index, meta=meta,
+        )  # fmt: skip
+
+
+def sampled_tokens(batch: RolloutBatch) -> tuple[int, int]:
+    """(tokens the sampler decoded, tokens of the leaves): a segment shared by k leaves counts
+    once in the first, k times in the second. Equal for flat groups."""
+    leaf = int(batch.mask.sum())
+    if batch.segments is None:
+        return leaf, leaf
+    nodes = batch.group_id.cpu()[:, None] * (int(batch.segments.max()) + 1) + batch.segments.cpu()
+    valid = (batch.mask.cpu() > 0) & (batch.segments.cpu() > 0)
+    keys, counts = torch.unique(nodes[valid], return_counts=True)
+    sharing = torch.zeros_like(keys)  # leaves that carry each node
+    for row_nodes, row_valid in zip(nodes, valid):
+        sharing += torch.isin(keys, row_nodes[row_valid]).long()
+    return int((counts // sharing.clamp(min=1)).sum()), leaf
+
+
+def _rank_within(keys: Tensor) -> Tensor:
+    """[N] position of each element among the earlier elements with the same key."""
+    same = keys[:, None] == keys[None, :]
+    return torch.tril(same, diagonal=-1).sum(1)
+
+
+def _allocate(want: int, n: int, entropy: Tensor | None = None) -> Tensor:
+    """Children of each of a prompt's ``n`` live branches, ``max(want, n)`` in all, each >= 1:
+    even shares with the remainder to random branches, or (``entropy`` [n] given) one each and
+    every further child to the branch with the highest entropy per child so far."""
+    counts = torch.ones(n, dtype=torch.long)
+    extra = want - n
+    if extra <= 0:
+        return counts
+    if entropy is None:
+        counts += extra // n
+        counts[torch.randperm(n)[: extra % n]] += 1
+        return counts
+    for _ in range(extra):
+        counts[int(torch.argmax(entropy / counts))] += 1
+    return counts
