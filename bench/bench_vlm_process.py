@@ -1,0 +1,203 @@
+"""Outcome-only rewards versus outcome + process rewards on a task of several steps (issue 15).
+
+Task: ``count_sum`` (datasets/clevr.py): "How many red and blue objects are there in total?
+Count each colour first"; the generator knows both sub-counts. One SFT warm start on templated
+traces (``--sft-minutes``, from assets/vlm_base), then three GRPO arms from it for the same
+wall time (``--minutes``), each in its own process, recipe ``configs/vlm_process.yaml``:
+
+* outcome: accuracy + format only, RLOO advantages (``rollout.process_reward=``);
+* rule: + the rule-based step reward ``step_values`` (each stated sub-count checked), PRIME's
+  estimator (RLOO on outcome and on process, summed);
+* implicit: + PRIME's implicit PRM (a second model trained online from the outcome labels),
+  PRIME's estimator.
+
+Learning curves at equal wall time: a checkpoint every ``--every`` steps, each scored greedily
+on held-out questions (a data seed no arm trained on) after the runs, placed at its training
+time (sum of ``time/step`` up to it). Goal: a process arm reaches the outcome arm's final
+accuracy in <= 0.7x the time. The recipes were fixed before the run (no tuning on the held-out
+questions). Also reported: the process reward of each arm and its correlation with the
+outcome over training (a process reward that rises while accuracy falls is hacked).
+
+    python bench/bench_vlm_process.py [--sft-minutes 5] [--minutes 8] [--n-test 100]
+
+Writes bench/results/vlm_process.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from common import last_model, machine, metrics, run_arm, write_results
+
+ARMS = {
+    "outcome": ["rollout.process_reward=", "algo.adv_estimator=rloo"],
+    "rule": [],
+    "implicit": ["rollout.process_reward=implicit_prm"],
+}
+SFT_ARGS = ["train.lr=1.0e-3", "train.warmup_steps=20"]
+GOAL_TIME_RATIO = 0.7
+
+
+def score(model: Path, samples: list[dict]) -> float:
+    from perceptrl.rewards import build_reward
+    from perceptrl.vlm.policy import VLMPolicy
+    from perceptrl.vlm.source import evaluate_accuracy
+
+    policy = VLMPolicy.from_pretrained(model)
+    m = evaluate_accuracy(
+        policy, samples, build_reward({"accuracy": 1.0}), batch_size=50, max_new_tokens=64
+    )
+    return m["accuracy"]
+
+
+def curve(run: Path, samples: list[dict]) -> list[dict]:
+    """(step, training seconds, held-out accuracy) of every checkpoint of a run."""
+    rows = [r for r in metrics(run) if "actor/pg_loss" in r]
+    elapsed, t = {}, 0.0
+    for r in rows:
+        t += r.get("time/step", 0.0)
+        elapsed[int(r["step"])] = t
+    out = []
+    for ck in sorted((run / "checkpoints").glob("step_*")):
+        step = int(ck.name.split("_")[1])
+        out.append({"step": step, "seconds": elapsed.get(step, t), "accuracy": score(ck / "model", samples)})
+    return out
+
+
+def summary(run: Path) -> dict:
+    rows = [r for r in metrics(run) if "actor/pg_loss" in r]
+    k = max(1, len(rows) // 5)
+
+    def ends(key):
+        vals = [r[key] for r in rows if key in r]
+        return (statistics.mean(vals[:k]), statistics.mean(vals[-k:])) if vals else (None, None)
+
+    proc = [r.get("reward/process_mean") for r in rows]
+    acc = [r.get("reward/accuracy") for r in rows]
+    corr = None
+    if all(v is not None for v in proc) and len(rows) > 2 and statistics.pstdev(proc) > 0:
+        corr = statistics.correlation(proc, acc)
+    return {
+        "steps": len(rows),
+        "step_s": statistics.mean(r["time/step"] for r in rows),
+        "train_accuracy": ends("reward/accuracy"),
+        "process_mean": ends("reward/process_mean"),
+        "process_outcome_correlation": corr,
+        "hacking_flags": sum(r.get("reward/process_vs_outcome", 0.0) for r in rows),
+    }
+
+
+def time_to_reach(points: list[dict], target: float) -> float | None:
+    return next((p["seconds"] for p in points if p["accuracy"] >= target), None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sft-minutes", type=float, default=5.0)
+    ap.add_argument("--minutes", type=float, default=8.0)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--n-train", type=int, default=4000)
+    ap.add_argument("--n-test", type=int, default=100)
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--base", default="assets/vlm_base")
+    ap.add_argument("--out", default="runs/bench_vlm_process")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    from perceptrl.datasets.clevr import generate
+    from perceptrl.datasets.loader import load_samples
+    from perceptrl.trainer.runtime import resolve_path
+
+    out, base = Path(args.out), resolve_path(args.base)
+    generate(out / "data", splits={"train": args.n_train}, families=["count_sum"], seed=1)
+    generate(out / "eval_data", splits={"test": args.n_test}, families=["count_sum"],
+             seed=1000 + args.seed)  # fmt: skip
+    test = load_samples(out / "eval_data" / "test.jsonl")[0]
+    common = ["train.steps=100000", f"train.seed={args.seed}", "log.progress=false",
+              "train.eval_every=0", "train.eval_samples=0",
+              f"data.train={(out / 'data' / 'train.jsonl').resolve()}"]  # fmt: skip
+    wall = {"sft": run_arm(["sft", "vlm_process", *common, *SFT_ARGS, f"model.path={base}",
+                            f"train.time_limit_min={args.sft_minutes}", "checkpoint.every=0"],
+                           out / "sft")}  # fmt: skip
+    sft = last_model(out / "sft")
+    start = {"step": 0, "seconds": 0.0, "accuracy": score(sft, test)}
+    curves, runs = {}, {}
+    for a in args.arms.split(","):
+        wall[a] = run_arm(["train", "vlm_process", *common, *ARMS[a], f"model.path={sft}",
+                           f"train.time_limit_min={args.minutes}",
+                           f"checkpoint.every={args.every}", "checkpoint.keep_last=1000"],
+                          out / a)  # fmt: skip
+        curves[a] = [start, *curve(out / a, test)]
+        runs[a] = summary(out / a)
+    data = {
+        "machine": machine(note="2 CPU cores"),
+        "settings": {"sft_minutes": args.sft_minutes, "minutes": args.minutes,
+                     "n_train": args.n_train, "n_test": len(test), "train_data_seed": 1,
+                     "eval_data_seed": 1000 + args.seed, "seed": args.seed, "every": args.every,
+                     "arms": {a: ARMS[a] for a in curves}, "sft_args": SFT_ARGS},  # fmt: skip
+        "wall_s": wall,
+        "curves": curves,
+        "runs": runs,
+    }
+    if "outcome" in curves:
+        target = curves["outcome"][-1]["accuracy"]
+        total = curves["outcome"][-1]["seconds"]
+        data["time_to_outcome_final"] = {
+            a: {"seconds": (s := time_to_reach(c, target)),
+                "ratio": None if s is None else s / total}
+            for a, c in curves.items()
+        }  # fmt: skip
+    js, md = write_results("vlm_process", data, markdown(data))
+    print(markdown(data))
+    print(f"\nwrote {js} and {md}")
+
+
+def markdown(d: dict) -> str:
+    s, m = d["settings"], d["machine"]
+    md = [
+        f"# Outcome vs process rewards on count_sum: SFT {s['sft_minutes']:g} min, then "
+        f"{s['minutes']:g} min of GRPO per arm",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}. Greedy accuracy on "
+        f"{s['n_test']} held-out questions (data seed {s['eval_data_seed']}), checkpoints every "
+        f"{s['every']} steps placed at their training time.",
+        "",
+        "| arm | steps | s / step | final held-out acc. | train acc. first -> last | process "
+        "reward first -> last | corr(process, outcome) | hacking flags |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for a, r in d["runs"].items():
+        fa, la = r["train_accuracy"]
+        fp, lp = r["process_mean"]
+        corr = r["process_outcome_correlation"]
+        md.append(
+            f"| {a} | {r['steps']} | {r['step_s']:.2f} | {d['curves'][a][-1]['accuracy']:.3f} | "
+            f"{fa:.3f} -> {la:.3f} | {_f(fp)} -> {_f(lp)} | {_f(corr)} | {r['hacking_flags']:.0f} |"
+        )
+    reach = d.get("time_to_outcome_final")
+    if reach:
+        md += ["", f"Time to reach the outcome arm's final accuracy "
+               f"({d['curves']['outcome'][-1]['accuracy']:.3f}), as a fraction of its time "
+               f"(goal <= {GOAL_TIME_RATIO}):", ""]  # fmt: skip
+        for a, v in reach.items():
+            if a == "outcome":
+                continue
+            if v["ratio"] is None:
+                md.append(f"- {a}: never reached in {s['minutes']:g} min (not met)")
+            else:
+                met = "met" if v["ratio"] <= GOAL_TIME_RATIO else "not met"
+                md.append(f"- {a}: {v['seconds']:.0f} s, {v['ratio']:.2f}x ({met})")
+    md += ["", "Curves (training seconds: held-out accuracy):", ""]
+    for a, c in d["curves"].items():
+        md.append(f"- {a}: " + ", ".join(f"{p['seconds']:.0f}: {p['accuracy']:.2f}" for p in c))
+    return "\n".join(md)
+
+
+def _f(v) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+if __name__ == "__main__":
+    main()
