@@ -6,7 +6,7 @@ seed neither trained on):
 
 * flat: ``configs/vlm_clevr.yaml`` (GRPO, 8 independent completions per prompt, each prompt
   prefilled once and forked);
-* tree: ``configs/vlm_clevr_tree.yaml`` (branches [2, 2, 2] of 8-token segments, TreePO-style
+* tree: ``configs/vlm_clevr_tree.yaml`` (branches [2, 2, 2] of 10-token segments, TreePO-style
   advantages), the same recipe otherwise;
 * treerl (``--arms`` to add it): the tree with TreeRL-style segment credit.
 

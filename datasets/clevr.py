@@ -64,6 +64,7 @@ FAMILIES: tuple[str, ...] = (
     "attr_mcq",
     "spatial",
     "grounding",
+    "count_sum",
 )
 RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
 OOD_SPLIT = "ood"
