@@ -1,16 +1,21 @@
-"""Flat GRPO sampling: Hugging Face ``generate`` against the prefill-once KV sampler.
+"""GRPO sampling: Hugging Face ``generate`` against the prefill-once samplers, flat and tree.
 
 Issue 15 asks that the root of every group (its prompt) be prefilled once and its KV cache forked
-to the G rows. ``vlm/rollout.py`` ``sample`` calls ``model.generate`` on G copies of each prompt
-(the vision tower and the prompt's prefill run G times); the episode sampler of
-``vlm/episode_rollout.py`` already prefills each distinct prompt once and indexes its keys and
-values out to its rows. With an environment that ends every episode after its first turn it
-samples exactly a flat GRPO group, so timing both on the same prompts measures what the fork
-would save before the single-turn path is moved onto it.
+to the G rows. Arms, on the same encoded prompts:
 
-Both arms: the shipped base (``vlm_clevr`` recipe), the same encoded prompts, ``--prompts`` x
-``--group`` rows, temperature 1.0, ``--max-new-tokens``, log-probs not kept, arms alternating,
-``--repeats`` runs each after one untimed warm-up of each.
+* ``hf_generate``: ``vlm/rollout.py`` ``sample``, ``model.generate`` on G copies of each prompt
+  (the vision tower and the prompt's prefill run G times; ``rollout.sampler=generate``);
+* ``episode_fork``: the episode sampler with an environment that ends every episode after its
+  first turn (how the fork was first measured);
+* ``tree_flat``: ``vlm/tree_rollout.py``, the default single-turn path (a flat group is a tree
+  of depth one; stopped rows leave the cache, a completion's last token is not fed back);
+* ``tree``: the same sampler growing ``configs/vlm_clevr_tree.yaml``'s tree (branches [2, 2, 2],
+  10-token segments): G leaves per prompt, shared segments sampled once.
+
+Each: the shipped base (``vlm_clevr`` recipe), ``--prompts`` x ``--group`` rows, temperature
+1.0, ``--max-new-tokens``, log-probs not kept, arms in rotating order, ``--repeats`` runs each
+after one untimed warm-up of each. Reported: seconds per call, leaf tokens (the completions'
+tokens) and decoded tokens (a shared segment once) per call.
 
     python bench/bench_prefill_fork.py [--prompts 16] [--group 8] [--repeats 5]
 
@@ -44,6 +49,7 @@ def run(args) -> dict:
     from perceptrl.vlm.episode import EpisodeSettings
     from perceptrl.vlm.rollout import SamplingParams, sample
     from perceptrl.vlm.run import build_policy, load_data
+    from perceptrl.vlm.tree_rollout import TreeShape, sampled_tokens
     from perceptrl.wiring import load_config
 
     torch.set_num_threads(args.threads)
@@ -61,18 +67,30 @@ def run(args) -> dict:
     def hf():
         return sample(policy.model, policy.processor, prompts, args.group, sp)
 
-    def prefill_once():
+    def episode_fork():
         policy.episode = fork
         try:
             return policy.sample(prompts, args.group, sp)
         finally:
             policy.episode = None
 
-    arms = {"hf_generate": hf, "prefill_once": prefill_once}
+    def tree_flat():
+        return policy.sample(prompts, args.group, sp)
+
+    def tree():
+        policy.tree = TreeShape((2, 2, 2), 10)
+        try:
+            return policy.sample(prompts, args.group, sp)
+        finally:
+            policy.tree = None
+
+    arms = {"hf_generate": hf, "episode_fork": episode_fork, "tree_flat": tree_flat, "tree": tree}
     times: dict[str, list[float]] = {a: [] for a in arms}
     tokens: dict[str, list[float]] = {a: [] for a in arms}
+    decoded: dict[str, list[float]] = {a: [] for a in arms}
+    names = list(arms)
     for rep in range(args.repeats + 1):
-        for name in arms if rep % 2 == 0 else list(arms)[::-1]:
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
             torch.manual_seed(args.seed + rep)
             t = time.perf_counter()
             batch = arms[name]()
@@ -80,12 +98,14 @@ def run(args) -> dict:
                 continue  # warm-up
             times[name].append(time.perf_counter() - t)
             tokens[name].append(float(batch.mask.sum()))
+            decoded[name].append(float(sampled_tokens(batch)[0]))
     return {
         a: {
             "median_s": statistics.median(times[a]),
             "runs_s": times[a],
             "tokens_mean": statistics.mean(tokens[a]),
             "tokens_per_s": statistics.mean(tokens[a]) / statistics.median(times[a]),
+            "decoded_mean": statistics.mean(decoded[a]),
         }
         for a in arms
     }
@@ -93,28 +113,36 @@ def run(args) -> dict:
 
 def markdown(d: dict) -> str:
     s, r = d["settings"], d["arms"]
-    hf, fork = r["hf_generate"], r["prefill_once"]
-    return "\n".join(
-        [
-            "# Flat GRPO sampling: HF generate vs the prefill-once KV sampler",
-            "",
-            f"Machine: {d['machine']['cpu']}, {d['machine']['cores']} cores, {s['threads']} torch "
-            f"threads, torch {d['machine']['torch']}. Shipped base (fp32), {s['prompts']} counting "
-            f"prompts x G={s['group']}, temperature 1.0, up to {s['max_new_tokens']} new tokens; "
-            f"{s['repeats']} alternating timed runs per arm after a warm-up of each.",
-            "",
-            "| sampler | median s | tokens per call | tokens/s |",
-            "|---|---|---|---|",
-            f"| `model.generate` on G copies of each prompt | {hf['median_s']:.2f} | "
-            f"{hf['tokens_mean']:.0f} | {hf['tokens_per_s']:.0f} |",
-            f"| prefill once, fork the KV cache (episode sampler, one turn) | "
-            f"{fork['median_s']:.2f} | {fork['tokens_mean']:.0f} | {fork['tokens_per_s']:.0f} |",
-            "",
-            f"The prefill-once sampler is {d['speedup_tokens_per_s']:.2f}x HF generate in tokens "
-            "per second here. Flat GRPO rollouts still use HF generate; moving them onto the "
-            "fork is the first step of issue 15.",
-        ]
-    )
+    names = {
+        "hf_generate": "`model.generate` on G copies of each prompt",
+        "episode_fork": "prefill once, fork (episode sampler, one turn)",
+        "tree_flat": "prefill once, fork (tree sampler, depth one: the default)",
+        "tree": "tree sampler, branches [2, 2, 2], 10-token segments",
+    }
+    hf = r["hf_generate"]
+    md = [
+        "# GRPO sampling: HF generate vs the prefill-once samplers (flat and tree)",
+        "",
+        f"Machine: {d['machine']['cpu']}, {d['machine']['cores']} cores, {s['threads']} torch "
+        f"threads, torch {d['machine']['torch']}. Shipped base (fp32), {s['prompts']} counting "
+        f"prompts x G={s['group']}, temperature 1.0, up to {s['max_new_tokens']} new tokens; "
+        f"{s['repeats']} timed runs per arm (rotating order) after a warm-up of each.",
+        "",
+        "| sampler | median s | leaf tokens per call | decoded tokens per call | leaf tokens/s | "
+        "time vs generate |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a, v in r.items():
+        md.append(
+            f"| {names.get(a, a)} | {v['median_s']:.2f} | {v['tokens_mean']:.0f} | "
+            f"{v['decoded_mean']:.0f} | {v['tokens_per_s']:.0f} | "
+            f"{hf['median_s'] / v['median_s']:.2f}x |"
+        )
+    t = r.get("tree")
+    if t:
+        md += ["", f"The tree decodes {t['decoded_mean'] / t['tokens_mean']:.2f}x the tokens of "
+               "its leaves (a segment shared by k leaves is sampled once)."]  # fmt: skip
+    return "\n".join(md)
 
 
 def main() -> None:
@@ -131,8 +159,9 @@ def main() -> None:
         "machine": machine(),
         "settings": vars(args),
         "arms": arms,
-        "speedup_tokens_per_s": arms["prefill_once"]["tokens_per_s"]
-        / arms["hf_generate"]["tokens_per_s"],
+        "speedup_tokens_per_s": {
+            a: v["tokens_per_s"] / arms["hf_generate"]["tokens_per_s"] for a, v in arms.items()
+        },
     }
     write_results("prefill_fork", data, markdown(data))
     print(markdown(data))

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from .builtin import _check
 from .judge_worker import SupervisedWorker
+from .process import Step, register_step_reward
 from .registry import register_reward
 
 JUDGE_SYSTEM_PROMPT = (
@@ -60,6 +61,17 @@ DEFAULT_RUBRIC = (
 )
 """Rubric template; ``{question}``, ``{reference}``, ``{response}`` and ``{scale}`` are filled in
 (a custom rubric must keep ``<score>N</score>`` as the verdict format)."""
+
+STEP_RUBRIC = (
+    "Grade the last step of the reasoning below, written to answer the question.\n"
+    "Question: {question}\n"
+    "Reference answer: {reference}\n"
+    "Reasoning (the last line is the step to grade): {response}\n"
+    "Scale: 0 to {scale}. Give {scale} if the step is correct and leads toward the reference "
+    "answer, 0 if it is wrong, and a score in between if it is partly right. Reply with the "
+    "score only, as <score>N</score>."
+)
+"""Rubric of ``judge_steps``: ``{response}`` holds the steps so far, the graded one last."""
 
 _SCORE = re.compile(r"<score>\s*([-+]?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)\s*)?</score>", re.I)
 
@@ -279,3 +291,71 @@ def _counters(**params) -> dict[str, float]:
 
 judge.prepare = _prepare  # called once by build_reward (see rewards/compose.py)
 judge.counters = _counters
+
+
+_STEP_END = re.compile(r"[.!?](?=\s|$)|\n")
+
+
+def split_steps(text: str, max_steps: int = 8) -> list[tuple[int, int]]:
+    """The reasoning steps of a completion as character spans ``(start, end)``: the sentences
+    (or lines) before ``<answer>``, inside ``<think>`` when there is one; at most ``max_steps``."""
+    head = re.split(r"<answer>", text, maxsplit=1, flags=re.I)[0]
+    start = head.find("<think>")
+    start = 0 if start < 0 else start + len("<think>")
+    stop = head.find("</think>")
+    stop = len(head) if stop < 0 else stop
+    spans, pos = [], start
+    for m in _STEP_END.finditer(head, start, stop):
+        if head[pos : m.end()].strip():
+            spans.append((pos, m.end()))
+        pos = m.end()
+    if head[pos:stop].strip():
+        spans.append((pos, stop))
+    return spans[:max_steps]
+
+
+@register_step_reward("judge_steps")
+def judge_steps(
+    completions: list[str],
+    samples: list[dict],
+    model: str = "",
+    rubric: str = STEP_RUBRIC,
+    scale: float = 10,
+    max_steps: int = 8,
+    max_new_tokens: int = 32,
+    batch_size: int = 8,
+    device: str = "cpu",
+    dtype: str = "float32",
+    with_images: bool = True,
+    max_prompt_length: int = 4096,
+    memory_limit_gb: float | None = None,
+    start_timeout_s: float = 300.0,
+    max_failures: int = 3,
+    timeout_s: float | None = None,
+) -> list[list[Step]]:
+    """Process rewards from a judge model: every reasoning step (`split_steps`) of every
+    completion is graded in one batched request to the judge's supervised worker (the same
+    worker, limits and failure handling as ``judge``), seeing the question, the reference
+    answer and the steps up to it; a step scores ``verdict / scale / k`` (``k`` steps), so a
+    completion's process reward is at most 1.
+
+    Raises:
+        RewardTimeout, WorkerError: as ``judge`` (the rollout source counts them and scores the
+            batch's steps 0).
+    """
+    _check(completions, samples)
+    worker = judge_worker(model, device, dtype, memory_limit_gb, start_timeout_s, max_failures)
+    spans = [split_steps(c, max_steps) if isinstance(c, str) else [] for c in completions]
+    prompts, where = [], []
+    for i, (text, sample) in enumerate(zip(completions, samples)):
+        for k, (a, b) in enumerate(spans[i]):
+            so_far = "\n".join(text[x:y].strip() for x, y in spans[i][: k + 1])
+            prompts.append(build_judge_sample(so_far, sample, rubric, scale, 4000, with_images))
+            where.append((i, b, len(spans[i])))
+    out: list[list[Step]] = [[] for _ in completions]
+    if not prompts:
+        return out
+    verdicts = worker.call(_request(prompts, batch_size, max_new_tokens, max_prompt_length), timeout_s)
+    for (i, end, k), v in zip(where, verdicts):
+        out[i].append(Step(end, parse_score(v, scale) / k))
+    return out

@@ -12,7 +12,8 @@ Register with ``@register_step_reward("name")``; ``rollout.process_reward`` name
 ``implicit_prm``, or ``module:function``).
 
 Registered: ``step_values`` (rule-based: the sub-results a synthetic generator knows, e.g. the
-per-colour counts of ``count_sum``).
+per-colour counts of ``count_sum``), ``judge_steps`` (``rewards/judge.py``: a judge model grades
+each reasoning step, batched, in the judge's supervised worker).
 """
 
 from __future__ import annotations

@@ -166,7 +166,8 @@ class TreeConfig:
     """children per node at each depth (e.g. [2, 2, 2]: 8 leaves); the product must equal
     rollout.group_size; empty: flat groups (vlm/tree_rollout.py)"""
     segment_tokens: int = 16
-    """tokens of every segment but the last (the last runs to the stop token or max_new_tokens)"""
+    """tokens of every segment but the last (the last runs to the stop token or max_new_tokens);
+    with rollout.episode.tools a segment is a policy turn and its observation instead"""
     allocate: str = choice("uniform", ("uniform", "entropy"))
     """how a depth's forks are spread over the branches still running: uniform | entropy (more
     children where the policy's next-token entropy is highest)"""
@@ -181,7 +182,8 @@ class RolloutConfig:
     """hf engine, single turn: fork (each prompt prefilled once, its KV cache forked to its G rows;
     trees) | generate (model.generate on G copies of each prompt)"""
     tree: TreeConfig = field(default_factory=TreeConfig)
-    """tree rollouts (rollout.tree.branches non-empty turns them on; needs rollout.sampler=fork)"""
+    """tree rollouts (rollout.tree.branches non-empty turns them on; needs rollout.sampler=fork);
+    episodes fork after a turn's observation"""
     prompts_per_step: int = 8
     """prompts (groups) sampled per training step"""
     group_size: int = 4
@@ -209,7 +211,8 @@ class RolloutConfig:
     process_reward: str = ""
     """process rewards next to the outcome reward (RolloutBatch.step_rewards, weighed by
     algo.process_coef; algo.adv_estimator=prime keeps the two apart): a step reward of
-    rewards/process.py (step_values: rule-based sub-result checks), implicit_prm (PRIME's
+    rewards/process.py (step_values: rule-based sub-result checks; judge_steps: a judge model
+    grades each step, with the judge reward's parameters), implicit_prm (PRIME's
     implicit PRM, vlm/process.py), or module:function; empty: outcome only"""
     process_params: dict[str, Any] = field(default_factory=dict)
     """parameters of the process reward: a step reward's keywords (step_values: right, wrong),

@@ -28,6 +28,7 @@ KV cache kept across turns; `forced_batch` records given turn texts (SFT traces)
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,6 +91,9 @@ class EpisodeEnv(Protocol):
         the turn ends the episode (an answer). Must not raise on anything the policy wrote."""
         ...
 
+    # Optional, for tree rollouts of episodes (``rollout.tree``): ``fork(src, dst)`` makes
+    # episode ``dst`` a copy of episode ``src`` as it stands (the branches then go on apart).
+
 
 class ToolEnv:
     """`EpisodeEnv` of tool use: a turn with a ``<tool_call>`` gets the tool's observation, a turn
@@ -120,6 +124,11 @@ class ToolEnv:
     def respond(self, row: int, text: str) -> Observation | None:
         ctx, tools = self._rows[row]
         return run_call(text, tools, ctx, self.timeout_s)
+
+    def fork(self, src: int, dst: int) -> None:
+        """Episode ``dst`` continues ``src``'s (tools are stateless: they share its context)."""
+        self._rows.extend([self._rows[src]] * (dst + 1 - len(self._rows)))
+        self._rows[dst] = self._rows[src]
 
 
 def resolve_tools(names: list[str] | tuple[str, ...]) -> dict[str, Tool]:
@@ -338,6 +347,7 @@ class Tape:
         self.mask = torch.zeros((rows, width))
         self.obs = torch.zeros((rows, width))
         self.logp = torch.zeros((rows, width))
+        self.node = torch.zeros((rows, width), dtype=torch.long)
         self.extras = {k: torch.zeros((rows, width), dtype=t) for k, t in keys.extras.items()}
         self.cursor = torch.zeros(rows, dtype=torch.long)
         self.vision: list[dict[str, list[Tensor]]] = [{} for _ in range(rows)]
@@ -349,18 +359,34 @@ class Tape:
         pad = width - self.tokens.shape[1]
         f = torch.nn.functional.pad
         self.tokens = f(self.tokens, (0, pad), value=self.pad_id)
-        self.mask, self.obs, self.logp = (f(t, (0, pad)) for t in (self.mask, self.obs, self.logp))
+        self.mask, self.obs, self.logp, self.node = (
+            f(t, (0, pad)) for t in (self.mask, self.obs, self.logp, self.node)
+        )
         self.extras = {k: f(v, (0, pad)) for k, v in self.extras.items()}
 
-    def put_tokens(self, rows: Tensor, tok: Tensor, logp: Tensor | None = None) -> None:
-        """One policy token for each of ``rows`` [L] (``tok``, ``logp`` [L]) at their cursors."""
+    def put_tokens(self, rows: Tensor, tok: Tensor, logp: Tensor | None = None,
+                   node: Tensor | None = None) -> None:  # fmt: skip
+        """One policy token for each of ``rows`` [L] (``tok``, ``logp`` and the tree ``node``
+        of the turn, each [L]) at their cursors."""
         self._grow(int(self.cursor[rows].max()) + 1)
         at = self.cursor[rows]
         self.tokens[rows, at] = tok.cpu()
         self.mask[rows, at] = 1.0
         if logp is not None:
             self.logp[rows, at] = logp.float().cpu()
+        if node is not None:
+            self.node[rows, at] = node
         self.cursor[rows] += 1
+
+    def copy_rows(self, dst: list[int], src: list[int]) -> None:
+        """Rows ``dst`` become copies of rows ``src`` (a fork: the history is shared)."""
+        d, s_ = torch.tensor(dst, dtype=torch.long), torch.tensor(src, dtype=torch.long)
+        for buf in (self.tokens, self.mask, self.obs, self.logp, self.node, self.cursor,
+                    *self.extras.values()):  # fmt: skip
+            buf[d] = buf[s_]
+        for a, b in zip(dst, src):
+            self.vision[a] = {k: list(v) for k, v in self.vision[b].items()}
+            self.logs[a] = copy.deepcopy(self.logs[b])
 
     def put_text(self, row: int, ids: list[int]) -> None:
         """A whole policy turn of row ``row`` (forced, e.g. an SFT trace)."""
@@ -392,23 +418,29 @@ class Tape:
         return self.tokens[row, :c], extras, vision
 
     def to_batch(self, samples: list[dict], group_id: Tensor, prompts: dict, index: Tensor,
-                 with_logp: bool) -> RolloutBatch:  # fmt: skip
-        """The recorded rows as a `RolloutBatch` (layout in the module docstring)."""
-        T = max(int(self.cursor.max()), 1)
-        inputs: dict[str, Any] = {"obs_mask": self.obs[:, :T].clone()}
+                 with_logp: bool, rows: Tensor | None = None,
+                 segments: bool = False) -> RolloutBatch:  # fmt: skip
+        """The recorded rows (``rows``, in that order; default all) as a `RolloutBatch` (layout
+        in the module docstring), with ``segments`` from the tree nodes when asked;
+        ``samples``, ``group_id`` and ``index`` are per returned row."""
+        r = torch.arange(len(self.cursor)) if rows is None else rows
+        T = max(int(self.cursor[r].max()), 1)
+        inputs: dict[str, Any] = {"obs_mask": self.obs[r, :T].clone()}
         for k, v in self.extras.items():
-            inputs[f"obs_{k}"] = v[:, :T].clone()
+            inputs[f"obs_{k}"] = v[r, :T].clone()
+        vision = [self.vision[i] for i in r.tolist()]
         for k in self.keys.vision:  # the same keys in every batch, observations or not
-            inputs[f"obs_{k}"] = [torch.cat(v[k]) if k in v else None for v in self.vision]
+            inputs[f"obs_{k}"] = [torch.cat(v[k]) if k in v else None for v in vision]
         meta = []
-        for s, log in zip(samples, self.logs):
+        for s, log in zip(samples, [self.logs[i] for i in r.tolist()]):
             last = log.texts[-1] if log.texts else ""
             truncated = log.stop in ("turn_length", "max_tokens")
             meta.append({"sample": s, "completion": last, "truncated": truncated,
                          "episode": log.as_dict()})  # fmt: skip
         return RolloutBatch(
-            tokens=self.tokens[:, :T].clone(), mask=self.mask[:, :T].clone(), group_id=group_id,
-            logp_rollout=self.logp[:, :T].clone() if with_logp else None, inputs=inputs,
+            tokens=self.tokens[r, :T].clone(), mask=self.mask[r, :T].clone(), group_id=group_id,
+            logp_rollout=self.logp[r, :T].clone() if with_logp else None, inputs=inputs,
+            segments=self.node[r, :T].clone() if segments else None,
             prompts=prompts, prompt_index=index, meta=meta,
         )  # fmt: skip
 

@@ -168,41 +168,93 @@ class EpisodeSampler(KVSampler):
         stop_text = processor.tokenizer.convert_ids_to_tokens(stop_ids[0])
         self.template = ObservationTemplate(processor, stop_text, settings)
 
-    def sample(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams) -> RolloutBatch:
-        """``n`` episodes per prompt. Returns a `RolloutBatch` (layout in ``vlm/episode.py``)
-        with ``logp_rollout`` when ``sp.return_logprobs``; rows of one prompt adjacent."""
+    def sample(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams,
+               shape=None) -> RolloutBatch:  # fmt: skip
+        """``n`` episodes per prompt, or the leaves of ``shape`` (a ``tree_rollout.TreeShape``
+        with ``n`` leaves: its segments are turns, forks come after a turn's observation).
+        Returns a `RolloutBatch` (layout in ``vlm/episode.py``; ``segments`` for trees) with
+        ``logp_rollout`` when ``sp.return_logprobs``; rows of one prompt adjacent."""
         parts, start = [], 0
         width = self.settings.max_tokens
         for chunk in _chunks([p.input_ids.numel() for p in prompts], n, width, sp.token_budget):
-            b = self._sample_chunk([prompts[i] for i in chunk], n, sp)
+            b = self._sample_chunk([prompts[i] for i in chunk], n, sp, shape)
             b.group_id = b.group_id + start
             start += len(chunk)
             parts.append(b)
         return RolloutBatch.concat(parts)
 
-    def _sample_chunk(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams):
+    def _sample_chunk(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams, shape):
+        from .tree_rollout import TreeShape, rank_within
+
+        shape = shape or TreeShape.flat(n)
+        U, first = len(prompts), shape.branches[0]
         table = prompt_table(prompts)
-        index = torch.arange(len(prompts)).repeat_interleave(n)
-        samples = [prompts[u].sample for u in index.tolist()]
+        prompt_of = torch.full((U * n,), -1, dtype=torch.long)  # tape row -> prompt
+        used = U * first
+        prompt_of[:used] = torch.arange(U).repeat_interleave(first)
         env = self.settings.env()
-        env.reset(samples)
-        tape = Tape(len(index), self.settings.max_tokens, self.pad_id, self.template.keys())
+        env.reset([prompts[u].sample for u in prompt_of[:used].tolist()])
+        tape = Tape(U * n, self.settings.max_tokens, self.pad_id, self.template.keys())
+        next_node = torch.ones(U, dtype=torch.long)  # each prompt's next tree node (a turn)
         with generation_mode(self.model):
-            live = self._prefill(table, index)
+            live = self._prefill(table, prompt_of[:used].clone())
+            depth = 0
             while len(live.rows):
                 t0, rows = time.perf_counter(), live.rows.tolist()
-                reasons = self._turn(live, tape, sp)
+                prompt = prompt_of[live.rows]
+                node = next_node[prompt] + rank_within(prompt)
+                next_node.index_add_(0, prompt, torch.ones_like(prompt))
+                reasons = self._turn(live, tape, sp, node)
                 encs = self._respond(live, tape, env, reasons)
                 if len(live.rows):
-                    self._observe(live, tape, encs, table, index)
+                    self._observe(live, tape, encs, table, prompt_of)
                 dt = time.perf_counter() - t0  # one round: every live row's turn, batched
                 for r in rows:
                     tape.logs[r].turn_seconds.append(dt)
-        return tape.to_batch(samples, index.clone(), table, index, sp.return_logprobs)
+                depth += 1
+                if depth < len(shape.branches) and len(live.rows):
+                    used = self._fork(live, tape, env, shape, depth, prompt_of, used, U)
+        order = torch.arange(used)
+        order = order[torch.argsort(prompt_of[order] * (used + 1) + order)]
+        index = prompt_of[order].clone()
+        samples = [prompts[u].sample for u in index.tolist()]
+        return tape.to_batch(
+            samples, index.clone(), table, index, sp.return_logprobs, rows=order,
+            segments=len(shape.branches) > 1,
+        )  # fmt: skip
 
-    def _turn(self, live: LiveRows, tape: Tape, sp: SamplingParams) -> Tensor:
-        """Sample one policy turn of every live row. Returns [L] why each turn ended (stop
-        token, turn length, episode token budget)."""
+    def _fork(self, live: LiveRows, tape: Tape, env, shape, depth: int, prompt_of: Tensor,
+              used: int, U: int) -> int:  # fmt: skip
+        """Fork the live episodes after a turn (see ``tree_rollout.fork_plan``): a child after
+        the first gets a fresh tape row and environment episode copied from its parent's.
+        Returns the rows in use."""
+        from .tree_rollout import fork_plan
+
+        if not hasattr(env, "fork"):
+            raise ValueError(
+                f"{type(env).__name__} cannot fork episodes (no fork(src, dst) method); tree "
+                "rollouts of episodes need one"
+            )
+        live_set = set(live.rows.tolist())
+        done = torch.tensor([r for r in range(used) if r not in live_set], dtype=torch.long)
+        idx = fork_plan(prompt_of[live.rows], prompt_of[done], U, shape, depth, live.logits)
+        first = torch.ones(len(idx), dtype=torch.bool)
+        first[1:] = idx[1:] != idx[:-1]  # the first child keeps its parent's row
+        new_rows = live.rows[idx].clone()
+        src = new_rows[~first].tolist()
+        dst = list(range(used, used + len(src)))
+        tape.copy_rows(dst, src)
+        for a, b in zip(dst, src):
+            env.fork(b, a)
+        prompt_of[dst] = prompt_of[src]
+        new_rows[~first] = torch.tensor(dst, dtype=torch.long)
+        live.keep(idx)
+        live.rows = new_rows
+        return used + len(dst)
+
+    def _turn(self, live: LiveRows, tape: Tape, sp: SamplingParams, node: Tensor) -> Tensor:
+        """Sample one policy turn of every live row (``node`` [L]: its tree node). Returns [L]
+        why each turn ended (stop token, turn length, episode token budget)."""
         start = tape.cursor[live.rows].clone()
         budget = self.settings.max_tokens - start
         gen = budget > 0
@@ -211,7 +263,7 @@ class EpisodeSampler(KVSampler):
         while gen.any():
             tok, logp = sample_token(live.logits, sp, self.banned)
             tok, logp = tok.cpu(), logp.cpu()
-            tape.put_tokens(live.rows[gen], tok[gen], logp[gen])
+            tape.put_tokens(live.rows[gen], tok[gen], logp[gen], node[gen])
             count = tape.cursor[live.rows] - start
             ended = gen & torch.isin(tok, stop)
             reason[ended] = _STOP

@@ -78,8 +78,9 @@ class VLMPolicy:
             so this is the one place the rollout temperature is set.
         episode: multi-turn settings (budgets, the environment that answers a turn); None
             samples one completion per row.
-        tree: how single-turn completions branch (``vlm/tree_rollout.py``); None samples flat
-            groups. Used when a call asks for ``tree.leaves`` completions per prompt.
+        tree: how completions branch (``vlm/tree_rollout.py``; for episodes a segment is a
+            turn); None samples flat groups. Used when a call asks for ``tree.leaves``
+            completions per prompt.
         fork: single-turn groups prefill each prompt once and fork its KV cache
             (``vlm/tree_rollout.py``); False samples with ``generate`` on G copies
             (``rollout.sample``), for models whose cache cannot fork rows.
@@ -419,10 +420,10 @@ class VLMPolicy:
         the leaves of ``tree`` when it has ``n`` leaves, else flat groups, both from the
         prefill-once sampler (``vlm/tree_rollout.py``; ``generate`` when ``fork`` is off)."""
         sp = sampling or self.sampling
+        shape = self.tree if self.tree is not None and self.tree.leaves == n else None
         if self.episode is None:
             if not self.fork:
                 return rollout.sample(self.model, self.processor, prompts, n, sp)
-            shape = self.tree if self.tree is not None and self.tree.leaves == n else None
             if self._tree_sampler is None:
                 self._tree_sampler = TreeSampler(
                     self.model, self.processor, self.stop_ids, self.pad_id, self.banned_ids
@@ -435,7 +436,7 @@ class VLMPolicy:
                 self.model, self.processor, self.episode, self.stop_ids, self.pad_id,
                 self.banned_ids,
             )  # fmt: skip
-        return self._sampler.sample(prompts, n, sp)
+        return self._sampler.sample(prompts, n, sp, shape)
 
     def completions_batch(
         self, samples: list[dict], completions: list[str] | list[list[str]]

@@ -17,6 +17,7 @@ tokens as ``RolloutBatch.step_rewards`` [B, T], and the monitor that flags a hac
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from collections import deque
 
@@ -55,15 +56,23 @@ class RuleSteps:
         params: its keyword parameters.
     """
 
-    def __init__(self, name: str, params: dict | None = None):
+    def __init__(self, name: str, params: dict | None = None, timeout_s: float | None = None):
         self.fn, self.name, self.params = get_step_reward(name), name, dict(params or {})
+        if timeout_s and "timeout_s" in inspect.signature(self.fn).parameters:
+            self.params.setdefault("timeout_s", timeout_s)  # e.g. judge_steps' worker limit
 
     def __call__(self, batch: RolloutBatch, policy, correct: Tensor) -> tuple[Tensor, dict]:
+        """Step scores on tokens [B, T]. A step reward that raises (a judge that timed out or
+        died) scores every step of the batch 0 and is counted (``process_errors``)."""
         texts = [m["completion"] for m in batch.meta]
-        steps = self.fn(texts, [m["sample"] for m in batch.meta], **self.params)
-        if len(steps) != len(batch):
-            raise ValueError(f"process reward {self.name!r} returned {len(steps)} rows for {len(batch)}")
         out = torch.zeros(batch.mask.shape)
+        try:
+            steps = self.fn(texts, [m["sample"] for m in batch.meta], **self.params)
+            if len(steps) != len(batch):
+                raise ValueError(f"returned {len(steps)} rows for {len(batch)} completions")
+        except Exception as e:  # noqa: BLE001 - a process reward must not stop training
+            log.warning("process reward %r failed: %s: %s", self.name, type(e).__name__, e)
+            return out, {"process_errors": 1.0, "process_steps": 0.0}
         tok = policy.processor.tokenizer
         lengths = batch.mask.sum(1).long().tolist()
         for b, row in enumerate(steps):
@@ -73,7 +82,7 @@ class RuleSteps:
             for t, s in zip(token_of_chars(tok, ids, [st.end for st in row]), row):
                 out[b, t] += float(s.score)
         n = sum(len(r) for r in steps)
-        return out, {"process_steps": n / max(len(batch), 1)}
+        return out, {"process_errors": 0.0, "process_steps": n / max(len(batch), 1)}
 
 
 class ImplicitPRM:

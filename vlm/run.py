@@ -86,8 +86,11 @@ def tree_shape(cfg) -> TreeShape | None:
     where = f"rollout.tree.branches={t.branches}"
     if r.engine != "hf" or r.sampler != "fork":
         raise ConfigError(f"{where} needs rollout.engine=hf and rollout.sampler=fork")
-    if r.episode.tools:
-        raise ConfigError(f"{where}: tree rollouts of multi-turn episodes are not supported yet")
+    if r.episode.tools and len(t.branches) > r.episode.max_turns:
+        raise ConfigError(
+            f"{where}: an episode tree forks after a turn; {len(t.branches)} levels need "
+            f"rollout.episode.max_turns >= {len(t.branches)}"
+        )
     try:
         shape = TreeShape(tuple(t.branches), t.segment_tokens, t.allocate)
     except ValueError as e:
@@ -96,7 +99,8 @@ def tree_shape(cfg) -> TreeShape | None:
         raise ConfigError(
             f"{where} has {shape.leaves} leaves per prompt; set rollout.group_size={shape.leaves}"
         )
-    if len(shape.branches) > 1 and (len(shape.branches) - 1) * t.segment_tokens >= r.max_new_tokens:
+    if (not r.episode.tools and len(shape.branches) > 1
+            and (len(shape.branches) - 1) * t.segment_tokens >= r.max_new_tokens):  # fmt: skip
         raise ConfigError(
             f"{where}: {len(shape.branches) - 1} segments of {t.segment_tokens} tokens leave "
             f"nothing of rollout.max_new_tokens={r.max_new_tokens} for the last segment"
@@ -358,9 +362,14 @@ def process_reward(cfg, policy):
             raise ConfigError(f"rollout.process_params {unknown}: implicit_prm takes beta, lr")
         return ImplicitPRM(policy, micro_batch_size=cfg.train.micro_batch_size, **params)
     try:
-        return RuleSteps(name, params)
-    except ValueError as e:
+        steps = RuleSteps(name, params, timeout_s=cfg.rollout.reward_timeout_s)
+        if name == "judge_steps":  # a wrong judge fails here, and its load is not in a step
+            from ..rewards.judge import judge_worker
+
+            judge_worker(**params).start()
+    except (ValueError, RuntimeError) as e:  # RuntimeError: the judge's worker did not start
         raise ConfigError(f"rollout.process_reward: {e}") from e
+    return steps
 
 
 def build_trainer(cfg, run_dir: Path) -> Trainer:

@@ -144,7 +144,7 @@ class TreeSampler(KVSampler):
                 length = sp.max_new_tokens - done if last else shape.segment_tokens
                 length = min(length, sp.max_new_tokens - done)
                 prompt = buf.prompt[live.rows]
-                node = next_node[prompt] + _rank_within(prompt)  # one new node per live row
+                node = next_node[prompt] + rank_within(prompt)  # one new node per live row
                 next_node.index_add_(0, prompt, torch.ones_like(prompt))
                 final = last or done + length >= sp.max_new_tokens
                 self._segment(live, buf, node, length, sp, final)
@@ -178,27 +178,10 @@ class TreeSampler(KVSampler):
         live.keep(keep)
 
     def _fork(self, live: LiveRows, buf: _Rows, shape: TreeShape, depth: int, U: int) -> None:
-        """Each prompt's live branches get children so that its finished leaves plus its live
-        rows make ``prod(branches[:depth + 1])`` (see `_allocate`)."""
-        target = 1
-        for b in shape.branches[: depth + 1]:
-            target *= b
-        target = min(target, shape.leaves)
-        prompt = buf.prompt[live.rows]
-        finished = torch.zeros(U, dtype=torch.long)
-        all_rows = torch.arange(buf.used)
-        out_rows = all_rows[buf.stopped[: buf.used]]
-        finished.index_add_(0, buf.prompt[out_rows], torch.ones_like(out_rows))
-        counts = torch.zeros(len(live.rows), dtype=torch.long)
-        entropy = None
-        if shape.allocate == "entropy":
-            logp = live.logits.float().log_softmax(-1)
-            entropy = -(logp.exp() * logp).sum(-1).cpu()
-        for u in prompt.unique().tolist():
-            mine = (prompt == u).nonzero().squeeze(1)
-            ent = None if entropy is None else entropy[mine]
-            counts[mine] = _allocate(int(target - finished[u]), len(mine), ent)
-        idx = torch.arange(len(live.rows)).repeat_interleave(counts)
+        """Each prompt's live branches get children (`fork_plan`); a child after the first
+        gets a fresh buffer row holding a copy of its parent's."""
+        done = torch.arange(buf.used)[buf.stopped[: buf.used]]
+        idx = fork_plan(buf.prompt[live.rows], buf.prompt[done], U, shape, depth, live.logits)
         first = torch.ones(len(idx), dtype=torch.bool)
         first[1:] = idx[1:] != idx[:-1]  # the first child keeps its parent's buffer row
         new_rows = live.rows[idx].clone()
@@ -248,7 +231,30 @@ def sampled_tokens(batch: RolloutBatch) -> tuple[int, int]:
     return int((counts // sharing.clamp(min=1)).sum()), leaf
 
 
-def _rank_within(keys: Tensor) -> Tensor:
+def fork_plan(live_prompt: Tensor, done_prompt: Tensor, U: int, shape: TreeShape, depth: int,
+              logits: Tensor) -> Tensor:  # fmt: skip
+    """Which live rows to keep, repeated by their number of children, at fork ``depth``: each
+    prompt's finished leaves (``done_prompt``: the prompt of every finished row) plus its live
+    rows' children make ``prod(branches[:depth + 1])`` (at least one child each; spread as
+    ``shape.allocate`` says, entropy read from the next-token ``logits`` [L, V]).
+    Returns idx [L'] into the live rows, sorted (a row's children adjacent)."""
+    target = 1
+    for b in shape.branches[: depth + 1]:
+        target *= b
+    finished = torch.bincount(done_prompt, minlength=U)
+    entropy = None
+    if shape.allocate == "entropy":
+        logp = logits.float().log_softmax(-1)
+        entropy = -(logp.exp() * logp).sum(-1).cpu()
+    counts = torch.zeros(len(live_prompt), dtype=torch.long)
+    for u in live_prompt.unique().tolist():
+        mine = (live_prompt == u).nonzero().squeeze(1)
+        ent = None if entropy is None else entropy[mine]
+        counts[mine] = _allocate(int(min(target, shape.leaves) - finished[u]), len(mine), ent)
+    return torch.arange(len(live_prompt)).repeat_interleave(counts)
+
+
+def rank_within(keys: Tensor) -> Tensor:
     """[N] position of each element among the earlier elements with the same key."""
     same = keys[:, None] == keys[None, :]
     return torch.tril(same, diagonal=-1).sum(1)

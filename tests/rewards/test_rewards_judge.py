@@ -217,3 +217,31 @@ def test_rollout_source_passes_lengths_and_group_ids(judge_dir, samples):
     assert batch.rewards.tolist() == pytest.approx(got[0])
     assert got[1]["overlong"] == pytest.approx([overlong_penalty(n, 6, 4) for n in lengths])
     assert metrics["reward/errors"] == 0
+
+
+def test_split_steps_reads_the_sentences_of_the_reasoning():
+    from perceptrl.rewards.judge import split_steps
+
+    text = "<think>red: 2. blue: 1.\nTotal 3</think><answer>3. done.</answer>"
+    spans = split_steps(text)
+    assert [text[a:b].strip() for a, b in spans] == ["red: 2.", "blue: 1.", "Total 3"]
+    assert split_steps("no think tags. two steps", max_steps=1) == [(0, len("no think tags."))]
+
+
+def test_judge_steps_grades_every_step_in_one_worker_call(rigged_dir, samples, monkeypatch):
+    """The rigged judge answers 7 to every prompt: each of a completion's k steps scores
+    0.7 / k at the step's end; a completion without reasoning has no steps."""
+    from perceptrl.rewards.process import get_step_reward
+
+    fn = get_step_reward("judge_steps")
+    worker = judge_worker(model=str(rigged_dir))
+    requests = []
+    real_call = worker.call
+    monkeypatch.setattr(worker, "call", lambda r, t: requests.append(r) or real_call(r, t))
+    texts = ["<think>red: 2. blue: 1.</think><answer>3</answer>", "<answer>3</answer>", ""]
+    out = fn(texts, [samples[0]] * 3, model=str(rigged_dir), max_new_tokens=8, timeout_s=120)
+    ends = [texts[0].index("2.") + 2, texts[0].index("1.") + 2]
+    assert [s.end for s in out[0]] == ends
+    assert [s.score for s in out[0]] == pytest.approx([0.35, 0.35])
+    assert out[1:] == [[], []]
+    assert len(requests) == 1 and len(requests[0]["samples"]) == 2  # both steps, one request

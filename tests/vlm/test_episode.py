@@ -260,3 +260,44 @@ def test_an_image_the_processor_refuses_is_an_error_observation(tiny_dirs, sampl
     assert all("cannot take" in e["observations"][0] for e in logs)
     assert episode_metrics(b)["tool/errors/zoom"] == 2.0
     assert ((logp - b.logp_rollout) * b.mask).abs().max() <= TOL
+
+
+class ForkingEnv(ScriptedEnv):
+    """`ScriptedEnv` that can fork an episode (tree rollouts): the copy continues its count."""
+
+    def fork(self, src, dst):
+        self.turns.extend([0] * (dst + 1 - len(self.turns)))
+        self.turns[dst] = self.turns[src]
+
+
+@pytest.mark.parametrize("branches", [(2, 2), (1, 2, 2)])
+def test_episode_trees_fork_after_a_turn_and_score_as_sampled(pol, samples, branches):
+    """Episodes of 3 turns grown as a tree that forks after turns: 4 leaves per prompt, rows
+    below a fork share its turns and observations token for token, segments name the turns,
+    and the training forward matches the sampled log-probs."""
+    from perceptrl.vlm.tree_rollout import TreeShape, sampled_tokens
+
+    pol.tree = TreeShape(branches, segment_tokens=1)
+    try:
+        with short_turns(pol):
+            b = run(pol, samples[:2], ForkingEnv(3), n=4, seed=len(branches))
+            scored = [forwards(pol, b, share)[0] for share in (True, False)]
+    finally:
+        pol.tree = None
+    assert len(b) == 8 and b.group_id.tolist() == [0] * 4 + [1] * 4
+    assert [m["episode"]["turns"] for m in b.meta] == [3] * 8
+    obs = b.inputs["obs_mask"]
+    for g in range(2):
+        rows = list(range(4 * g, 4 * g + 4))
+        first = b.segments[rows, 0]  # a completion starts with its first turn
+        assert len(set(first.tolist())) == branches[0]
+        for i in rows:
+            for j in rows:
+                if b.segments[i, 0] == b.segments[j, 0]:  # the same first turn: same history
+                    end = int((b.segments[i] == b.segments[i, 0]).nonzero().max()) + 1
+                    end += int(obs[i, end:].cumprod(0).sum())  # and its observation
+                    assert torch.equal(b.tokens[i, :end], b.tokens[j, :end])
+    decoded, leaf = sampled_tokens(b)
+    assert decoded < leaf  # shared turns were sampled once
+    for logp in scored:
+        assert ((logp - b.logp_rollout) * b.mask).abs().max() <= TOL

@@ -99,3 +99,17 @@ def test_count_sum_knows_its_sub_counts():
     assert s["answer"] == str(sum(steps.values()))
     trace = reasoning_trace(s)
     assert [x.score for x in step_values([trace], [s])[0]] == [0.5, 0.5]
+
+
+def test_a_step_reward_that_raises_scores_zero_and_is_counted(pol, samples, caplog):
+    from perceptrl.rewards.process import register_step_reward
+
+    @register_step_reward("test_raises")
+    def raises(completions, samples):
+        raise RuntimeError("judge worker died")
+
+    batch = pol.completions_batch(samples[:2], ["<think>red: 2</think>", "x"])
+    with caplog.at_level(logging.WARNING, logger="perceptrl.vlm.process"):
+        steps, stats = RuleSteps("test_raises")(batch, pol, torch.ones(2))
+    assert steps.abs().sum() == 0 and stats["process_errors"] == 1.0
+    assert "judge worker died" in caplog.text
