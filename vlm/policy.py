@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -194,7 +195,11 @@ class VLMPolicy:
                 "prompt_index, as rollout.sample fills them)"
             )
         if batch.num_prompts() < len(batch) and self._prefix_applies(batch):
-            logits = self._shared_prefix_logits(batch)
+            levels = tree_levels(batch)
+            if levels is not None:
+                logits = self._tree_logits(batch, levels)
+            else:
+                logits = self._shared_prefix_logits(batch)
         else:
             logits = self._full_logits(batch)
         if self.banned_ids:
@@ -300,6 +305,47 @@ class VLMPolicy:
         )
         first_logits = out.logits[:, -1:][idx]  # [B, 1, V]
         return torch.cat([first_logits, out2.logits[:, :-1]], dim=1)  # [B, T, V]
+
+    def _tree_logits(self, batch: RolloutBatch, levels: list[TreeLevel]) -> Tensor:
+        """Tree rollouts: the prompts once, then each depth's distinct segments once on their
+        parents' keys/values (``levels``, see `tree_levels`), instead of every leaf re-running
+        the segments it shares. The indexing of parents' caches is differentiable, so a shared
+        segment's gradient is the sum over the leaves below it, as in one forward per leaf.
+
+        Returns:
+            [B, T, V] as `_shared_prefix_logits`.
+        """
+        device, T = self.device, batch.tokens.shape[1]
+        kwargs = rollout.collate(batch.prompts, self.pad_id, device)  # [U, P]
+        pos = self._prompt_positions(kwargs)
+        start = pos.amax(dim=(0, 2)) + 1  # [U]: where each prompt's text continues
+        if self._keep_arg:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs, position_ids=pos, use_cache=True)
+        cache, attn = out.past_key_values, kwargs["attention_mask"]
+        tokens = batch.tokens.to(device)
+        mask = batch.mask.to(device, torch.long)
+        parts, node_start = [], start  # node_start: [N] text position of the level's parent end
+        for lv in levels:
+            parent = lv.parent.to(device)
+            cache.batch_select_indices(parent)  # differentiable gather of the parents' K/V
+            rows, (a, b) = lv.rows.to(device), lv.cols
+            node_start = node_start[parent]
+            attn = torch.cat([attn[parent], mask[rows, a:b]], dim=1)
+            cpos = (node_start[:, None] + a + torch.arange(b - a, device=device)).expand(3, -1, -1)
+            out_l = self.model(
+                input_ids=tokens[rows, a:b], attention_mask=attn, position_ids=cpos,
+                past_key_values=cache, use_cache=True,
+            )  # fmt: skip
+            cache = out_l.past_key_values
+            parts.append(out_l.logits)  # [N_d, b - a, V]
+        # row b's logits at column j come from the node holding column j at that depth
+        cols = []
+        for lv, logits in zip(levels, parts):
+            cols.append(logits[lv.of_row.to(device)])  # [B, b - a, V] (rows past a leaf: any)
+        full = torch.cat(cols, dim=1)  # [B, T, V]: position j predicts token j + 1
+        first = out.logits[:, -1:][batch.prompt_index.to(device)]  # [B, 1, V]
+        return torch.cat([first, full[:, : T - 1]], dim=1)
 
     def _prompt_positions(self, kwargs: dict) -> Tensor:
         """Position ids [3, U, P] of left-padded prompts, as the model derives them in a plain
@@ -460,6 +506,66 @@ class VLMPolicy:
         """Encode ``samples`` (strict about images) and sample ``n`` completions for each."""
         prompts, _ = self.encode(samples, strict=True)
         return self.sample(prompts, n, sampling)
+
+
+@dataclass
+class TreeLevel:
+    """One depth of a tree batch's segments, for the shared-segment forward."""
+
+    cols: tuple[int, int]
+    """the completion columns [a, b) the depth's segments occupy (the same in every row)"""
+    rows: Tensor
+    """[N] a row holding each distinct segment (its tokens are read there)"""
+    parent: Tensor
+    """[N] each segment's parent: index into the previous depth's segments (the prompt's
+    index for the first depth)"""
+    of_row: Tensor
+    """[B] each row's segment at this depth (a row that ended before it: 0, never read under
+    the mask)"""
+
+
+def tree_levels(batch: RolloutBatch) -> list[TreeLevel] | None:
+    """The depths of a tree batch when its segments are aligned (every row's d-th segment starts
+    at the same column, as the tree sampler writes them) and the completions hold no
+    observations; None otherwise (the forward then shares the prompts only)."""
+    seg = batch.segments
+    if seg is None or OBS_PREFIX + "mask" in batch.inputs and batch.inputs["obs_mask"].any():
+        return None
+    seg, mask = seg.cpu(), batch.mask.cpu() > 0
+    B, T = seg.shape
+    change = torch.zeros_like(seg, dtype=torch.bool)
+    change[:, 0] = True
+    change[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    change &= mask
+    starts = sorted(set(change.nonzero()[:, 1].tolist()))
+    if not starts or starts[0] != 0:
+        return None
+    for b in range(B):  # every row's segment starts must be a prefix of the common ones
+        mine = change[b].nonzero().squeeze(1).tolist()
+        if mine != starts[: len(mine)]:
+            return None
+    bounds = [*starts, T]
+    group = batch.group_id.cpu()
+    levels: list[TreeLevel] = []
+    prev_key: dict[tuple, int] = {}
+    prev_of_row = batch.prompt_index.cpu().clone()
+    for d, (a, b_) in enumerate(zip(bounds, bounds[1:])):
+        keys, rows, parent = {}, [], []
+        of_row = torch.zeros(B, dtype=torch.long)  # rows that ended: any node, never read
+        for r in range(B):
+            if not mask[r, a]:
+                continue  # the row ended before this depth
+            k = (int(group[r]), int(seg[r, a]))
+            if k not in keys:
+                keys[k] = len(rows)
+                rows.append(r)
+                parent.append(int(prev_of_row[r]))
+            elif int(prev_of_row[r]) != parent[keys[k]]:
+                return None  # one node under two parents: not a tree
+            of_row[r] = keys[k]
+        levels.append(TreeLevel((a, b_), torch.tensor(rows), torch.tensor(parent), of_row))
+        prev_of_row = of_row
+    return levels if all(len(lv.rows) for lv in levels) else None
 
 
 def completion_attention(batch: RolloutBatch) -> Tensor:

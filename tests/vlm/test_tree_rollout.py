@@ -169,3 +169,39 @@ def test_recipe_checks_the_tree(tmp_path):
     with pytest.raises(ConfigError, match="nothing of rollout.max_new_tokens"):
         tree_shape(cfg("rollout.tree.branches=[2,2]", "rollout.group_size=4",
                        "rollout.max_new_tokens=16"))  # fmt: skip
+
+
+def test_shared_segment_forward_equals_one_forward_per_leaf(tiny_dirs, samples):
+    """Qwen2.5-VL: the tree forward (prompts once, each depth's distinct segments once on their
+    parents' keys/values) gives the log-probs and gradients of a plain forward per leaf, on a
+    tree where some branches stopped early; and it runs fewer completion tokens."""
+    from perceptrl.vlm.policy import tree_levels
+
+    pol = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"])
+    with stop_bias(pol, 2.5):
+        b = sample(pol, samples[:3], TreeShape((2, 2, 2), 4), max_new=16, seed=5)
+        levels = tree_levels(b)
+        assert levels is not None and len(levels) == 3
+        assert [len(lv.rows) for lv in levels][0] == 6  # two first segments per prompt
+        fed = []
+        handle = pol.model.register_forward_pre_hook(
+            lambda m, a, k: fed.append(k["input_ids"].numel()), with_kwargs=True
+        )
+        grads = {}
+        for share in (True, False):
+            pol.share_prefix = share
+            pol.model.zero_grad()
+            ev = pol.evaluate(b)
+            (ev.logp * b.mask).sum().backward()
+            grads[share] = [p.grad.clone() for p in pol.model.parameters() if p.grad is not None]
+            if share:
+                tree_logp, tree_fed, tree_calls = ev.logp.detach(), sum(fed), len(fed)
+        handle.remove()
+        pol.share_prefix = True
+    plain = ev.logp.detach()
+    torch.testing.assert_close(tree_logp * b.mask, plain * b.mask, atol=1e-5, rtol=0)
+    for g1, g2 in zip(grads[True], grads[False]):
+        torch.testing.assert_close(g1, g2, atol=1e-4, rtol=1e-3)
+    assert tree_calls == 1 + len(levels)  # the prompts, then one pass per depth
+    assert tree_fed < sum(fed) - tree_fed  # fewer tokens than one forward per leaf
+    assert sampled_tokens(b)[0] < b.mask.sum()  # some segments were shared
