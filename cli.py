@@ -147,17 +147,53 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Evaluate a saved model on the recipe's held-out data (vlm) or tasks (vla)."""
+    """Evaluate a saved model on the recipe's held-out data (vlm) or tasks (vla); with
+    ``--pass-k``, pass@k of one or more models (vlm)."""
     more = [a for a in args.overrides if "=" not in a]  # further recipes: more task sets (vlm)
     recipe, overrides = split_recipe(args.recipe, [a for a in args.overrides if "=" in a])
-    cfg = load_config(recipe, [*overrides, f"model.path={args.model}"])
+    models = _named_models(args.model)
     out = _mkdir(Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"))
-    sets = [load_config(resolve_recipe(r), [*overrides, f"model.path={args.model}"]) for r in more]
-    result = wiring.side(cfg).run_eval(cfg, out, more=sets)
+    if args.pass_k:
+        ks = _int_list(args.pass_k, "--pass-k")
+        cfgs = {name: load_config(recipe, [*overrides, f"model.path={path}"])
+                for name, path in models.items()}  # fmt: skip
+        first = next(iter(cfgs.values()))
+        if first.side != "vlm" or more:
+            raise ConfigError("--pass-k evaluates VLM recipes, one task set per command")
+        result = wiring.side(first).run_pass_k(cfgs, out, ks, args.pass_n or max(ks))
+    else:
+        if len(models) > 1:
+            raise ConfigError("several --model values compare models with --pass-k only")
+        path = next(iter(models.values()))
+        cfg = load_config(recipe, [*overrides, f"model.path={path}"])
+        sets = [load_config(resolve_recipe(r), [*overrides, f"model.path={path}"]) for r in more]
+        result = wiring.side(cfg).run_eval(cfg, out, more=sets)
     print(result["table"])
     for path in result["files"]:
         print(f"wrote {path}")
     return 0
+
+
+def _named_models(values: list[str]) -> dict[str, str]:
+    """``--model`` values (``path`` or ``name=path``) as name -> path (name: the folder's, or
+    its parent's when the folder is a checkpoint's ``model``)."""
+    out: dict[str, str] = {}
+    for v in values:
+        name, _, path = v.rpartition("=") if "=" in v else ("", "", v)
+        if not name:
+            p = Path(path)
+            name = p.parent.parent.parent.name if p.name == "model" else p.name
+        if name in out:
+            name = f"{name}_{len(out)}"
+        out[name] = path
+    return out
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise ConfigError(f"{flag} takes integers separated by commas, e.g. 1,2,4,8") from e
 
 
 def cmd_data_generate(args: argparse.Namespace) -> int:
@@ -386,8 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         required=True,
-        help="saved model directory (HF dir for vlm, VLA checkpoint for vla)",
+        action="append",
+        help="saved model directory (HF dir for vlm, VLA checkpoint for vla); with --pass-k it "
+        "may repeat, as name=path, to put several models on one chart",
     )
+    p.add_argument(
+        "--pass-k", help="vlm: pass@k for these k (e.g. 1,2,4,8,16) from sampled answers"
+    )
+    p.add_argument(
+        "--pass-n", type=int, default=0,
+        help="answers sampled per question for --pass-k (default: the largest k)",
+    )  # fmt: skip
     p.add_argument("--out", help="output directory (default: runs/eval-<time>)")
     p.set_defaults(func=cmd_eval)
 

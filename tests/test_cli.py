@@ -136,6 +136,19 @@ def test_eval_vlm_writes_a_per_family_table(tmp_path):
     assert metrics["count"] == 6 and 0.0 <= metrics["accuracy"] <= 1.0
 
 
+def test_eval_pass_k_puts_two_models_on_one_chart(tmp_path):
+    out = perceptrl("eval", "vlm_clevr", "--model", "base=assets/vlm_base", "--model", "again=assets/vlm_base",
+                    "--pass-k", "1,2", "--pass-n", "3", "--out", "pk", "train.eval_samples=3", "data.n_val=3",
+                    cwd=tmp_path)  # fmt: skip
+    saved = json.loads((tmp_path / "pk" / "passk.json").read_text())
+    assert set(saved) == {"base", "again"} and saved["base"]["n"] == 3
+    assert saved["base"]["overall"]["1"] <= saved["base"]["overall"]["2"]
+    assert "| again | all | all | 3 |" in out.stdout and (tmp_path / "pk" / "passk.png").exists()
+    bad = perceptrl("eval", "vlm_clevr", "--model", "assets/vlm_base", "--pass-k", "1,8", "--pass-n", "4",
+                    "--out", "pk2", "data.n_val=2", cwd=tmp_path, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "1..4" in bad.stderr
+
+
 def test_vla_train_then_eval_writes_table_and_video(tmp_path):
     env = {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     perceptrl("train", "vla_ppo_reach_state", "train.steps=2", "env.eval_episodes=0", "env.num_envs=2",

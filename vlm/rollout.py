@@ -1,5 +1,9 @@
 """HF rollout engine: batched sampling of G completions per prompt with ``model.generate``.
 
+Training rollouts use the prefill-once tree sampler by default (``vlm/tree_rollout.py``,
+``rollout.sampler=fork``); this engine serves ``rollout.sampler=generate``, greedy evaluation
+and the judge, and its helpers (collation, prompt tables, generation mode) serve both.
+
 Prompts are left-padded for generation (KV cache on), rows are packed into generate calls by a
 token budget (prompt + completion tokens per call), and the result is a ``RolloutBatch`` whose
 ``tokens`` are the completions right-padded to ``[B, T]`` with ``mask`` 1 up to and including the

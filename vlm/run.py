@@ -514,3 +514,32 @@ def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
         if data.skipped:
             sets[-1]["skipped"] = dict(data.skipped)
     return write_report(rows, out_dir, model=cfg.model.path, extra={"task_sets": sets})
+
+
+def run_pass_k(cfgs: dict, out_dir: Path, ks: Sequence[int], n: int) -> dict:
+    """pass@k (``vlm/passk.py``) of each named model (``cfgs``: name -> its recipe, which sets
+    ``model.path``) on the recipe's held-out data: ``n`` sampled answers per question at the
+    rollout temperature. Writes ``passk.json``, ``passk.md`` and ``passk.png`` (one line per
+    model) into ``out_dir``."""
+    from ..rewards import build_reward
+    from .passk import evaluate_pass_k, write_pass_k
+
+    results = {}
+    for name, c in cfgs.items():
+        if not c.data.train:
+            c.data.n_train = 1  # only the validation split is needed
+        data = load_data(c, out_dir)
+        if not data.val or c.train.eval_samples <= 0:
+            raise ConfigError("nothing to evaluate: set data.val and train.eval_samples > 0")
+        policy = build_policy(c, out_dir / f"model_{len(results)}")
+        val = fit_prompts(c, policy.processor, data, splits=("val",)).val[: c.train.eval_samples]
+        reward = build_reward(EVAL_REWARD, timeout_s=c.rollout.reward_timeout_s)
+        try:
+            results[name] = evaluate_pass_k(
+                policy, val, reward, ks, n, batch_size=max(1, c.rollout.prompts_per_step),
+                max_new_tokens=c.rollout.max_new_tokens, prompt=prompt_config(c),
+                strict=c.data.strict, token_budget=c.rollout.token_budget,
+            )  # fmt: skip
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+    return write_pass_k(results, out_dir)
