@@ -156,7 +156,8 @@ def markdown(d: dict) -> str:
             f"{GOAL_TOKEN_RATIO}: {'met' if met else 'not met'}), {v['step_time_ratio']:.2f}x the "
             f"step time, {v['rollout_time_ratio']:.2f}x the rollout time; held-out accuracy "
             f"{v['accuracy_gap']:+.3f} against flat at equal wall time (goal >= 0: "
-            f"{'met' if v['accuracy_gap'] >= 0 else 'not met'}).",
+            f"{'met' if v['accuracy_gap'] >= 0 else 'not met'}; one seed, standard error of the "
+            f"difference about {_se_diff(d, a):.3f} on {s['n_test']} questions).",
         ]
     fams = sorted(k for k in d["accuracy"]["base"] if "/" in k)
     md += ["", "| family | " + " | ".join(d["accuracy"]) + " |", "|---|" + "---|" * len(d["accuracy"])]
@@ -164,6 +165,13 @@ def markdown(d: dict) -> str:
         md.append(f"| {f.split('/')[1]} | " + " | ".join(
             f"{r.get(f, float('nan')):.3f}" for r in d["accuracy"].values()) + " |")  # fmt: skip
     return "\n".join(md)
+
+
+def _se_diff(d: dict, arm: str) -> float:
+    """Standard error of the accuracy difference arm - flat, as two independent proportions."""
+    n = d["settings"]["n_test"]
+    ps = [d["accuracy"][a]["accuracy"] for a in (arm, "flat")]
+    return sum(p * (1 - p) / n for p in ps) ** 0.5
 
 
 if __name__ == "__main__":

@@ -52,12 +52,15 @@ RECIPES = {
     "vlm_clevr": ("train", [*VLM_TINY, "train.steps=2", "train.eval_every=1",
                   "algo.dynamic_sampling=false"]),
     "vlm_sft": ("sft", [*VLM_TINY, "train.steps=2", "train.eval_every=1"]),
+    "vlm_clevr_tree": ("train", [*VLM_TINY, "train.steps=2", "rollout.group_size=4",
+                       "rollout.tree.branches=[2,2]", "rollout.tree.segment_tokens=3"]),
+    "vlm_process": ("train", [*VLM_TINY, "train.steps=2", "rollout.process_reward=implicit_prm"]),
     "vlm_spatial": ("train", [*VLM_TINY, "train.steps=1", "data.n_train=4", "data.n_val=2",
                     "train.eval_samples=2", "algo.dynamic_sampling=false"]),
     "vlm_video": ("train", [*VLM_TINY, "train.steps=1", "data.n_train=4", "data.n_val=2",
                   "train.eval_samples=2", "algo.dynamic_sampling=false"]),
 }  # fmt: skip
-FAST = ("vla_ppo_reach_state", "vla_grpo", "vla_bc_pick", "vlm_clevr")
+FAST = ("vla_ppo_reach_state", "vla_grpo", "vla_bc_pick", "vlm_clevr", "vlm_clevr_tree")
 """the recipes checked in `make test` (a few seconds each: each VLA builder, one VLM recipe)"""
 
 
