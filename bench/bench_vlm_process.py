@@ -177,6 +177,12 @@ def markdown(d: dict) -> str:
             f"{fa:.3f} -> {la:.3f} | {_f(fp)} -> {_f(lp)} | {_f(corr)} | {r['hacking_flags']:.0f} |"
         )
     reach = d.get("time_to_outcome_final")
+    start, final = d["curves"]["outcome"][0]["accuracy"], d["curves"]["outcome"][-1]["accuracy"]
+    if reach and final <= start:
+        md += ["", f"Goal not assessable: the outcome arm ended where the SFT start was "
+               f"({final:.3f} <= {start:.3f}), so reaching its final accuracy takes no training "
+               "(a ratio of 0 here would say nothing)."]  # fmt: skip
+        reach = None
     if reach:
         md += ["", f"Time to reach the outcome arm's final accuracy "
                f"({d['curves']['outcome'][-1]['accuracy']:.3f}), as a fraction of its time "
