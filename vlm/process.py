@@ -10,8 +10,9 @@ tokens as ``RolloutBatch.step_rewards`` [B, T], and the monitor that flags a hac
   sequence-level ratio is trained as an outcome classifier, and its per-token terms are the
   process rewards it implies. One optimizer step per rollout batch; rewards come from the same
   forward, before that step (PRIME scores after its update; scoring first saves a forward).
-* `ProcessMonitor`: process reward rising while outcome accuracy falls, over a window of steps,
-  is logged as a warning with both curves and as ``reward/process_vs_outcome`` = 1.
+* `ProcessMonitor`: process reward rising while outcome accuracy falls (half-window means over
+  20 steps, a 0.05 margin) is logged as a warning with both curves and as
+  ``reward/process_vs_outcome`` = 1.
 """
 
 from __future__ import annotations
@@ -149,11 +150,14 @@ class ImplicitPRM:
 
 
 class ProcessMonitor:
-    """Flags process reward rising while outcome accuracy falls over the last ``window`` steps
-    (least-squares slopes of both curves); warns once per window with both curves."""
+    """Flags process reward rising while outcome accuracy falls: over the last ``window`` steps,
+    the second half's mean process reward is above the first half's by more than ``margin``
+    and its mean accuracy below by more than ``margin`` (half means, not slopes: batch-to-batch
+    swings of 0.1 in accuracy made 10-step slopes flag noise). Warns once per window with both
+    curves."""
 
-    def __init__(self, window: int = 10):
-        self.window = window
+    def __init__(self, window: int = 20, margin: float = 0.05):
+        self.window, self.margin = window, margin
         self.process: deque[float] = deque(maxlen=window)
         self.outcome: deque[float] = deque(maxlen=window)
         self._quiet = 0
@@ -164,7 +168,8 @@ class ProcessMonitor:
         self._quiet = max(self._quiet - 1, 0)
         if len(self.process) < self.window:
             return 0.0
-        up, down = _slope(self.process) > 0, _slope(self.outcome) < 0
+        up = _half_change(self.process) > self.margin
+        down = _half_change(self.outcome) < -self.margin
         if not (up and down):
             return 0.0
         if self._quiet == 0:
@@ -178,10 +183,11 @@ class ProcessMonitor:
         return 1.0
 
 
-def _slope(ys) -> float:
-    n = len(ys)
-    xm, ym = (n - 1) / 2, sum(ys) / n
-    return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / sum((i - xm) ** 2 for i in range(n))
+def _half_change(ys) -> float:
+    """Mean of the second half minus mean of the first half."""
+    ys = list(ys)
+    h = len(ys) // 2
+    return sum(ys[h:]) / (len(ys) - h) - sum(ys[:h]) / h
 
 
 def _curve(ys) -> str:

@@ -80,11 +80,13 @@ def test_implicit_prm_learns_the_outcome_labels(pol, samples):
 
 
 def test_monitor_flags_a_rising_process_reward_with_a_falling_outcome(caplog):
-    mon = ProcessMonitor(window=5)
-    flags = [mon(0.1 * i, 0.5, i) for i in range(5)]  # process up, outcome flat
-    assert flags == [0.0] * 5
+    mon = ProcessMonitor(window=6, margin=0.05)
+    flags = [mon(0.1 * i, 0.5, i) for i in range(6)]  # process up, outcome flat
+    assert flags == [0.0] * 6
+    noisy = [mon(0.6, 0.5 + (0.1 if i % 2 else -0.1), 6 + i) for i in range(6)]  # swings only
+    assert noisy == [0.0] * 6
     with caplog.at_level(logging.WARNING, logger="perceptrl.vlm.process"):
-        flags = [mon(0.5 + 0.1 * i, 0.5 - 0.05 * i, 5 + i) for i in range(6)]
+        flags = [mon(0.7 + 0.1 * i, 0.5 - 0.05 * i, 12 + i) for i in range(7)]
     assert flags[-1] == 1.0
     assert sum("may be hacked" in r.message for r in caplog.records) == 1  # once per window
 
