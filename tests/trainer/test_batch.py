@@ -77,3 +77,17 @@ def test_select_and_concat_keep_the_prompts_rows_use():
     both = RolloutBatch.concat([one, b.select([0])])
     assert both.prompt_index.tolist() == [0, 0, 1] and both.num_prompts() == 2
     assert both.prompts["pixel_values"][1] is b.prompts["pixel_values"][0]
+
+
+def test_tree_fields_survive_select_and_concat():
+    """Dynamic sampling selects groups and concatenates refills: segments pad with 0 (no node)
+    and step rewards with 0, so the tree estimators read the same trees."""
+    a = _batch(B=4, T=3)
+    a.segments = torch.tensor([[1, 1, 3], [1, 1, 4], [2, 2, 5], [2, 2, 6]])
+    a.step_rewards = torch.ones(4, 3)
+    b = _batch(B=2, T=5)
+    b.segments = torch.tensor([[1, 2, 2, 2, 2], [1, 3, 3, 3, 0]])
+    b.step_rewards = torch.zeros(2, 5)
+    both = RolloutBatch.concat([a.select([2, 3]), b])
+    assert both.segments.tolist() == [[2, 2, 5, 0, 0], [2, 2, 6, 0, 0], *b.segments.tolist()]
+    assert both.step_rewards.shape == (4, 5) and both.step_rewards[:2, 3:].abs().sum() == 0
