@@ -348,7 +348,7 @@ def judge_steps(
     spans = [split_steps(c, max_steps) if isinstance(c, str) else [] for c in completions]
     prompts, where = [], []
     for i, (text, sample) in enumerate(zip(completions, samples)):
-        for k, (a, b) in enumerate(spans[i]):
+        for k, (_, b) in enumerate(spans[i]):
             so_far = "\n".join(text[x:y].strip() for x, y in spans[i][: k + 1])
             prompts.append(build_judge_sample(so_far, sample, rubric, scale, 4000, with_images))
             where.append((i, b, len(spans[i])))

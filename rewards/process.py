@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .registry import _import_spec
+from .registry import _import_spec, registrar
 
 
 class Step(NamedTuple):
@@ -36,16 +36,8 @@ _STEP_REWARDS: dict[str, StepRewardFn] = {}
 
 
 def register_step_reward(name: str) -> Callable[[StepRewardFn], StepRewardFn]:
-    """Decorator registering a step reward under ``name``."""
-
-    def deco(fn: StepRewardFn) -> StepRewardFn:
-        old = _STEP_REWARDS.get(name, fn)
-        if (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"step reward {name!r} is already registered by {old.__qualname__}")
-        _STEP_REWARDS[name] = fn
-        return fn
-
-    return deco
+    """Decorator registering a step reward under ``name`` (as ``register_reward``)."""
+    return registrar(_STEP_REWARDS, "step reward", name)
 
 
 def list_step_rewards() -> list[str]:

@@ -20,26 +20,32 @@ RewardFn = Callable[..., list[float]]
 _REWARDS: dict[str, RewardFn] = {}
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering ``fn`` under ``name``; reusing a name for another function raises."""
+def registrar(table: dict, kind: str, name: str) -> Callable[[Callable], Callable]:
+    """Decorator registering a function in ``table`` under ``name`` (non-empty, no ':');
+    registering another function under a taken name raises (the same function again is fine)."""
     if not name or ":" in name:
-        raise ValueError(f"invalid reward name {name!r}: must be non-empty and contain no ':'")
+        raise ValueError(f"invalid {kind} name {name!r}: must be non-empty and contain no ':'")
 
-    def deco(fn: RewardFn) -> RewardFn:
-        old = _REWARDS.get(name)
+    def deco(fn: Callable) -> Callable:
+        old = table.get(name)
         same = old is not None and (old.__module__, old.__qualname__) == (
             fn.__module__,
             fn.__qualname__,
         )
         if old is not None and not same:
             raise ValueError(
-                f"reward {name!r} is already registered by "
+                f"{kind} {name!r} is already registered by "
                 f"{old.__module__}.{old.__qualname__}; choose another name"
             )
-        _REWARDS[name] = fn
+        table[name] = fn
         return fn
 
     return deco
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering ``fn`` under ``name``; reusing a name for another function raises."""
+    return registrar(_REWARDS, "reward", name)
 
 
 def list_rewards() -> list[str]:

@@ -83,6 +83,18 @@ class LiveRows:
     """[L, V] logits of the next token"""
     cache: object
 
+    def fork(self, idx: Tensor, clone) -> None:
+        """`keep` rows ``idx`` (sorted, a row's children adjacent): a row's first child keeps
+        its storage row, each further child gets the storage row ``clone(parent rows [M])``
+        returns ([M]: fresh rows holding copies of the parents')."""
+        first = torch.ones(len(idx), dtype=torch.bool)
+        first[1:] = idx[1:] != idx[:-1]
+        rows = self.rows[idx].clone()
+        if not first.all():
+            rows[~first] = clone(rows[~first])
+        self.keep(idx)
+        self.rows = rows
+
     def keep(self, idx: Tensor) -> None:
         """Keep rows ``idx`` [L'] in this order: a row left out is dropped, a row named twice is
         forked (its cache row copied)."""
@@ -238,19 +250,18 @@ class EpisodeSampler(KVSampler):
         live_set = set(live.rows.tolist())
         done = torch.tensor([r for r in range(used) if r not in live_set], dtype=torch.long)
         idx = fork_plan(prompt_of[live.rows], prompt_of[done], U, shape, depth, live.logits)
-        first = torch.ones(len(idx), dtype=torch.bool)
-        first[1:] = idx[1:] != idx[:-1]  # the first child keeps its parent's row
-        new_rows = live.rows[idx].clone()
-        src = new_rows[~first].tolist()
-        dst = list(range(used, used + len(src)))
-        tape.copy_rows(dst, src)
-        for a, b in zip(dst, src):
-            env.fork(b, a)
-        prompt_of[dst] = prompt_of[src]
-        new_rows[~first] = torch.tensor(dst, dtype=torch.long)
-        live.keep(idx)
-        live.rows = new_rows
-        return used + len(dst)
+
+        def clone(src: Tensor) -> Tensor:
+            dst = torch.arange(used, used + len(src))
+            tape.copy_rows(dst.tolist(), src.tolist())
+            for a, b in zip(dst.tolist(), src.tolist()):
+                env.fork(b, a)
+            prompt_of[dst] = prompt_of[src]
+            return dst
+
+        before = len(live.rows)
+        live.fork(idx, clone)
+        return used + len(live.rows) - before
 
     def _turn(self, live: LiveRows, tape: Tape, sp: SamplingParams, node: Tensor) -> Tensor:
         """Sample one policy turn of every live row (``node`` [L]: its tree node). Returns [L]

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .prompts import PromptConfig, encode_prompts
-from .report import _order, modality
+from .report import _order, modality, save_figure
 from .rollout import SamplingParams
 
 CORRECT = 0.5
@@ -130,13 +130,7 @@ def chart(results: dict[str, dict], path: str | Path, title: str = "") -> Path:
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, ax, path, title)
 
 
 def write_pass_k(results: dict[str, dict], out_dir: str | Path) -> dict:

@@ -547,9 +547,8 @@ def tree_levels(batch: RolloutBatch) -> list[TreeLevel] | None:
     bounds = [*starts, T]
     group = batch.group_id.cpu()
     levels: list[TreeLevel] = []
-    prev_key: dict[tuple, int] = {}
     prev_of_row = batch.prompt_index.cpu().clone()
-    for d, (a, b_) in enumerate(zip(bounds, bounds[1:])):
+    for a, b_ in zip(bounds, bounds[1:]):
         keys, rows, parent = {}, [], []
         of_row = torch.zeros(B, dtype=torch.long)  # rows that ended: any node, never read
         for r in range(B):

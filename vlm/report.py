@@ -139,6 +139,13 @@ def bar_chart(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy")
     ax.legend(title="modality", fontsize=8)
+    return save_figure(fig, ax, path, title)
+
+
+def save_figure(fig, ax, path: str | Path, title: str = "") -> Path:
+    """Title ``ax`` (when given), lay ``fig`` out, write it as a PNG at ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()

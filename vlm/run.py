@@ -498,14 +498,7 @@ def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
 
     policy, rows, sets = None, [], []
     for i, c in enumerate([cfg, *more]):
-        if not c.data.train:
-            c.data.n_train = 1  # only the validation split is needed
-        data = load_data(c, out_dir if i == 0 else out_dir / f"taskset_{i}")
-        if not data.val or c.train.eval_samples <= 0:
-            raise ConfigError(
-                "nothing to evaluate: set data.val (or leave it empty for synthetic) and "
-                "train.eval_samples > 0"
-            )
+        data = _eval_data(c, out_dir if i == 0 else out_dir / f"taskset_{i}")
         policy = policy or build_policy(cfg, out_dir)
         val = fit_prompts(c, policy.processor, data, splits=("val",)).val
         metrics = build_evaluator(c, val)(policy, prompt=prompt_config(c))
@@ -514,6 +507,19 @@ def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
         if data.skipped:
             sets[-1]["skipped"] = dict(data.skipped)
     return write_report(rows, out_dir, model=cfg.model.path, extra={"task_sets": sets})
+
+
+def _eval_data(c, out_dir: Path):
+    """The recipe's data for an evaluation (only the validation split is generated)."""
+    if not c.data.train:
+        c.data.n_train = 1
+    data = load_data(c, out_dir)
+    if not data.val or c.train.eval_samples <= 0:
+        raise ConfigError(
+            "nothing to evaluate: set data.val (or leave it empty for synthetic) and "
+            "train.eval_samples > 0"
+        )
+    return data
 
 
 def run_pass_k(cfgs: dict, out_dir: Path, ks: Sequence[int], n: int) -> dict:
@@ -526,11 +532,7 @@ def run_pass_k(cfgs: dict, out_dir: Path, ks: Sequence[int], n: int) -> dict:
 
     results = {}
     for name, c in cfgs.items():
-        if not c.data.train:
-            c.data.n_train = 1  # only the validation split is needed
-        data = load_data(c, out_dir)
-        if not data.val or c.train.eval_samples <= 0:
-            raise ConfigError("nothing to evaluate: set data.val and train.eval_samples > 0")
+        data = _eval_data(c, out_dir)
         policy = build_policy(c, out_dir / f"model_{len(results)}")
         val = fit_prompts(c, policy.processor, data, splits=("val",)).val[: c.train.eval_samples]
         reward = build_reward(EVAL_REWARD, timeout_s=c.rollout.reward_timeout_s)

@@ -98,10 +98,12 @@ class _Rows:
         self.tokens[rows, at], self.logp[rows, at], self.node[rows, at] = tok, logp, node
         self.cursor[rows] += 1
 
-    def copy(self, dst: Tensor, src: Tensor) -> None:
-        """Rows ``dst`` become copies of rows ``src`` (a fork: the prefix is shared history)."""
+    def clone(self, src: Tensor) -> Tensor:
+        """Fresh rows holding copies of rows ``src`` (a fork: the prefix is shared history)."""
+        dst = self.take(len(src))
         for buf in (self.tokens, self.logp, self.node, self.cursor, self.stopped, self.prompt):
             buf[dst] = buf[src]
+        return dst
 
 
 class TreeSampler(KVSampler):
@@ -141,12 +143,12 @@ class TreeSampler(KVSampler):
             for d in range(depth):
                 last = d == depth - 1
                 done = d * shape.segment_tokens
-                length = sp.max_new_tokens - done if last else shape.segment_tokens
-                length = min(length, sp.max_new_tokens - done)
+                left = sp.max_new_tokens - done
+                length = left if last else min(shape.segment_tokens, left)
                 prompt = buf.prompt[live.rows]
                 node = next_node[prompt] + rank_within(prompt)  # one new node per live row
                 next_node.index_add_(0, prompt, torch.ones_like(prompt))
-                final = last or done + length >= sp.max_new_tokens
+                final = last or length >= left
                 self._segment(live, buf, node, length, sp, final)
                 if final or not len(live.rows):
                     break
@@ -178,18 +180,11 @@ class TreeSampler(KVSampler):
         live.keep(keep)
 
     def _fork(self, live: LiveRows, buf: _Rows, shape: TreeShape, depth: int, U: int) -> None:
-        """Each prompt's live branches get children (`fork_plan`); a child after the first
-        gets a fresh buffer row holding a copy of its parent's."""
+        """Each prompt's live branches get children (`fork_plan`, `LiveRows.fork`); a child
+        after the first gets a fresh buffer row holding a copy of its parent's."""
         done = torch.arange(buf.used)[buf.stopped[: buf.used]]
         idx = fork_plan(buf.prompt[live.rows], buf.prompt[done], U, shape, depth, live.logits)
-        first = torch.ones(len(idx), dtype=torch.bool)
-        first[1:] = idx[1:] != idx[:-1]  # the first child keeps its parent's buffer row
-        new_rows = live.rows[idx].clone()
-        fresh = buf.take(int((~first).sum()))
-        buf.copy(fresh, new_rows[~first])
-        new_rows[~first] = fresh
-        live.keep(idx)
-        live.rows = new_rows
+        live.fork(idx, buf.clone)
 
     def _batch(self, prompts, buf: _Rows, sp: SamplingParams, segments: bool) -> RolloutBatch:
         """The leaves as a `RolloutBatch`, grouped by prompt."""

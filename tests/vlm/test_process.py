@@ -45,7 +45,7 @@ def test_steps_land_on_the_tokens_that_end_them(pol, samples):
     steps, stats = RuleSteps("step_values")(batch, pol, torch.ones(2))
     tok = pol.processor.tokenizer
     claims = step_values(texts, [SAMPLE] * 2)
-    for row, text in enumerate(texts):
+    for row in range(len(texts)):
         ids = batch.tokens[row, : int(batch.mask[row].sum())].tolist()
         at = [t for t in range(len(ids)) if any(
             len(tok.decode(ids[: t + 1], skip_special_tokens=True)) >= c.end
