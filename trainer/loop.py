@@ -38,7 +38,7 @@ from .config import TrainerConfig
 from .corrections import apply_correction
 from .engine import build_engine
 from .metrics import MetricsLogger
-from .policy import Evaluation, Policy, RolloutSource, SFTSource
+from .policy import Policy, RolloutSource, SFTSource
 from .runtime import peak_rss_mb, progress_bar, resolve_device, seed_everything
 
 
@@ -423,17 +423,24 @@ class Trainer:
         return True, dict(sums)
 
     def _sft_loss(self, micro: RolloutBatch, num_tokens: Tensor, num_seqs: int):
-        """Token-mean negative log-likelihood of the targets, plus the policy's aux losses."""
-        ev = self.policy.evaluate(micro)
-        loss = algos.agg_loss(-ev.logp.float(), micro.mask, "token-mean", num_tokens=num_tokens)
+        """Token-mean negative log-likelihood of the targets (or the policy's own imitation
+        loss, ``policy.sft_loss``, where its likelihood is not what it trains on: a flow
+        head's flow matching), plus the policy's aux losses."""
+        own = getattr(self.policy, "sft_loss", None)
+        if own is not None:
+            per_token, aux = own(micro)
+        else:
+            ev = self.policy.evaluate(micro)
+            per_token, aux = -ev.logp, ev.aux
+        loss = algos.agg_loss(per_token.float(), micro.mask, "token-mean", num_tokens=num_tokens)
         metrics = {"sft/loss": float(loss.detach())}
-        loss = loss + self._aux_loss(ev, micro, metrics, mode="token-mean", num_tokens=num_tokens)
+        loss = loss + self._aux_loss(aux, micro, metrics, mode="token-mean", num_tokens=num_tokens)
         return loss, metrics
 
-    def _aux_loss(self, ev: Evaluation, micro: RolloutBatch, metrics: dict, **agg) -> Tensor:
+    def _aux_loss(self, aux: dict[str, Tensor], micro: RolloutBatch, metrics: dict, **agg) -> Tensor:
         """The policy's auxiliary per-step losses, aggregated like the others (``aux/<name>``)."""
-        total = torch.zeros((), device=ev.logp.device)
-        for name, per_step in ev.aux.items():
+        total = torch.zeros((), device=micro.mask.device)
+        for name, per_step in aux.items():
             term = algos.agg_loss(per_step.float(), micro.mask, **agg)
             total = total + term
             metrics[f"aux/{name}"] = float(term.detach())
@@ -457,7 +464,7 @@ class Trainer:
             kl = algos.agg_loss(self.kl(logp, micro.logp_ref), micro.mask, **agg)
             loss = loss + algo.kl_coef * kl
             metrics["actor/kl"] = float(kl.detach())
-        loss = loss + self._aux_loss(ev, micro, metrics, **agg)
+        loss = loss + self._aux_loss(ev.aux, micro, metrics, **agg)
         ent = algos.agg_loss(entropy.float(), micro.mask, **agg)
         metrics["actor/entropy"] = float(ent.detach())
         if algo.entropy_coef:

@@ -4,6 +4,9 @@ VLM policies (token sequences) and VLA policies (action sequences) both implemen
 ``act(obs)`` and a VLM adds ``generate(prompts)`` for their own rollout code, which the trainer
 never calls. A policy declares whether it has a critic (``has_critic``); the loop decides from
 that, not from what a first forward happened to return, where the behaviour values come from.
+A policy whose imitation objective is not the likelihood of its targets (a flow-matching action
+head) adds ``sft_loss(batch) -> (per-token loss [B, T], aux losses)``, which the SFT objective
+then minimises instead of ``-evaluate(batch).logp``.
 """
 
 from __future__ import annotations

@@ -2,9 +2,15 @@
 
 `ExpertSource` drives the runner's envs with ``sim.expert.ScriptedExpert`` (privileged state,
 closed loop) and yields `RolloutBatch`es laid out as the PPO collector's: ``tokens`` are the
-expert's actions [B, T, A], ``inputs`` the policy's observations. For a Gaussian policy the SFT
-loss (token-mean ``-logp``) is the behaviour-cloning negative log-likelihood. Demonstrations are
-generated fresh for every batch (an unlimited stream, no dataset on disk).
+expert's actions [B, T, K*A], ``inputs`` the policy's observations. For a Gaussian policy the SFT
+loss (token-mean ``-logp``) is the behaviour-cloning negative log-likelihood; a flow head
+minimises its flow-matching loss on the same targets. Demonstrations are generated fresh for
+every batch (an unlimited stream, no dataset on disk).
+
+Chunked policies (K actions per policy step): the expert still acts every env step (the runner
+steps with ``action_chunk=1``); the target at step t is the expert's next K actions t .. t+K-1
+of the same episode, the last action repeated past an episode's end. Steps whose chunk would
+run past the batch's horizon (the episode goes on in the next batch) are dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import torch
 from ..sim.expert import ScriptedExpert
 from ..trainer.batch import RolloutBatch
 from .envs import VecRunner
-from .runner import Actor, EpisodeRunner
+from .runner import CUT, Actor, EpisodeRunner, Rows
 
 
 class ExpertSource:
@@ -25,9 +31,10 @@ class ExpertSource:
         policy: provides ``observe(sim_batch) -> obs tensors`` (its input layout).
         runner: a synchronous `VecRunner` with ``control="ee"`` (the experts' action space).
         batch_steps: env steps per env per batch.
+        chunk: K, actions per target (the policy's action chunk).
     """
 
-    def __init__(self, policy, runner: VecRunner, batch_steps: int = 64):
+    def __init__(self, policy, runner: VecRunner, batch_steps: int = 64, chunk: int = 1):
         if runner.cfg.async_envs:
             raise ValueError(
                 "behaviour cloning reads the envs' privileged state in-process; set "
@@ -35,9 +42,14 @@ class ExpertSource:
             )
         if runner.cfg.action_chunk != 1:
             raise ValueError(
-                "behaviour cloning from the closed-loop experts needs env.action_chunk=1"
+                "the closed-loop experts act every env step: build the BC runner with "
+                "action_chunk=1 (targets of K actions come from `chunk`)"
             )
-        self.policy, self.runner, self.batch_steps = policy, runner, batch_steps
+        if chunk < 1 or batch_steps < chunk:
+            raise ValueError(
+                f"BC targets of chunk={chunk} need 1 <= chunk <= batch_steps={batch_steps}"
+            )
+        self.policy, self.runner, self.batch_steps, self.chunk = policy, runner, batch_steps, chunk
         self.experts: list[ScriptedExpert | None] = [None] * runner.n
         self.loop = EpisodeRunner(runner, on_reset=self._reset_experts)
 
@@ -59,7 +71,32 @@ class ExpertSource:
     def next_batch(self, step: int) -> RolloutBatch:
         """Expert demonstrations -> batch with the expert actions as targets."""
         rows = self.loop.horizon(Actor(self.policy.observe, self._act), self.batch_steps).rows
+        if self.chunk == 1:
+            tokens, mask, rewards, inputs = rows.actions, rows.mask, rows.rewards, rows.inputs
+        else:
+            tokens, mask, rewards, inputs = chunk_targets(rows, self.chunk)
         return RolloutBatch(
-            tokens=rows.actions, mask=rows.mask, group_id=torch.arange(len(rows)),
-            rewards=rows.rewards, inputs=rows.inputs,
+            tokens=tokens, mask=mask, group_id=torch.arange(len(rows)), rewards=rewards,
+            inputs=inputs,
         )  # fmt: skip
+
+
+def chunk_targets(rows: Rows, K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Per-step expert actions -> targets of the next K actions (see the module docstring):
+    (tokens [B, T', K*A], mask [B, T'], rewards [B, T'], inputs cut to the kept steps)."""
+    lens = rows.mask.sum(1).long()  # (B,)
+    cut = torch.from_numpy(rows.end == CUT)
+    keep = torch.where(cut, (lens - K + 1).clamp(min=0), lens)  # (B,) steps with a whole chunk
+    T = int(keep.max()) if len(keep) else 0
+    t = torch.arange(T)
+    idx = (t[None, :, None] + torch.arange(K)[None, None]).minimum(
+        (lens - 1).clamp(min=0)[:, None, None]
+    )
+    B, _, A = rows.actions.shape
+    tokens = rows.actions.gather(1, idx.reshape(B, T * K, 1).expand(B, T * K, A)).reshape(
+        B, T, K * A
+    )
+    mask = (t[None] < keep[:, None]).float()
+    tokens = tokens * mask[..., None]
+    inputs = {k: [x[:n] for x, n in zip(v, keep.tolist())] for k, v in rows.inputs.items()}
+    return tokens, mask, rows.rewards[:, :T] * mask, inputs

@@ -146,7 +146,7 @@ class PPOCollector(_Base):
                 f"{type(policy).__name__} has none. Use a group estimator (grpo, rloo, ...) for "
                 "a policy without a critic"
             )
-        actor = Actor(policy.observe, lambda obs: _checked(policy.act(obs)), policy.value)
+        actor = Actor.of(policy, lambda obs: _checked(policy.act(obs)), policy.value)
         res = self.loop.horizon(actor, self.env_cfg.steps_per_rollout)
         rows = res.rows
         batch = RolloutBatch(
@@ -232,7 +232,7 @@ class GRPOCollector(_Base):
         t0 = time.perf_counter()
         specs = self.next_specs(step)
         act = lambda obs: policy.act(obs, deterministic=self.deterministic)  # noqa: E731
-        res = self.loop.episodes(Actor(policy.observe, act), specs)
+        res = self.loop.episodes(Actor.of(policy, act), specs)
         rows = res.rows
         rows = rows.select(np.argsort(specs.group[rows.spec], kind="stable"))  # groups contiguous
         batch = RolloutBatch(

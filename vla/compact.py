@@ -41,7 +41,7 @@ from torch.distributions import Normal
 
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
-from .config import AUX, CRITICS, ENCODERS, IMAGE_ENCODERS, VLAConfig
+from .config import AUX, CRITICS, ENCODERS, HEADS, IMAGE_ENCODERS, VLAConfig
 
 PAD, UNK = 0, 1
 WORKSPACE_CENTRE = (0.5, 0.0, 0.2)
@@ -161,7 +161,7 @@ class InstructionEncoder(nn.Module):
 def _check_spec(spec: CompactSpec) -> None:
     """The names a spec built without a recipe may still get wrong, and the privileged options
     without the poses they read."""
-    for name, valid in (("encoder", ENCODERS), ("critic", CRITICS), ("aux", AUX)):
+    for name, valid in (("encoder", ENCODERS), ("critic", CRITICS), ("aux", AUX), ("head", HEADS)):
         value = getattr(spec.vla, name)
         if value not in valid:
             raise ValueError(f"vla.{name}={value!r}; valid: {' | '.join(valid)}")
@@ -209,9 +209,7 @@ class CompactVLA(nn.Module):
             self.feat = nn.Linear(spec.objects_dim + spec.proprio_dim, H)
             self.films = nn.ModuleList([FiLM(E, H)])
         self.trunk = nn.Sequential(nn.Linear(H + spec.proprio_dim + E, H), nn.ReLU())
-        self.mean_head = nn.Linear(H, spec.action_dim * spec.chunk)
-        nn.init.normal_(self.mean_head.weight, std=0.01)
-        nn.init.zeros_(self.mean_head.bias)
+        self._build_head(H, spec.action_dim * spec.chunk)
         self.value_head = self.critic = None
         if spec.vla.critic == "shared":
             self.value_head = nn.Linear(H, 1)
@@ -223,14 +221,19 @@ class CompactVLA(nn.Module):
         self.aux_head = None
         if spec.vla.aux == "subject":
             self.aux_head = nn.Linear(H, 3)
-        self.log_std = nn.Parameter(
-            torch.full((spec.action_dim * spec.chunk,), spec.vla.init_log_std)
-        )
+
+    def _build_head(self, hidden: int, dim: int) -> None:
+        """The action head on the trunk's features: a diagonal Gaussian (mean layer and a
+        state-independent log-std). `FlowVLA` builds its flow-matching head here instead."""
+        self.mean_head = nn.Linear(hidden, dim)
+        nn.init.normal_(self.mean_head.weight, std=0.01)
+        nn.init.zeros_(self.mean_head.bias)
+        self.log_std = nn.Parameter(torch.full((dim,), self.spec.vla.init_log_std))
 
     # ------------------------------------------------------------------ forward
     @property
     def device(self) -> torch.device:
-        return self.log_std.device
+        return self.trunk[0].weight.device
 
     def _cnn(self, img: Tensor, cond: Tensor | None) -> Tensor:
         """Images [N, 3, H, W] -> features [N, F] (flattened maps, or 2 * C3 keypoints)."""
@@ -259,11 +262,12 @@ class CompactVLA(nn.Module):
 
     def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Flat observations (N rows) -> (action mean [N, K*A], value [N])."""
-        mean, value, _ = self._forward(obs)
-        return mean, value
+        h, value, _ = self._features(obs)
+        return self.mean_head(h), value
 
-    def _forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(action mean [N, K*A], value [N], auxiliary loss per row [N] or None).
+    def _features(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(trunk features [N, H], value [N], auxiliary loss per row [N] or None): everything
+        but the action head.
 
         Without the privileged poses (an env without ``privileged_state``: evaluation or
         deployment) an image policy still acts; its state critic's value is NaN then and the
@@ -291,7 +295,7 @@ class CompactVLA(nn.Module):
             value = h.new_full((len(h),), float("nan"))
         else:  # the entity order names the target: no instruction needed
             value = self.critic(torch.cat([objects, proprio], -1)).squeeze(-1)
-        return self.mean_head(h), value, aux
+        return h, value, aux
 
     def distribution(self, mean: Tensor) -> Normal:
         return Normal(mean, self.log_std.exp().expand_as(mean))
@@ -307,13 +311,16 @@ class CompactVLA(nn.Module):
 
         Only the valid steps go through the network (the inputs carry no padding)."""
         mask = batch.mask > 0  # (B, T)
-        flat = flatten_inputs(batch, self.obs_keys())
-        mean, value, aux = self._forward(flat)  # (N, D), (N,), (N,) or None
-        dist = self.distribution(mean)
-        actions = batch.tokens[mask].to(mean.dtype)  # (N, D): row-major order = concat order
-        per_step = [dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value]
-        if aux is not None:
-            per_step.append(self.spec.vla.aux_coef * aux)
+        h, value, aux = self._features(flatten_inputs(batch, self.obs_keys()))  # N valid steps
+        dist = self.distribution(self.mean_head(h))
+        actions = batch.tokens[mask].to(h.dtype)  # (N, D): row-major order = concat order
+        return self._evaluation(
+            mask, dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value, aux
+        )
+
+    def _evaluation(self, mask: Tensor, logp: Tensor, entropy: Tensor, value: Tensor, aux):
+        """Per-valid-step [N] terms -> an `Evaluation` of [B, T] tensors (0 on padding)."""
+        per_step = [logp, entropy, value] + ([self.spec.vla.aux_coef * aux] if aux is not None else [])
         out = []
         for x in per_step:
             full = x.new_zeros(mask.shape)
@@ -339,7 +346,7 @@ class CompactVLA(nn.Module):
         """Observations [N, ...] -> critic value [N], without sampling an action (the bootstrap
         at a rollout horizon or a time limit; the same number ``act`` returns for ``obs``)."""
         obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
-        return self._forward(obs)[1]
+        return self._features(obs)[1]
 
     def obs_keys(self) -> tuple[str, ...]:
         if self.spec.vla.encoder not in IMAGE_ENCODERS:
@@ -392,10 +399,20 @@ class CompactVLA(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> CompactVLA:
         """Build the policy ``save(path)`` wrote and load its weights."""
-        policy = cls(spec_from_json(json.loads((_checked(path) / CONFIG).read_text())))
+        policy = build_compact(spec_from_json(json.loads((_checked(path) / CONFIG).read_text())))
         policy = policy.to(device)
         policy.load(path)
         return policy
+
+
+def build_compact(spec: CompactSpec) -> CompactVLA:
+    """The compact policy ``spec.vla.head`` names: `CompactVLA` (Gaussian head) or
+    `vla.flow.FlowVLA` (flow-matching head)."""
+    if spec.vla.head == "flow":
+        from .flow import FlowVLA
+
+        return FlowVLA(spec)
+    return CompactVLA(spec)
 
 
 def _checked(path: str | Path) -> Path:
@@ -445,7 +462,9 @@ def spec_from_config(vla: VLAConfig, env_spaces: dict, chunk: int, image_size: i
         proprio_dim=int(obs["proprio"].shape[0]),
         objects_dim=int(obs["objects"].shape[0]) if "objects" in obs.spaces else 0,
         image_size=image_size, cameras=max(1, len(camera_keys(obs))),
-        vla=dataclasses.replace(vla, channels=list(vla.channels)),
+        vla=dataclasses.replace(
+            vla, channels=list(vla.channels), flow_noise_std=list(vla.flow_noise_std)
+        ),
     )  # fmt: skip
 
 

@@ -19,6 +19,8 @@ ENCODERS = (*IMAGE_ENCODERS, "state")
 INSTRUCTION_ENCODERS = ("bag", "gru")
 CRITICS = ("shared", "state")
 AUX = ("none", "subject")
+HEADS = ("gaussian", "flow")
+FLOW_NOISE = ("sde", "learned")
 
 
 @dataclass
@@ -91,3 +93,17 @@ class VLAConfig:
     env.privileged_state=true)"""
     aux_coef: float = 1.0
     """weight of the auxiliary loss in the trainer's loss"""
+    head: str = choice("gaussian", HEADS)
+    """action head of the compact policy: gaussian (diagonal Gaussian over the K*A chunk) |
+    flow (a flow-matching action-chunk head, pi0-style; BC by flow matching, RL on its
+    stochastic sampler: see ``vla/flow.py``)"""
+    flow_steps: int = 10
+    """flow head: denoising (Euler) steps S from noise to an action chunk"""
+    flow_noise: str = choice("sde", FLOW_NOISE)
+    """flow head, how RL samples: sde (each Euler step becomes a Gaussian transition of the
+    marginal-preserving SDE, noise scale ``flow_noise_level``) | learned (the Euler step's
+    mean plus noise whose scale a small network predicts, trained with the policy)"""
+    flow_noise_level: float = 0.5
+    """flow head, sde: a in the noise schedule g(t) = a * sqrt((1 - t) / max(t, 1/S))"""
+    flow_noise_std: list[float] = field(default_factory=lambda: [0.02, 0.2])
+    """flow head, learned: [min, max] of the per-step noise std the network predicts"""

@@ -32,7 +32,7 @@ def run_seeded(policy, runner: VecRunner, seeds: list[int], deterministic: bool 
     by a physics blow-up), in seed order."""
     act = lambda obs: policy.act(obs, deterministic=deterministic)  # noqa: E731
     loop = EpisodeRunner(runner, rows=False)
-    ep = loop.episodes(Actor(policy.observe, act), EpisodeSpecs.seeded(seeds)).episodes
+    ep = loop.episodes(Actor.of(policy, act), EpisodeSpecs.seeded(seeds)).episodes
     keys = ("success", "return", "length", "unstable")
     out = {k: [0.0] * len(seeds) for k in keys}
     for j, *values in zip(ep.spec.tolist(), ep.success.tolist(), ep.ret.tolist(),
@@ -95,6 +95,8 @@ def record_video(policy, env_cfg: EnvConfig, env_id: str, seeds: list[int], path
             done = False
             while not done:
                 action, _, _ = policy.act(policy.observe(runner.batch), deterministic=True)
+                if hasattr(policy, "env_action"):
+                    action = policy.env_action(action)
                 chunk = action.float().cpu().numpy().reshape(K, runner.action_dim)
                 for a in runner.sanitize(chunk[None])[0][0]:
                     _, _, te, tr, _ = cam.step(a)

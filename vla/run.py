@@ -19,7 +19,7 @@ from ..trainer.config import ConfigError
 from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path, seed_everything
 from .collect import GRPOCollector, PPOCollector
-from .compact import CompactVLA, spec_from_config
+from .compact import CompactVLA, build_compact, spec_from_config
 from .envs import VecRunner
 from .evaluate import evaluate_policy
 
@@ -45,7 +45,7 @@ def build_policy(cfg, runner: VecRunner, run_dir: str | Path | None = None):
         return policy
     spaces = {"action": runner.action_space, "observation": runner.observation_space}
     spec = spec_from_config(cfg.vla, spaces, cfg.env.action_chunk, cfg.env.image_size)
-    return CompactVLA(spec).to(device)
+    return build_compact(spec).to(device)
 
 
 def build_token_policy(cfg, runner: VecRunner, device, run_dir=None):
@@ -132,13 +132,16 @@ def build_trainer(cfg, run_dir: str | Path) -> Trainer:
 
 
 def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
-    """Behaviour cloning from the scripted expert: the trainer's SFT objective."""
+    """Behaviour cloning from the scripted expert: the trainer's SFT objective (targets of
+    ``env.action_chunk`` expert actions; the experts step the envs one action at a time)."""
     from .bc import ExpertSource
 
     seed_everything(cfg.train.seed)
-    runner = VecRunner(cfg.env, seed=cfg.train.seed)
+    runner = VecRunner(dataclasses.replace(cfg.env, action_chunk=1), seed=cfg.train.seed)
     policy = build_policy(cfg, runner)
-    source = ExpertSource(policy, runner, batch_steps=cfg.env.steps_per_rollout)
+    source = ExpertSource(
+        policy, runner, batch_steps=cfg.env.steps_per_rollout, chunk=cfg.env.action_chunk
+    )
     try:
         trainer = Trainer(
             cfg, policy, source, run_dir, evaluator=build_evaluator(cfg), objective="sft"

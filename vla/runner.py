@@ -93,6 +93,14 @@ class Actor:
     """observations -> (action [N, K*A], logp [N] or None, value [N] or None)"""
     value: Callable | None = None
     """observations -> critic value [N] without sampling (bootstraps); None: bootstraps are 0"""
+    to_env: Callable | None = None
+    """what ``act`` sampled [N, X] -> the env's action chunk [N, K*A], when they differ (a flow
+    head samples a denoising chain and stores it; the env executes its last state)"""
+
+    @classmethod
+    def of(cls, policy, act: Callable, value: Callable | None = None) -> Actor:
+        """A policy's actor: its ``observe`` and, when it has one, its ``env_action``."""
+        return cls(policy.observe, act, value, getattr(policy, "env_action", None))
 
 
 @dataclass
@@ -117,7 +125,8 @@ class Rows:
     """Segments cut out of the buffers, one row each, right-padded to the longest (T)."""
 
     actions: Tensor
-    """[B, T, K*A] float32 raw policy actions (0 on padding)"""
+    """[B, T, X] float32 what the actor sampled: raw actions (X = K*A), or a flow head's
+    denoising chains (0 on padding)"""
     mask: Tensor
     """[B, T] float32, 1 on the valid steps (right-padded)"""
     rewards: Tensor
@@ -270,9 +279,10 @@ class EpisodeRunner:
         vec, active = self.vec, self.active
         obs = actor.observe(vec.batch)
         action, logp, value = actor.act(obs)
-        action = action.detach().float().cpu()  # (N, K*A)
+        action = action.detach().float().cpu()  # (N, X): what the actor sampled
         self._write(t, obs, action, logp, value)
-        env_a = action.numpy().reshape(vec.n, -1, vec.action_dim)  # (N, K, A)
+        env_a = actor.to_env(action) if actor.to_env is not None else action  # (N, K*A)
+        env_a = env_a.numpy().reshape(vec.n, -1, vec.action_dim)  # (N, K, A)
         if not active.all():
             env_a = env_a.copy()
             env_a[~active] = vec.noop()[~active][:, None, :]  # idle envs wait for the others
