@@ -12,6 +12,7 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -251,12 +252,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def demo_vla(run_dir: Path) -> None:
     """Part 2: PPO trains the compact VLA on the reach task; success-rate curve and videos."""
     from .trainer.metrics import read_metrics
-    from .vla.evaluate import write_report
+    from .vla.evaluate import compare_video, write_report
 
     cfg = load_config(CONFIGS / "vla_ppo_reach_state.yaml", ["log.progress=false"])
     save_config(cfg, _mkdir(run_dir) / "config.yaml")
     print(f"\nperceptrl demo [2/2]: PPO on the reach task ({cfg.train.steps} steps) -> {run_dir}")
     trainer = wiring.side(cfg).build_trainer(cfg, run_dir)
+    before = copy.deepcopy(trainer.policy)
     trainer.fit()
     print(f"\n{'step':>6}  held-out success ({cfg.env.eval_episodes} episodes, deterministic)")
     for row in read_metrics(run_dir / "metrics.jsonl"):
@@ -266,6 +268,12 @@ def demo_vla(run_dir: Path) -> None:
     report = write_report(trainer.policy, cfg.env, run_dir / "eval")
     for task, video in report["videos"].items():
         print(f"evaluation video ({task}): {video}")
+    seeds = [cfg.env.eval_seed + j for j in range(cfg.env.eval_videos)]
+    policies = {"before training": before, "after training": trainer.policy}
+    video = compare_video(
+        policies, cfg.env, cfg.env.id, seeds, run_dir / "eval" / "before_after.mp4"
+    )
+    print(f"before / after video: {video}")
     print(f"evaluation table: {run_dir / 'eval' / 'eval.md'}")
 
 

@@ -8,29 +8,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import cv2
 import gymnasium as gym
 import numpy as np
 
 from . import ENV_IDS
-from .demos import write_video
+from .demos import annotate, write_video
 from .expert import ScriptedExpert
-
-
-def _caption(frame: np.ndarray, text: str) -> np.ndarray:
-    out = frame.copy()
-    scale = max(frame.shape[1] / 640, 0.35)
-    cv2.putText(
-        out,
-        text,
-        (4, frame.shape[0] - 6),
-        cv2.FONT_HERSHEY_SIMPLEX,
-        scale,
-        (255, 255, 255),
-        1,
-        cv2.LINE_AA,
-    )
-    return out
 
 
 def demo_task(
@@ -45,13 +28,15 @@ def demo_task(
         success = False
         for _ in range(env.spec.max_episode_steps):
             pair = np.concatenate([obs["agentview"], obs["wrist"]], axis=1)  # (H, 2W, 3)
-            frames.append(_caption(pair, obs["instruction"]))
+            frames.append(annotate(pair, bottom=obs["instruction"]))
             obs, _, term, trunc, info = env.step(expert.act(obs))
             success = success or info["success"]
             if term or trunc:
                 break
         pair = np.concatenate([obs["agentview"], obs["wrist"]], axis=1)
-        frames += [_caption(pair, obs["instruction"] + (" - done" if success else " - failed"))] * 5
+        frames += [
+            annotate(pair, bottom=obs["instruction"] + (" - done" if success else " - failed"))
+        ] * 5
         results.append({"seed": seed + k, "success": bool(success)})
     write_video(out_path, frames, int(env.metadata["render_fps"]))
     env.close()

@@ -45,6 +45,27 @@ def write_video(path: str | Path, frames: list[np.ndarray], fps: int) -> Path:
     return path
 
 
+def annotate(
+    frame: np.ndarray, top: list[str] | tuple[str, ...] = (), bottom: str = "",
+    colour: tuple[int, int, int] = (255, 255, 255),
+) -> np.ndarray:  # fmt: skip
+    """A copy of the RGB ``frame`` with lines of text drawn at the top (``top``, white) and one
+    at the bottom (``bottom`` in ``colour``), each on a dark band so it reads on any scene; the
+    font scales with the frame's width."""
+    out = frame.copy()
+    h, w = out.shape[:2]
+    scale = max(w / 640, 0.35)
+    line = int(26 * scale) + 4
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    rows = [(text, (4, line * (i + 1) - 6), (255, 255, 255)) for i, text in enumerate(top)]
+    if bottom:
+        rows.append((bottom, (4, h - 6), colour))
+    for text, (x, y), col in rows:
+        out[max(y - line + 6, 0) : min(y + 6, h), :] //= 3
+        cv2.putText(out, text, (x, y), font, scale, col, 1, cv2.LINE_AA)
+    return out
+
+
 def read_video(path: str | Path) -> np.ndarray:
     """All frames of a video as RGB [T, H, W, 3] uint8."""
     cap = cv2.VideoCapture(str(path))

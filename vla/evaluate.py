@@ -78,37 +78,87 @@ def task_name(env_id: str) -> str:
     return env_id.split("/")[-1].rsplit("-v", 1)[0]
 
 
-def record_video(policy, env_cfg: EnvConfig, env_id: str, seeds: list[int], path: Path) -> Path:
-    """Replay ``seeds`` on one env with deterministic actions; write the agent view to ``path``."""
+VIDEO_SIZE = 256
+"""side in pixels of evaluation videos, whatever the policy's observation size"""
+
+
+def record_video(
+    policy, env_cfg: EnvConfig, env_id: str, seeds: list[int], path: Path, size: int = VIDEO_SIZE
+) -> Path:
+    """Replay ``seeds`` with deterministic actions; write the agent view at ``size`` pixels to
+    ``path``, with the instruction, the env step and the outcome drawn on the frames."""
+    return compare_video({"": policy}, env_cfg, env_id, seeds, path, size)
+
+
+def compare_video(
+    policies: dict, env_cfg: EnvConfig, env_id: str, seeds: list[int], path: Path,
+    size: int = VIDEO_SIZE,
+) -> Path:  # fmt: skip
+    """The episodes of ``seeds`` played by each policy (name -> policy, e.g. before / after
+    training) side by side, one panel per policy labelled with its name; a panel whose episode
+    ended holds its last frame until the longest one ends."""
     from ..sim.demos import write_video
+
+    frames, fps = [], 20
+    for seed in seeds:
+        panels = []
+        for name, policy in policies.items():
+            shots, fps = episode_frames(policy, env_cfg, env_id, seed, size, label=name)
+            panels.append(shots)
+        longest = max(len(p) for p in panels)
+        for t in range(longest + fps // 2):  # half a second on the outcome
+            frames.append(np.concatenate([p[min(t, len(p) - 1)] for p in panels], axis=1))
+    return write_video(path, frames, fps=fps)
+
+
+def episode_frames(
+    policy, env_cfg: EnvConfig, env_id: str, seed: int, size: int = VIDEO_SIZE, label: str = ""
+) -> tuple[list[np.ndarray], int]:
+    """One deterministic episode of ``seed``: the policy acts on its own observations (the
+    recipe's image size) while a second env of the same task, reset with the same seed and sent
+    the same actions, renders the agent view at ``size`` pixels. Returns (annotated frames,
+    the env's fps)."""
+    from ..sim.demos import annotate
 
     cfg = dataclasses.replace(env_cfg, num_envs=1, async_envs=False)
     runner = VecRunner(cfg, env_id=env_id)
-    cam = gym.make(env_id, render_mode="rgb_array", **{**env_kwargs(cfg), "obs_mode": "rgb"})
-    frames = []
+    kw = {**env_kwargs(cfg), "obs_mode": "rgb", "width": size, "height": size}
+    cam = gym.make(env_id, render_mode="rgb_array", **kw)
+    K = getattr(getattr(policy, "spec", None), "chunk", 1)
+    frames, step, success = [], 0, False
+
+    def shot() -> None:
+        outcome = "success" if success else ""
+        text = f"step {step}" + (f"  {outcome}" if outcome else "")
+        top = [runner.batch.instructions[0]] + ([label] if label else [])
+        frames.append(
+            annotate(cam.render(), top, text, (80, 255, 80) if success else (255, 255, 255))
+        )
+
     try:
-        K = getattr(getattr(policy, "spec", None), "chunk", 1)
-        for seed in seeds:
-            runner.reset(seeds=[seed])
-            cam.reset(seed=seed)
-            frames.append(cam.render())
-            done = False
-            while not done:
-                action, _, _ = policy.act(policy.observe(runner.batch), deterministic=True)
-                if hasattr(policy, "env_action"):
-                    action = policy.env_action(action)
-                chunk = action.float().cpu().numpy().reshape(K, runner.action_dim)
-                for a in runner.sanitize(chunk[None])[0][0]:
-                    _, _, te, tr, _ = cam.step(a)
-                    frames.append(cam.render())
-                    if te or tr:
-                        break
-                res = runner.step(chunk[None])
-                done = bool(res.terminated[0] or res.truncated[0])
+        runner.reset(seeds=[seed])
+        cam.reset(seed=seed)
+        shot()
+        done = False
+        while not done:
+            action, _, _ = policy.act(policy.observe(runner.batch), deterministic=True)
+            if hasattr(policy, "env_action"):
+                action = policy.env_action(action)
+            chunk = action.float().cpu().numpy().reshape(K, runner.action_dim)
+            for a in runner.sanitize(chunk[None])[0][0]:
+                _, _, te, tr, info = cam.step(a)
+                step += 1
+                success = success or bool(info.get("success", False) or te)
+                shot()
+                if te or tr:
+                    break
+            res = runner.step(chunk[None])
+            done = bool(res.terminated[0] or res.truncated[0])
+        fps = int(cam.metadata.get("render_fps", 20))
     finally:
         runner.close()
         cam.close()
-    return write_video(path, frames, fps=cam.metadata.get("render_fps", 20))
+    return frames, fps
 
 
 def write_report(policy, env_cfg: EnvConfig, out_dir: str | Path) -> dict:

@@ -272,3 +272,26 @@ def test_bc_then_grpo_recipe_runs(tmp_path):
     assert len(steps) == 2 and steps[0]["rollout/episodes"] == 8
     assert all(np.isfinite(r.get("actor/pg_loss", 0.0)) for r in steps)
     trainer.source.close()
+
+
+def test_ppo_with_gae_trains_velocity_noise_and_value(tmp_path):
+    """PPO (GAE, the shared value head) on the flow head with the learned noise: the velocity
+    field, the noise network and the value head all move."""
+    from perceptrl.vla.run import build_trainer
+    from perceptrl.wiring import load_config
+
+    cfg = load_config(
+        CONFIGS / "vla_ppo_reach_state.yaml",
+        ["vla.head=flow", "vla.flow_noise=learned", "vla.flow_steps=4", "env.action_chunk=2",
+         "env.num_envs=4", "env.steps_per_rollout=16", "env.eval_episodes=0", "train.steps=2",
+         "train.ppo_epochs=2", *QUIET],
+    )  # fmt: skip
+    trainer = build_trainer(cfg, tmp_path)
+    policy = trainer.policy
+    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    trainer.fit()
+    moved = {k for k, v in policy.state_dict().items() if not torch.equal(v, before[k])}
+    assert {"velocity.4.weight", "noise_net.4.weight", "value_head.weight"} <= moved
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all("critic/vf_explained_var" in r for r in rows if "actor/pg_loss" in r)
+    trainer.source.close()

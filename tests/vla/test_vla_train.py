@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -9,6 +10,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 from pathlib import Path  # noqa: E402
 
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from perceptrl.vla.run import build_trainer, run_sft  # noqa: E402
@@ -23,7 +26,8 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def test_recipes_parse():
-    for name in ("vla_ppo_reach", "vla_ppo_reach_state", "vla_grpo", "vla_bc_pick"):
+    for name in ("vla_ppo_reach", "vla_ppo_reach_state", "vla_grpo", "vla_bc_pick", "vla_bc_flow",
+                 "vla_grpo_flow"):
         cfg = load_config(CONFIGS / f"{name}.yaml")
         assert cfg.side == "vla"
 
@@ -89,6 +93,7 @@ def test_pixel_ppo_step_and_eval_report(tmp_path):
     )  # fmt: skip
     trainer = build_trainer(cfg, tmp_path)
     before = [p.detach().clone() for p in trainer.policy.parameters()]
+    before_policy = copy.deepcopy(trainer.policy)
     trainer.fit()
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
     assert list(trainer.source.runner.batch.images) == ["agentview", "wrist"]
@@ -98,8 +103,19 @@ def test_pixel_ppo_step_and_eval_report(tmp_path):
     rec = write_report(trainer.policy, cfg.env, tmp_path / "eval")
     assert rec["tasks"][0]["task"] == "Reach" and rec["tasks"][0]["episodes"] == 2
     frames = read_video(rec["videos"]["Reach"])
-    assert frames.shape[0] == 9 and frames.shape[1:] == (64, 64, 3)  # reset + 8 steps
+    # reset + 8 steps + half a second on the outcome, at 256 px whatever the policy's 64 px
+    fps = gym.make("perceptrl/Reach-v0").metadata["render_fps"]
+    assert frames.shape[0] == 9 + fps // 2 and frames.shape[1:] == (256, 256, 3)
     assert "| Reach | 2 |" in (tmp_path / "eval" / "eval.md").read_text()
+    # before / after side by side: one 256-px panel per policy, labelled
+    from perceptrl.vla.evaluate import compare_video
+
+    seeds = [cfg.env.eval_seed]
+    path = compare_video({"before": before_policy, "after": trainer.policy}, cfg.env,
+                         cfg.env.id, seeds, tmp_path / "ba.mp4")  # fmt: skip
+    both = read_video(path)
+    assert both.shape[1:] == (256, 512, 3) and both.shape[0] == 9 + fps // 2
+    assert not np.array_equal(both[0, :40, :256], both[0, :40, 256:])  # different labels
     trainer.source.close()
 
 

@@ -1,0 +1,155 @@
+"""Flow-matching action head against the Gaussian head: behaviour cloning, then GRPO, same budget.
+
+One arm = one head on one task with one seed, run in its own process (one torch thread, so two
+arms share a 2-core machine side by side):
+
+1. Behaviour cloning of the scripted expert for ``--bc-steps`` steps, on targets of
+   ``--chunk`` actions (``configs/vla_bc_flow.yaml`` for the flow head, flow matching;
+   ``configs/vla_bc_pick.yaml`` for the Gaussian, its likelihood).
+2. Held-out success on ``--episodes`` seeds from ``env.eval_seed`` (never used in training),
+   deterministic (the flow's ODE from x_0 = 0 / the Gaussian's mean) and sampled (the
+   flow's stochastic sampler / Gaussian samples; seeded).
+3. GRPO from those weights for ``--minutes`` of wall time (``configs/vla_grpo_flow.yaml`` /
+   ``configs/vla_grpo.yaml``: 8 indexed initial states x 8 episodes, sparse success, dynamic
+   sampling), then the same held-out evaluation.
+
+    MUJOCO_GL=egl python bench/bench_vla_flow.py arm --head flow --task perceptrl/Pick-v0 --seed 0
+    python bench/bench_vla_flow.py report      # every arm under --out -> bench/results/vla_flow.*
+
+Writes ``<out>/<task>_<head>_s<seed>/arm.json`` per arm and, with ``report``,
+bench/results/vla_flow.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from bench_vla_grpo import success  # noqa: E402
+from common import last_model, machine, metrics, peak_rss_mb, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = {"flow": ("vla_bc_flow", "vla_grpo_flow"), "gaussian": ("vla_bc_pick", "vla_grpo")}
+
+
+def run_arm(args) -> dict:
+    from perceptrl.vla.evaluate import task_name
+    from perceptrl.vla.run import build_trainer, load_policy, run_sft
+    from perceptrl.wiring import load_config
+
+    torch.set_num_threads(1)
+    task = task_name(args.task)
+    out = Path(args.out) / f"{task}_{args.head}_s{args.seed}"
+    bc_recipe, rl_recipe = RECIPES[args.head]
+    common = [f"env.id={args.task}", f"train.seed={args.seed}", f"env.action_chunk={args.chunk}",
+              "log.progress=false", "log.tensorboard=false", *args.overrides]  # fmt: skip
+    if args.head == "flow":
+        common.append(f"vla.flow_noise={args.noise}")
+    bc_cfg = load_config(
+        ROOT / "configs" / f"{bc_recipe}.yaml",
+        [*common, f"train.steps={args.bc_steps}", "train.eval_every=0", "checkpoint.every=0"],
+    )
+    t0 = time.perf_counter()
+    run_sft(bc_cfg, out / "bc")
+    bc_s = time.perf_counter() - t0
+    bc_model = last_model(out / "bc")
+    before = success(load_policy(bc_model), bc_cfg.env, args.episodes)
+    print(f"{task} {args.head} seed {args.seed}: BC {bc_s:.0f} s -> {before}", flush=True)
+
+    rl_cfg = load_config(
+        ROOT / "configs" / f"{rl_recipe}.yaml",
+        [*common, f"model.path={bc_model}", f"train.time_limit_min={args.minutes}",
+         "train.steps=100000", "checkpoint.every=0", "train.eval_every=0"],
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = build_trainer(rl_cfg, out / "grpo")
+    trainer.fit()
+    rl_s = time.perf_counter() - t0
+    trainer.source.close()
+    after = success(trainer.policy, rl_cfg.env, args.episodes)
+    steps = [r for r in metrics(out / "grpo") if "time/step" in r]
+    arm = {
+        "task": task, "head": args.head, "seed": args.seed, "chunk": args.chunk,
+        "noise": args.noise if args.head == "flow" else None, "bc_steps": args.bc_steps,
+        "bc_seconds": round(bc_s, 1), "grpo_seconds": round(rl_s, 1), "grpo_steps": len(steps),
+        "episodes": args.episodes, "eval_seed": rl_cfg.env.eval_seed,
+        "overrides": args.overrides, "before": before, "after": after,
+        "train_success": [round(r.get("rollout/success_rate", float("nan")), 3) for r in steps],
+        "mean_step_s": round(float(np.mean([r["time/step"] for r in steps])), 2) if steps else None,
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }  # fmt: skip
+    (out / "arm.json").write_text(json.dumps(arm, indent=1))
+    print(json.dumps(arm), flush=True)
+    return arm
+
+
+def se(p: float, n: int) -> float:
+    return float(np.sqrt(max(p * (1 - p), 1e-12) / n))
+
+
+def report(args) -> None:
+    arms = [json.loads(p.read_text()) for p in sorted(Path(args.out).glob("*/arm.json"))]
+    if not arms:
+        raise SystemExit(f"no arm.json under {args.out}; run `bench_vla_flow.py arm ...` first")
+    arms.sort(key=lambda a: (a["task"], a["head"] != "flow", a["seed"]))
+    m = machine()
+    md = [
+        "# Flow-matching action head vs Gaussian head: BC, then GRPO with the same budget",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, two arms at a time, one torch thread each; "
+        f"torch {m['torch']}. Command: `python bench/bench_vla_flow.py arm --head H --task T "
+        "--seed S ...` per row, then `report`.",
+        "",
+        f"Held-out success on {arms[0]['episodes']} episodes from seed {arms[0]['eval_seed']} "
+        "(never used in training or in choosing settings); deterministic = the flow's ODE from "
+        "x_0 = 0 / the Gaussian's mean action; sampled = the stochastic policy GRPO trains. "
+        "± is one binomial standard error.",
+        "",
+        "| task | head | seed | BC steps (s) | GRPO steps (s) | BC det. | BC sampled | "
+        "+GRPO det. | +GRPO sampled | gain det. / sampled (points) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    n = arms[0]["episodes"]
+    for a in arms:
+        b, f = a["before"], a["after"]
+        head = a["head"] + (f" ({a['noise']})" if a["noise"] else "")
+        md.append(
+            f"| {a['task']} | {head} | {a['seed']} | {a['bc_steps']} ({a['bc_seconds']:.0f}) | "
+            f"{a['grpo_steps']} ({a['grpo_seconds']:.0f}) | {b['deterministic']:.3f} | "
+            f"{b['sampled']:.3f} | {f['deterministic']:.3f} ± {se(f['deterministic'], n):.3f} | "
+            f"{f['sampled']:.3f} ± {se(f['sampled'], n):.3f} | "
+            f"{100 * (f['deterministic'] - b['deterministic']):+.1f} / "
+            f"{100 * (f['sampled'] - b['sampled']):+.1f} |"
+        )
+    data = {"machine": m, "arms": arms}
+    js, mdp = write_results("vla_flow", data, "\n".join(md))
+    print("\n".join(md))
+    print(f"\nwrote {js} and {mdp}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["arm", "report"])
+    ap.add_argument("--head", choices=sorted(RECIPES), default="flow")
+    ap.add_argument("--task", default="perceptrl/Pick-v0")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chunk", type=int, default=4, help="actions per policy step (both heads)")
+    ap.add_argument("--noise", choices=["sde", "learned"], default="sde", help="flow RL sampler")
+    ap.add_argument("--bc-steps", type=int, default=150)
+    ap.add_argument("--minutes", type=float, default=8.0, help="GRPO wall time per arm")
+    ap.add_argument("--episodes", type=int, default=200, help="held-out evaluation episodes")
+    ap.add_argument("--out", default="runs/bench_vla_flow")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides for both recipes")
+    args = ap.parse_args(argv)
+    run_arm(args) if args.what == "arm" else report(args)
+
+
+if __name__ == "__main__":
+    main()
