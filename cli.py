@@ -149,7 +149,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a saved model on the recipe's held-out data (vlm) or tasks (vla); with
-    ``--pass-k``, pass@k of one or more models (vlm)."""
+    ``--pass-k``, pass@k of one or more models (vlm); several VLA models side by side."""
     more = [a for a in args.overrides if "=" not in a]  # further recipes: more task sets (vlm)
     recipe, overrides = split_recipe(args.recipe, [a for a in args.overrides if "=" in a])
     models = _named_models(args.model)
@@ -162,9 +162,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if first.side != "vlm" or more:
             raise ConfigError("--pass-k evaluates VLM recipes, one task set per command")
         result = wiring.side(first).run_pass_k(cfgs, out, ks, args.pass_n or max(ks))
+    elif len(models) > 1:
+        cfgs = {name: load_config(recipe, [*overrides, f"model.path={path}"])
+                for name, path in models.items()}  # fmt: skip
+        first = next(iter(cfgs.values()))
+        if first.side != "vla" or more:
+            raise ConfigError(
+                "several --model values compare VLA policies (success table and side-by-side "
+                "videos) or, with --pass-k, VLM models"
+            )
+        result = wiring.side(first).run_compare(cfgs, out)
     else:
-        if len(models) > 1:
-            raise ConfigError("several --model values compare models with --pass-k only")
         path = next(iter(models.values()))
         cfg = load_config(recipe, [*overrides, f"model.path={path}"])
         sets = [load_config(resolve_recipe(r), [*overrides, f"model.path={path}"]) for r in more]

@@ -16,7 +16,7 @@ arms share a 2-core machine side by side):
     MUJOCO_GL=egl python bench/bench_vla_flow.py arm --head flow --task perceptrl/Pick-v0 --seed 0
     python bench/bench_vla_flow.py report      # every arm under --out -> bench/results/vla_flow.*
 
-Writes ``<out>/<task>_<head>_s<seed>/arm.json`` per arm and, with ``report``,
+Writes ``<out>/<task>_<head>_bc<steps>_s<seed>/arm.json`` per arm and, with ``report``,
 bench/results/vla_flow.{json,md}.
 """
 
@@ -46,7 +46,7 @@ def run_arm(args) -> dict:
 
     torch.set_num_threads(1)
     task = task_name(args.task)
-    out = Path(args.out) / f"{task}_{args.head}_s{args.seed}"
+    out = Path(args.out) / f"{task}_{args.head}_bc{args.bc_steps}_s{args.seed}"
     bc_recipe, rl_recipe = RECIPES[args.head]
     common = [f"env.id={args.task}", f"train.seed={args.seed}", f"env.action_chunk={args.chunk}",
               "log.progress=false", "log.tensorboard=false", *args.overrides]  # fmt: skip
@@ -98,7 +98,7 @@ def report(args) -> None:
     arms = [json.loads(p.read_text()) for p in sorted(Path(args.out).glob("*/arm.json"))]
     if not arms:
         raise SystemExit(f"no arm.json under {args.out}; run `bench_vla_flow.py arm ...` first")
-    arms.sort(key=lambda a: (a["task"], a["head"] != "flow", a["seed"]))
+    arms.sort(key=lambda a: (a["task"], a["bc_steps"], a["seed"], a["head"] != "flow"))
     m = machine()
     md = [
         "# Flow-matching action head vs Gaussian head: BC, then GRPO with the same budget",

@@ -152,12 +152,22 @@ def test_eval_pass_k_puts_two_models_on_one_chart(tmp_path):
 def test_vla_train_then_eval_writes_table_and_video(tmp_path):
     env = {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     perceptrl("train", "vla_ppo_reach_state", "train.steps=2", "env.eval_episodes=0", "env.num_envs=2",
-              "env.steps_per_rollout=8", "log.progress=false", "--run-dir", "run", cwd=tmp_path, env_extra=env)  # fmt: skip
+              "env.steps_per_rollout=8", "checkpoint.every=1", "log.progress=false", "--run-dir", "run",
+              cwd=tmp_path, env_extra=env)  # fmt: skip
     model = tmp_path / "run" / "checkpoints" / "step_000002" / "model"
     out = perceptrl("eval", "vla_ppo_reach_state", "--model", str(model), "--out", "ev", "env.eval_episodes=2",
                     "env.eval_videos=1", cwd=tmp_path, env_extra=env)  # fmt: skip
     assert "| Reach | 2 |" in out.stdout
     assert (tmp_path / "ev" / "Reach.mp4").stat().st_size > 0
+    first = tmp_path / "run" / "checkpoints" / "step_000001" / "model"
+    out = perceptrl("eval", "vla_ppo_reach_state", "--model", f"early={first}", "--model", f"late={model}",
+                    "--out", "cmp", "env.eval_episodes=2", "env.eval_videos=1", cwd=tmp_path, env_extra=env)  # fmt: skip
+    assert "| early |" in out.stdout and "| late |" in out.stdout
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert set(saved["metrics"]) == {"early", "late"}
+    from perceptrl.sim.demos import read_video
+
+    assert read_video(tmp_path / "cmp" / "Reach_compare.mp4").shape[1:] == (256, 512, 3)
 
 
 # ---- errors a user can act on (data) ---------------------------------------------------------

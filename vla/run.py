@@ -169,3 +169,38 @@ def run_eval(cfg, out_dir: Path, more=()) -> dict:
         "table": table,
         "files": [out_dir / "eval.json", out_dir / "eval.md", *report["videos"].values()],
     }
+
+
+def run_compare(cfgs: dict, out_dir: Path) -> dict:
+    """Several saved VLAs (name -> config whose ``model.path`` is one of them) on the same
+    held-out seeds: success per task and model in ``compare.md``/``compare.json``, and per task
+    one mp4 with the models side by side (``env.eval_videos`` episodes). Returns
+    ``{"table", "files"}``."""
+    import json
+
+    from .evaluate import compare_video, evaluate_policy, task_name
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    first = next(iter(cfgs.values()))
+    policies = {
+        name: load_policy(resolve_path(c.model.path), resolve_device(c.train.device))
+        for name, c in cfgs.items()
+    }
+    metrics = {name: evaluate_policy(p, first.env) for name, p in policies.items()}
+    tasks = [task_name(t) for t in first.env.eval_tasks or [first.env.id]]
+    lines = ["| model | " + " | ".join(tasks) + " | mean |", "|---" * (len(tasks) + 2) + "|"]
+    for name, m in metrics.items():
+        cells = [f"{m[f'success/{t}']:.3f}" for t in tasks] + [f"{m['success_rate']:.3f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    files = [out_dir / "compare.json", out_dir / "compare.md"]
+    record = {"episodes": first.env.eval_episodes, "eval_seed": first.env.eval_seed,
+              "models": {n: str(c.model.path) for n, c in cfgs.items()}, "metrics": metrics}  # fmt: skip
+    files[0].write_text(json.dumps(record, indent=1))
+    files[1].write_text(table + "\n")
+    if first.env.eval_videos > 0:
+        seeds = [first.env.eval_seed + j for j in range(first.env.eval_videos)]
+        for env_id in first.env.eval_tasks or [first.env.id]:
+            path = out_dir / f"{task_name(env_id)}_compare.mp4"
+            files.append(compare_video(policies, first.env, env_id, seeds, path))
+    return {"table": table, "files": files}
