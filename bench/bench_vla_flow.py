@@ -16,7 +16,8 @@ arms share a 2-core machine side by side):
     MUJOCO_GL=egl python bench/bench_vla_flow.py arm --head flow --task perceptrl/Pick-v0 --seed 0
     python bench/bench_vla_flow.py report      # every arm under --out -> bench/results/vla_flow.*
 
-Writes ``<out>/<task>_<head>_bc<steps>_s<seed>/arm.json`` per arm and, with ``report``,
+Writes ``<out>/<task>_<head>_bc<steps>_s<seed>/arm.json`` (head ``flow-<noise>-<logp>`` or
+``gaussian``) per arm and, with ``report``,
 bench/results/vla_flow.{json,md}.
 """
 
@@ -46,12 +47,13 @@ def run_arm(args) -> dict:
 
     torch.set_num_threads(1)
     task = task_name(args.task)
-    out = Path(args.out) / f"{task}_{args.head}_bc{args.bc_steps}_s{args.seed}"
+    head = f"flow-{args.noise}-{args.logp}" if args.head == "flow" else args.head
+    out = Path(args.out) / f"{task}_{head}_bc{args.bc_steps}_s{args.seed}"
     bc_recipe, rl_recipe = RECIPES[args.head]
     common = [f"env.id={args.task}", f"train.seed={args.seed}", f"env.action_chunk={args.chunk}",
               "log.progress=false", "log.tensorboard=false", *args.overrides]  # fmt: skip
     if args.head == "flow":
-        common.append(f"vla.flow_noise={args.noise}")
+        common += [f"vla.flow_noise={args.noise}", f"vla.flow_logp={args.logp}"]
     bc_cfg = load_config(
         ROOT / "configs" / f"{bc_recipe}.yaml",
         [*common, f"train.steps={args.bc_steps}", "train.eval_every=0", "checkpoint.every=0"],
@@ -77,7 +79,8 @@ def run_arm(args) -> dict:
     steps = [r for r in metrics(out / "grpo") if "time/step" in r]
     arm = {
         "task": task, "head": args.head, "seed": args.seed, "chunk": args.chunk,
-        "noise": args.noise if args.head == "flow" else None, "bc_steps": args.bc_steps,
+        "noise": args.noise if args.head == "flow" else None,
+        "logp": args.logp if args.head == "flow" else None, "bc_steps": args.bc_steps,
         "bc_seconds": round(bc_s, 1), "grpo_seconds": round(rl_s, 1), "grpo_steps": len(steps),
         "episodes": args.episodes, "eval_seed": rl_cfg.env.eval_seed,
         "overrides": args.overrides, "before": before, "after": after,
@@ -119,7 +122,7 @@ def report(args) -> None:
     n = arms[0]["episodes"]
     for a in arms:
         b, f = a["before"], a["after"]
-        head = a["head"] + (f" ({a['noise']})" if a["noise"] else "")
+        head = a["head"] + (f" ({a['noise']}, {a.get('logp', 'chain')})" if a["noise"] else "")
         md.append(
             f"| {a['task']} | {head} | {a['seed']} | {a['bc_steps']} ({a['bc_seconds']:.0f}) | "
             f"{a['grpo_steps']} ({a['grpo_seconds']:.0f}) | {b['deterministic']:.3f} | "
@@ -142,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk", type=int, default=4, help="actions per policy step (both heads)")
     ap.add_argument("--noise", choices=["sde", "learned"], default="sde", help="flow RL sampler")
+    ap.add_argument("--logp", choices=["step", "chain"], default="step",
+                    help="flow: a ratio per denoising step or per chunk")  # fmt: skip
     ap.add_argument("--bc-steps", type=int, default=150)
     ap.add_argument("--minutes", type=float, default=8.0, help="GRPO wall time per arm")
     ap.add_argument("--episodes", type=int, default=200, help="held-out evaluation episodes")

@@ -519,6 +519,13 @@ def prime(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value
     loo = torch.where(g > 1, (g * mean - total) / (g - 1).clamp(min=1), 0.0)
     process = torch.where(mask > 0, ret - loo[:, None], 0.0)
     adv = outcome + cfg.process_coef * process
-    return adv, adv, _adv_metrics(
-        adv, mask, process_mean=masked_mean(process, mask), outcome_mean=masked_mean(outcome, mask)
+    return (
+        adv,
+        adv,
+        _adv_metrics(
+            adv,
+            mask,
+            process_mean=masked_mean(process, mask),
+            outcome_mean=masked_mean(outcome, mask),
+        ),
     )

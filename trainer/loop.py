@@ -15,6 +15,7 @@ model, a dataset or a simulator.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from collections import defaultdict
@@ -312,9 +313,11 @@ class Trainer:
         algo = self.cfg.algo
         rewards = batch.rewards.float()
         if algo.kl_in_reward and batch.logp_ref is not None:
+            per_pos = lambda x: x.sum(-1) if x.dim() == 3 else x  # noqa: E731  (sub-steps)
             rewards = algos.kl_to_reward(
-                rewards, batch.logp_old, batch.logp_ref, batch.mask, algo.kl_coef, algo.kl_estimator
-            )
+                rewards, per_pos(batch.logp_old), per_pos(batch.logp_ref), batch.mask,
+                algo.kl_coef, algo.kl_estimator,
+            )  # fmt: skip
         extra = {}
         if batch.segments is not None and "segments" in self._advantage_args:
             extra["segments"] = batch.segments
@@ -437,7 +440,9 @@ class Trainer:
         loss = loss + self._aux_loss(aux, micro, metrics, mode="token-mean", num_tokens=num_tokens)
         return loss, metrics
 
-    def _aux_loss(self, aux: dict[str, Tensor], micro: RolloutBatch, metrics: dict, **agg) -> Tensor:
+    def _aux_loss(
+        self, aux: dict[str, Tensor], micro: RolloutBatch, metrics: dict, **agg
+    ) -> Tensor:
         """The policy's auxiliary per-step losses, aggregated like the others (``aux/<name>``)."""
         total = torch.zeros((), device=micro.mask.device)
         for name, per_step in aux.items():
@@ -450,18 +455,23 @@ class Trainer:
         algo = self.cfg.algo
         ev = self.policy.evaluate(micro)
         logp, entropy, value = ev.logp.float(), ev.entropy, ev.value
-        is_weight = micro.is_weight  # the rollout correction's (see _correct), or None
         norm = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        agg = dict(mode=algo.loss_agg_mode, norm_len=algo.loss_norm_len or None, **norm)
+        tok, tok_norm, tok_agg = micro, norm, agg  # the policy loss's tokens
+        if logp.dim() == 3:  # S sub-steps per position (a flow head's denoising steps)
+            S = logp.shape[-1]
+            tok, logp = substep_tokens(micro, S), logp.flatten(1)
+            tok_norm = {"num_tokens": num_tokens * S, "num_seqs": num_seqs}
+            tok_agg = {**agg, **tok_norm}
         # behaviour_source "own": on-policy, the behaviour log-probs are these very ones
-        logp_old = micro.logp_old if micro.logp_old is not None else logp.detach()
+        logp_old = tok.logp_old if tok.logp_old is not None else logp.detach()
         loss, m = self.policy_loss(
-            logp, logp_old, micro.advantages, micro.mask, algo, is_weight=is_weight, **norm
+            logp, logp_old, tok.advantages, tok.mask, algo, is_weight=tok.is_weight, **tok_norm
         )
         metrics = {f"actor/{k}": v for k, v in m.items()}
         metrics["actor/pg_loss"] = float(loss.detach())
-        agg = dict(mode=algo.loss_agg_mode, norm_len=algo.loss_norm_len or None, **norm)
-        if algo.kl_coef > 0 and not algo.kl_in_reward and micro.logp_ref is not None:
-            kl = algos.agg_loss(self.kl(logp, micro.logp_ref), micro.mask, **agg)
+        if algo.kl_coef > 0 and not algo.kl_in_reward and tok.logp_ref is not None:
+            kl = algos.agg_loss(self.kl(logp, tok.logp_ref), tok.mask, **tok_agg)
             loss = loss + algo.kl_coef * kl
             metrics["actor/kl"] = float(kl.detach())
         loss = loss + self._aux_loss(ev.aux, micro, metrics, **agg)
@@ -533,3 +543,16 @@ class Trainer:
         self.logger.truncate_after(self.step)
         self.logger.log(self.step, {"resumed_from_step": float(self.step)})
         return True
+
+
+def substep_tokens(batch: RolloutBatch, S: int) -> RolloutBatch:
+    """The policy loss's view of a batch whose policy scores S sub-steps per position (log-probs
+    [B, T, S], e.g. a flow head's denoising steps, whose sum is the position's log-prob): each
+    sub-step is a token [B, T*S] with its position's mask, advantage and importance weight, and
+    its own behaviour / reference log-prob, so ratios are clipped per sub-step (Flow-GRPO)."""
+    rep = lambda x: None if x is None else x.repeat_interleave(S, dim=1)  # noqa: E731
+    own = lambda x: None if x is None else (x.flatten(1) if x.dim() == 3 else rep(x))  # noqa: E731
+    return dataclasses.replace(
+        batch, mask=rep(batch.mask), advantages=rep(batch.advantages),
+        is_weight=rep(batch.is_weight), logp_old=own(batch.logp_old), logp_ref=own(batch.logp_ref),
+    )  # fmt: skip

@@ -319,11 +319,14 @@ class CompactVLA(nn.Module):
         )
 
     def _evaluation(self, mask: Tensor, logp: Tensor, entropy: Tensor, value: Tensor, aux):
-        """Per-valid-step [N] terms -> an `Evaluation` of [B, T] tensors (0 on padding)."""
-        per_step = [logp, entropy, value] + ([self.spec.vla.aux_coef * aux] if aux is not None else [])
+        """Per-valid-step [N, ...] terms -> an `Evaluation` of [B, T, ...] tensors (0 on
+        padding)."""
+        per_step = [logp, entropy, value] + (
+            [self.spec.vla.aux_coef * aux] if aux is not None else []
+        )
         out = []
         for x in per_step:
-            full = x.new_zeros(mask.shape)
+            full = x.new_zeros(*mask.shape, *x.shape[1:])
             full[mask] = x
             out.append(full)
         return Evaluation(

@@ -21,6 +21,7 @@ CRITICS = ("shared", "state")
 AUX = ("none", "subject")
 HEADS = ("gaussian", "flow")
 FLOW_NOISE = ("sde", "learned")
+FLOW_LOGP = ("step", "chain")
 
 
 @dataclass
@@ -103,6 +104,9 @@ class VLAConfig:
     """flow head, how RL samples: sde (each Euler step becomes a Gaussian transition of the
     marginal-preserving SDE, noise scale ``flow_noise_level``) | learned (the Euler step's
     mean plus noise whose scale a small network predicts, trained with the policy)"""
+    flow_logp: str = choice("step", FLOW_LOGP)
+    """flow head, what the policy loss sees: step (each denoising step is a token with its own
+    ratio and clip, Flow-GRPO) | chain (one log-prob per action chunk, the sum over its steps)"""
     flow_noise_level: float = 0.5
     """flow head, sde: a in the noise schedule g(t) = a * sqrt((1 - t) / max(t, 1/S))"""
     flow_noise_std: list[float] = field(default_factory=lambda: [0.02, 0.2])

@@ -23,10 +23,14 @@ chunk's log-probability is tractable (RLinf's pi_RL, after Flow-GRPO):
   through the log-probabilities (pi_RL's flow-noise). Zero noise is again the ODE step.
 
 The policy step's "tokens" are its denoising steps: the sampled chain x_0 .. x_S is what the
-rollout stores (``tokens`` [B, T, (S+1)*D]; the env receives x_S, `env_action`), and its
-log-probability is the sum over the S transitions (x_0's density does not depend on the weights
-and is left out), recomputed by `evaluate` from the stored chain in one batched pass, so the
-existing losses, estimators and aggregation apply unchanged. ``entropy`` is the sum of the
+rollout stores (``tokens`` [B, T, (S+1)*D]; the env receives x_S, `env_action`), and the
+chunk's log-probability is the sum over the S transitions (x_0's density does not depend on the
+weights and is left out), recomputed by `evaluate` from the stored chain in one batched pass.
+With ``vla.flow_logp=step`` (default) the policy reports the S transition log-probs [B, T, S]
+and the trainer's policy loss treats each as a token (`trainer.loop.substep_tokens`: its own
+ratio and clip, its position's advantage, as Flow-GRPO does); with ``chain`` it reports their
+sum [B, T], one ratio per chunk as the Gaussian head has one per action. The existing losses,
+estimators and aggregation apply unchanged either way. ``entropy`` is the sum of the
 transitions' Gaussian entropies (the chain's conditional entropy given x_0).
 
 A chain that is not finite (a diverging velocity field) becomes a NaN env action, which the env
@@ -116,9 +120,9 @@ class FlowVLA(CompactVLA):
     def sample_chain(
         self, h: Tensor, deterministic: bool = False, x0: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Trunk features h [N, H] -> (chain x_0..x_S [N, S+1, D], log-prob [N]): the ODE
-        (``deterministic``, log-prob 0) or the stochastic sampler, from ``x0`` [N, D] (default:
-        0 for the ODE, N(0, I) for the sampler)."""
+        """Trunk features h [N, H] -> (chain x_0..x_S [N, S+1, D], log-prob of each transition
+        [N, S]): the ODE (``deterministic``, log-probs 0) or the stochastic sampler, from ``x0``
+        [N, D] (default: 0 for the ODE, N(0, I) for the sampler)."""
         N = len(h)
         if x0 is not None:
             x = x0
@@ -126,28 +130,34 @@ class FlowVLA(CompactVLA):
             x = h.new_zeros(N, self.dim)
         else:
             x = torch.randn(N, self.dim, device=h.device)
-        chain, logp = [x], h.new_zeros(N)
+        chain, logp = [x], []
         for t in self._times(h.device):
             mean, std = self._transition(x, t.expand(N), h, noisy=not deterministic)
             if deterministic:
                 x = mean
+                logp.append(h.new_zeros(N))
             else:
                 x = mean + std * torch.randn_like(mean)
-                logp = logp + _normal_logp(x, mean, std)
+                logp.append(_normal_logp(x, mean, std))
             chain.append(x)
-        return torch.stack(chain, dim=1), logp
+        return torch.stack(chain, dim=1), torch.stack(logp, dim=1)
 
     def chain_logp(self, chain: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """Stored chains [N, S+1, D] and features [N, H] -> (log-prob [N], entropy [N]) of the
-        S transitions, all in one batched pass of the networks."""
+        """Stored chains [N, S+1, D] and features [N, H] -> (log-prob of each transition
+        [N, S], entropy of the chain [N]), all in one batched pass of the networks."""
         N, S, D = len(chain), self.steps, self.dim
         x = chain[:, :-1].reshape(N * S, D)
         t = self._times(h.device).repeat(N)  # (N*S,) step-major within each row
         mean, std = self._transition(x, t, h.repeat_interleave(S, 0), noisy=True)
         nxt = chain[:, 1:].reshape(N * S, D)
-        logp = _normal_logp(nxt, mean, std).view(N, S).sum(1)
+        logp = _normal_logp(nxt, mean, std).view(N, S)
         entropy = (HALF_LOG_2PI_E + std.log()).expand(N * S, D).sum(-1).view(N, S).sum(1)
         return logp, entropy
+
+    def _reported(self, steps: Tensor) -> Tensor:
+        """Per-transition log-probs [N, S] -> what the policy reports: [N, S] (``flow_logp=step``:
+        the loss clips each denoising step) or their sum [N] (``chain``)."""
+        return steps if self.spec.vla.flow_logp == "step" else steps.sum(-1)
 
     # ------------------------------------------------------------------ policy protocol
     def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -163,8 +173,8 @@ class FlowVLA(CompactVLA):
         chain = self._chains(batch.tokens[mask].to(h.dtype))  # (N, S+1, D)
         finite = chain.isfinite().all(-1).all(-1)  # (N,)
         logp, entropy = self.chain_logp(torch.where(finite[:, None, None], chain, 0.0), h)
-        logp = torch.where(finite, logp, torch.zeros_like(logp))
-        return self._evaluation(mask, logp, entropy, value, aux)
+        logp = torch.where(finite[:, None], logp, torch.zeros_like(logp))
+        return self._evaluation(mask, self._reported(logp), entropy, value, aux)
 
     def sft_loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """Flow-matching behaviour cloning: ``tokens`` [B, T, D] are target action chunks ->
@@ -188,7 +198,8 @@ class FlowVLA(CompactVLA):
     def act(
         self, obs: dict[str, Tensor], deterministic: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Observations [N, ...] -> (chain [N, (S+1)*D], logp [N], value [N]); `env_action`
+        """Observations [N, ...] -> (chain [N, (S+1)*D], logp [N, S] or [N] (``flow_logp``),
+        value [N]); `env_action`
         takes the chunk the env executes out of the chain. A non-finite chain gets logp 0 and
         a NaN action: the env runner gives that env a no-op and counts it (``bad_actions``)."""
         obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
@@ -197,8 +208,8 @@ class FlowVLA(CompactVLA):
         finite = chain.isfinite().all(-1).all(-1)
         if not finite.all():
             chain[~finite] = float("nan")
-            logp = torch.where(finite, logp, torch.zeros_like(logp))
-        return chain.flatten(1), logp, value
+            logp = torch.where(finite[:, None], logp, torch.zeros_like(logp))
+        return chain.flatten(1), self._reported(logp), value
 
     def env_action(self, sampled: Tensor) -> Tensor:
         """What ``act`` returned [N, (S+1)*D] -> the action chunk the env executes [N, D]."""

@@ -138,7 +138,7 @@ def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
 
     seed_everything(cfg.train.seed)
     runner = VecRunner(dataclasses.replace(cfg.env, action_chunk=1), seed=cfg.train.seed)
-    policy = build_policy(cfg, runner)
+    policy = build_policy(cfg, runner, run_dir)
     source = ExpertSource(
         policy, runner, batch_steps=cfg.env.steps_per_rollout, chunk=cfg.env.action_chunk
     )

@@ -371,3 +371,28 @@ def test_stale_temporaries_are_removed_at_start_and_files_synced_before_rename(
     renamed = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
     synced = {Path(p).name for kind, p in events[: renamed[0]] if kind == "fsync"}
     assert {p.name for p in ckpt.rglob("*") if p.is_file()} <= synced
+
+
+def test_substep_tokens_clip_each_sub_step():
+    """Sub-step log-probs [B, T, S] (a flow head's denoising steps): each is a loss token with
+    its position's mask and advantage and its own behaviour log-prob."""
+    from perceptrl.trainer.config import AlgoConfig
+    from perceptrl.trainer.loop import substep_tokens
+
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    adv = torch.tensor([[1.0, 2.0, 0.0]])
+    old = torch.tensor([[[0.0, 0.1], [0.2, 0.3], [0.0, 0.0]]])
+    b = RolloutBatch(tokens=torch.zeros(1, 3, 4), mask=mask, group_id=torch.zeros(1),
+                     logp_old=old, advantages=adv)  # fmt: skip
+    tok = substep_tokens(b, 2)
+    assert tok.mask.tolist() == [[1, 1, 1, 1, 0, 0]]
+    assert tok.advantages.tolist() == [[1, 1, 2, 2, 0, 0]]
+    torch.testing.assert_close(tok.logp_old, old.flatten(1))
+    # the second sub-step of position 1 moved far: only its own ratio is clipped (at 1.2)
+    new = old.flatten(1) + torch.tensor([[0.0, 0.0, 0.0, 1.0, 0.0, 0.0]])
+    algo = AlgoConfig(clip_low=0.2, clip_high=0.2)
+    loss, m = algos.get_policy_loss("ppo_clip")(
+        new, tok.logp_old, tok.advantages, tok.mask, algo, num_tokens=tok.mask.sum()
+    )
+    assert m["clipfrac"] == pytest.approx(0.25)
+    assert float(loss) == pytest.approx((-1 - 1 - 2 - 2 * 1.2) / 4, rel=1e-5)
