@@ -187,16 +187,21 @@ class BatchedEnv:
             elapsed = self.env.get_attr("_elapsed_steps") if self.time_limit else [None] * self.n
         return [{"env": e, "elapsed_steps": t} for e, t in zip(envs, elapsed)]
 
-    def set_state(self, states: list[dict]) -> None:
+    def set_state(self, states: list[dict | None]) -> None:
         """Continue the episodes of `get_state`'s ``states`` [N] (every sub-env reset once
-        before; see ``ManipEnv.set_state``). The observations are not returned: they are the
+        before; see ``ManipEnv.set_state``); a None entry leaves its env as it is (a branch of
+        a VLA tree restores some envs only). The observations are not returned: they are the
         ones the snapshot's owner last saw."""
         if len(states) != self.n:
             raise ValueError(f"BatchedEnv.set_state got {len(states)} states for {self.n} envs")
         with self._workers():
-            self.env.call("set_state", [s["env"] for s in states])
+            now = self.env.get_attr("_elapsed_steps") if self.time_limit else None
+            self.env.call("set_state", [None if s is None else s["env"] for s in states])
             if self.time_limit:
-                self.env.set_attr("_elapsed_steps", [int(s["elapsed_steps"] or 0) for s in states])
+                self.env.set_attr(
+                    "_elapsed_steps",
+                    [t if s is None else int(s["elapsed_steps"] or 0) for t, s in zip(now, states)],
+                )
 
     def _broken(self) -> bool:
         """An async vector env with a worker that died or failed (its pipe was closed)."""

@@ -38,9 +38,12 @@ episodes, so a resumed run collects exactly what the uninterrupted one would hav
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -208,7 +211,14 @@ class GRPOCollector(_Base):
     def __init__(
         self, env_cfg: EnvConfig, groups: int, group_size: int, seed: int = 0,
         runner: VecRunner | None = None, deterministic: bool = False,
+        branches: list[int] | None = None, segment_steps: int = 8,
     ):  # fmt: skip
+        branches = list(branches or [])
+        if branches and (any(b < 1 for b in branches) or math.prod(branches) != group_size):
+            raise ValueError(
+                f"rollout.tree.branches={branches} must be positive with product "
+                f"rollout.group_size={group_size}"
+            )
         super().__init__(env_cfg, seed, runner)
         if groups < 1 or group_size < 1:
             raise ValueError(
@@ -217,6 +227,11 @@ class GRPOCollector(_Base):
             )
         self.groups, self.group_size = groups, group_size
         self.deterministic = deterministic
+        self.branches, self.segment_steps = branches, segment_steps
+        if self.branches:
+            if segment_steps < 1:
+                raise ValueError(f"rollout.tree.segment_tokens={segment_steps}: a VLA tree's "
+                                 "segments are policy steps; need >= 1")  # fmt: skip
 
     def next_specs(self, step: int) -> EpisodeSpecs:
         """The initial states of this step's ``groups x group_size`` episodes, G per group;
@@ -229,6 +244,8 @@ class GRPOCollector(_Base):
 
     def collect(self, policy, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """``groups x group_size`` episodes -> (batch with [B] success rewards, metrics)."""
+        if self.branches:
+            return self._collect_tree(policy, step)
         t0 = time.perf_counter()
         specs = self.next_specs(step)
         act = lambda obs: policy.act(obs, deterministic=self.deterministic)  # noqa: E731
@@ -244,3 +261,135 @@ class GRPOCollector(_Base):
         )  # fmt: skip
         self._record(res.episodes)
         return batch, self._metrics(res.env_steps, time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ trees
+    def _collect_tree(self, policy, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Each group is a tree of episodes from its indexed initial state: a node runs
+        ``segment_steps`` policy steps, then its simulator state is snapshotted and continued by
+        ``branches[d]`` children (one env each; the last depth runs to the episode's end). A
+        node whose episode ends early is a leaf, and the leaves it would have had go to the
+        group's nodes still running (TreePO's fallback), so a group keeps ``group_size`` leaves
+        while any branch runs. Every leaf is a row: its ancestors' steps then its own, with
+        ``segments`` [B, T] naming each step's node (the tree estimators read it; shared steps
+        sum their leaves' gradients). Reward: the leaf's success."""
+        t0 = time.perf_counter()
+        act = lambda obs: policy.act(obs, deterministic=self.deterministic)  # noqa: E731
+        actor = Actor.of(policy, act)
+        roots = self.next_specs(step)
+        keep = np.arange(0, len(roots), self.group_size)  # one root per group
+        specs = EpisodeSpecs.indexed(roots.group[keep], roots.task_id[keep], roots.trial_id[keep])
+        # node bookkeeping: parent, group, leaf budget, and its segment (level, row)
+        nodes = [_Node(None, int(g), self.group_size, meta={"task_id": int(a), "trial_id": int(b)})
+                 for g, a, b in zip(specs.group, specs.task_id, specs.trial_id)]  # fmt: skip
+        level_nodes = list(range(len(nodes)))
+        levels: list = []
+        env_steps, episodes = 0, []
+        for depth in range(len(self.branches) + 1):
+            last = depth == len(self.branches)  # the leaves' segments run to the episode's end
+            res = self.loop.episodes(actor, specs, max_steps=0 if last else self.segment_steps)
+            env_steps += res.env_steps
+            episodes.append(res.episodes)
+            levels.append(res.rows)
+            for r, (j, ok) in enumerate(zip(res.rows.spec.tolist(), res.rows.success.tolist())):
+                nodes[level_nodes[j]].segment, nodes[level_nodes[j]].success = (depth, r), ok
+            if last:
+                break
+            stopped = dict(res.cut)  # spec index -> snapshot at the branch point
+            ended = [level_nodes[j] for j in res.episodes.spec.tolist()]
+            _give_back(nodes, ended, [level_nodes[j] for j in stopped])
+            children, states, groups = [], [], []
+            for j, snap in stopped.items():
+                parent = nodes[level_nodes[j]]
+                # the last fork turns the whole budget into leaves (G leaves per group)
+                k = parent.budget if depth == len(self.branches) - 1 else self.branches[depth]
+                for share in _split(parent.budget, min(k, parent.budget)):
+                    nodes.append(_Node(level_nodes[j], parent.group, share, meta=parent.meta))
+                    children.append(len(nodes) - 1)
+                    states.append(snap)
+                    groups.append(parent.group)
+            if not children:
+                break
+            specs = EpisodeSpecs.branched(groups, states)
+            level_nodes = children
+        self._record(_concat_episodes(episodes))
+        batch = self._tree_batch(nodes, levels)
+        return batch, self._metrics(env_steps, time.perf_counter() - t0)
+
+    def _tree_batch(self, nodes: list[_Node], levels: list) -> RolloutBatch:
+        """One row per leaf: its path's segments concatenated (see `_collect_tree`)."""
+        parents = {n.parent for n in nodes if n.parent is not None}
+        leaves = [i for i, n in enumerate(nodes) if i not in parents and n.segment is not None]
+        leaves.sort(key=lambda i: (nodes[i].group, i))
+        rows, tokens, seg_ids, inputs = [], [], [], {}
+        for i in leaves:
+            path, j = [], i
+            while j is not None:
+                path.append(j)
+                j = nodes[j].parent
+            path.reverse()
+            parts = []
+            for j in path:
+                depth, r = nodes[j].segment
+                R = levels[depth]
+                n = int(R.mask[r].sum())
+                parts.append((j, R, r, n))
+            tokens.append(torch.cat([R.actions[r, :n] for _, R, r, n in parts]))
+            seg_ids.append(torch.cat([torch.full((n,), j + 1) for j, _, _, n in parts]))
+            for key in levels[0].inputs:
+                inputs.setdefault(key, []).append(
+                    torch.cat([R.inputs[key][r] for _, R, r, _ in parts])
+                )
+            rows.append(i)
+        T = max(len(t) for t in tokens)
+        B = len(tokens)
+        tok = tokens[0].new_zeros(B, T, tokens[0].shape[-1])
+        mask, segments = torch.zeros(B, T), torch.zeros(B, T, dtype=torch.long)
+        for b, (t, sid) in enumerate(zip(tokens, seg_ids)):
+            tok[b, : len(t)], mask[b, : len(t)], segments[b, : len(t)] = t, 1.0, sid
+        success = [float(nodes[i].success) for i in rows]
+        return RolloutBatch(
+            tokens=tok, mask=mask, inputs=inputs, rewards=torch.tensor(success),
+            group_id=torch.tensor([nodes[i].group for i in rows]), segments=segments,
+            meta=[dict(nodes[i].meta) for i in rows],
+        )  # fmt: skip
+
+
+@dataclass
+class _Node:
+    """A node of a VLA tree: one segment of policy steps (see `GRPOCollector._collect_tree`)."""
+
+    parent: int | None
+    group: int
+    budget: int
+    """leaves this node's subtree must produce"""
+    meta: dict = field(default_factory=dict)
+    segment: tuple[int, int] | None = None
+    """(depth, row of that depth's `Rows`)"""
+    success: bool = False
+
+
+def _split(total: int, k: int) -> list[int]:
+    """``total`` leaves over ``k`` children as evenly as possible (the first get the extra)."""
+    return [total // k + (c < total % k) for c in range(k)]
+
+
+def _give_back(nodes: list[_Node], ended: list[int], running: list[int]) -> None:
+    """Nodes whose episode ended are leaves: the rest of their leaf budget goes to the running
+    nodes of the same group, one at a time round-robin (TreePO's fallback)."""
+    by_group: dict[int, list[int]] = defaultdict(list)
+    for j in running:
+        by_group[nodes[j].group].append(j)
+    turn: dict[int, int] = defaultdict(int)
+    for j in ended:
+        extra, g = nodes[j].budget - 1, nodes[j].group
+        nodes[j].budget = 1
+        live = by_group.get(g)
+        for _ in range(extra if live else 0):
+            nodes[live[turn[g] % len(live)]].budget += 1
+            turn[g] += 1
+
+
+def _concat_episodes(parts: list[Episodes]) -> Episodes:
+    """The episodes that ended in several runs, in order."""
+    return Episodes(*(np.concatenate([getattr(p, f.name) for p in parts])
+                      for f in dataclasses.fields(Episodes)))  # fmt: skip

@@ -266,6 +266,55 @@ class VecRunner:
             "restart_streak": self._restart_streak,
         }  # fmt: skip
 
+    def snapshot(self, envs) -> list[dict]:
+        """Each env of ``envs`` (indices): its episode in flight (a `BatchedEnv.get_state`
+        entry), its last observation and last executed action, to `restore` into any env of
+        this runner (the branch point of a VLA tree). Numpy arrays and plain values."""
+        states, b = self.env.get_state(), self.batch
+        return [
+            {"env": states[i], "last": self.last[i].copy(), "obs": {
+                "images": {k: v[i].copy() for k, v in b.images.items()},
+                "proprio": b.proprio[i].copy(),
+                "objects": None if b.objects is None else b.objects[i].copy(),
+                "instruction": b.instructions[i]}}
+            for i in envs
+        ]  # fmt: skip
+
+    def restore(self, mask: np.ndarray, snaps: list[dict]) -> Batch:
+        """The envs of ``mask`` [N] continue ``snaps`` (`snapshot` entries, one per True entry
+        in order); the other envs are untouched. Returns the observations of all N. Raises
+        `EnvRestarted` when a worker died meanwhile (every env is then fresh)."""
+        idx = np.flatnonzero(mask)
+        if len(idx) != len(snaps):
+            raise ValueError(
+                f"VecRunner.restore: {len(idx)} envs in the mask, {len(snaps)} snapshots"
+            )
+        if self.batch is None:  # envs never reset cannot take a snapshot's physics
+            self.reset()
+        states: list[dict | None] = [None] * self.n
+        for j, snap in zip(idx.tolist(), snaps):
+            states[j] = snap["env"]
+        try:
+            self.env.set_state(states)
+        except WORKER_ERRORS as e:
+            self._restart(e)
+        b = self.batch
+        images = {k: v.copy() for k, v in b.images.items()}
+        proprio = b.proprio.copy()
+        objects = None if b.objects is None else b.objects.copy()
+        instructions = list(b.instructions)
+        for j, snap in zip(idx.tolist(), snaps):
+            obs = snap["obs"]
+            for k in images:
+                images[k][j] = obs["images"][k]
+            proprio[j] = obs["proprio"]
+            if objects is not None:
+                objects[j] = obs["objects"]
+            instructions[j] = obs["instruction"]
+            self.last[j] = snap["last"]
+        self.batch = Batch(images, proprio, objects, instructions)
+        return self.batch
+
     def set_state(self, state: dict) -> None:
         """Continue the episodes of `get_state` in this runner's envs (built with the same
         recipe): a full reset, then each env's snapshot. Raises RuntimeError when a worker fails

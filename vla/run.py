@@ -98,7 +98,8 @@ def build_source(cfg, runner: VecRunner):
         return PPOCollector(cfg.env, seed=cfg.train.seed, runner=runner)
     return GRPOCollector(
         cfg.env, groups=cfg.rollout.prompts_per_step, group_size=cfg.rollout.group_size,
-        seed=cfg.train.seed, runner=runner,
+        seed=cfg.train.seed, runner=runner, branches=cfg.rollout.tree.branches,
+        segment_steps=cfg.rollout.tree.segment_tokens,
     )  # fmt: skip
 
 

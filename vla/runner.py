@@ -26,6 +26,7 @@ plugs in unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,16 @@ class EpisodeSpecs:
     """indexed initial state: reset option ``trial_id``"""
     seed: np.ndarray
     """reset seed (-1: none)"""
+    state: list | None = None
+    """[M] a branch point per episode (`EpisodeRunner` snapshots, or None): the episode
+    continues it instead of starting from a reset (VLA trees)"""
+
+    @classmethod
+    def branched(cls, group, states: list[dict]) -> EpisodeSpecs:
+        """Episodes that continue the snapshots ``states`` (one each; see `RunResult.cut`)."""
+        g = np.asarray(group, np.int64)
+        none = -np.ones_like(g)
+        return cls(g, none, none.copy(), none.copy(), list(states))
 
     @classmethod
     def indexed(cls, group, task_id, trial_id) -> EpisodeSpecs:
@@ -173,6 +184,9 @@ class RunResult:
     episodes: Episodes
     env_steps: int
     """env steps executed by envs that were running an episode"""
+    cut: list[tuple[int, dict]] = dataclasses.field(default_factory=list)
+    """`EpisodeRunner.episodes` with ``max_steps``: (spec index, snapshot) of every episode
+    stopped at the cap, to continue with `EpisodeSpecs.branched` (its segment ends ``cut``)"""
 
 
 class EpisodeRunner:
@@ -214,6 +228,7 @@ class EpisodeRunner:
         self.end_spec = np.zeros((0, N), np.int64)
         self.end_success = np.zeros((0, N), bool)
         self._done: list[tuple] = []
+        self._capped: list[tuple[int, dict]] = []
         self.env_steps = 0
 
     # ------------------------------------------------------------------ schedules
@@ -250,27 +265,51 @@ class EpisodeRunner:
             self._cut(steps - 1, self.active, None if v is None else _numpy(v))
         return self._result(steps)
 
-    def episodes(self, actor: Actor, specs: EpisodeSpecs) -> RunResult:
+    def episodes(self, actor: Actor, specs: EpisodeSpecs, max_steps: int = 0) -> RunResult:
         """Run every episode of ``specs`` to its end, ``N`` at a time: free envs take the next
-        queued initial state by a masked reset; envs wait (no-op actions) once the queue is
-        empty. An episode dropped by an env restart goes back to the queue's front."""
+        queued initial state by a masked reset (or continue a branch point, `EpisodeSpecs.state`);
+        envs wait (no-op actions) once the queue is empty. An episode dropped by an env restart
+        goes back to the queue's front. With ``max_steps`` > 0 an episode still running after
+        that many policy steps of this run is stopped there: its segment ends ``cut`` (no
+        bootstrap) and its snapshot goes to `RunResult.cut`."""
         self._begin_run()
         self.started = False
         self.specs, self.queue = specs, np.arange(len(specs), dtype=np.int64)
         self.active[:] = False
         N = self.vec.n
         limit = self.vec.cfg.max_episode_steps or (gym.spec(self.vec.env_id).max_episode_steps or 0)
-        self._reserve(math.ceil(len(specs) / N) * math.ceil(limit / self.vec.cfg.action_chunk) + 1)
+        per_episode = math.ceil(limit / self.vec.cfg.action_chunk)
+        if max_steps > 0:
+            per_episode = min(per_episode, max_steps)
+        self._reserve(math.ceil(len(specs) / N) * per_episode + 1)
         self._assign(np.ones(N, bool), 0)
         t = 0
         while self.active.any():
             ended = self._step(t, actor)
             if ended is None:
                 self._requeue(t)
-            elif ended.any():
+                t += 1
+                continue
+            if max_steps > 0:
+                capped = self.active & (t + 1 - self.seg_start >= max_steps)
+                if capped.any():
+                    self._stop(t, capped)
+                    ended = ended | capped
+            if ended.any():
                 self._assign(ended, t + 1)
             t += 1
         return self._result(t)
+
+    def _stop(self, t: int, envs: np.ndarray) -> None:
+        """Stop the episodes of ``envs`` [N] at the step cap after row ``t``: cut their segments
+        and keep each one's snapshot (physics, last observation, return, length, success)."""
+        idx = np.flatnonzero(envs)
+        for i, snap in zip(idx.tolist(), self.vec.snapshot(idx)):
+            snap.update(ret=float(self.ret[i]), length=int(self.length[i]),
+                        success=bool(self.success[i]))  # fmt: skip
+            self._capped.append((int(self.slot[i]), snap))
+        self._cut(t, envs, None)
+        self.active[envs] = False
 
     # ------------------------------------------------------------------ one policy step
     def _step(self, t: int, actor: Actor) -> np.ndarray | None:
@@ -335,11 +374,19 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ episode starts
     def _start(self, mask: np.ndarray, slot: np.ndarray, row: int) -> None:
-        """Envs in ``mask`` [N] were just reset into the episodes ``slot`` [N]; their first
-        step goes to buffer row ``row``."""
+        """Envs in ``mask`` [N] were just reset into the episodes ``slot`` [N] (or restored to
+        their branch points, whose return, length and success so far they carry on); their
+        first step goes to buffer row ``row``."""
         self.active[mask] = True
         self.slot[mask] = slot[mask]
         self.ret[mask], self.length[mask], self.success[mask] = 0.0, 0, False
+        states = self.specs.state
+        if states is not None:
+            for i in np.flatnonzero(mask).tolist():
+                snap = states[slot[i]] if slot[i] >= 0 else None
+                if snap is not None:
+                    self.ret[i], self.length[i] = snap["ret"], snap["length"]
+                    self.success[i] = snap["success"]
         self.seg_start[mask] = row
         if self.on_reset is not None:
             self.on_reset(mask)
@@ -362,8 +409,14 @@ class EpisodeRunner:
             seeds = [None] * N
             for e, s in zip(envs.tolist(), sp.seed[ids].tolist()):
                 seeds[e] = s if s >= 0 else None
+        branch = np.zeros(N, bool)
+        if sp.state is not None:
+            branch[envs] = [sp.state[j] is not None for j in ids.tolist()]
         try:
-            self.vec.reset(mask=mask, options=options, seeds=seeds)
+            if (mask & ~branch).any():
+                self.vec.reset(mask=mask & ~branch, options=options, seeds=seeds)
+            if branch.any():
+                self.vec.restore(branch, [sp.state[j] for j in slot[branch].tolist()])
         except EnvRestarted:  # these episodes never started: back to the queue, with the lost
             self.queue = np.concatenate([ids, self.queue])
             self._requeue(row - 1)
@@ -398,8 +451,8 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ buffers
     def _begin_run(self) -> None:
-        """Forget the previous run's finished episodes and step count."""
-        self._done, self.env_steps = [], 0
+        """Forget the previous run's finished episodes, stopped branches and step count."""
+        self._done, self._capped, self.env_steps = [], [], 0
 
     def _reserve(self, cap: int) -> None:
         """Grow the [T, N] buffers to at least ``cap`` rows (kept across runs)."""
@@ -462,7 +515,8 @@ class EpisodeRunner:
         else:
             kinds = (np.int64, bool, float, np.int64, bool)
             episodes = Episodes(*(np.zeros(0, d) for d in kinds))
-        return RunResult(self._rows(T) if self.store else None, episodes, self.env_steps)
+        rows = self._rows(T) if self.store else None
+        return RunResult(rows, episodes, self.env_steps, list(self._capped))
 
     def _segments(self, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every segment that ended in rows [0, T): (last row, env, end code, length), each

@@ -164,10 +164,12 @@ class EpisodeConfig:
 class TreeConfig:
     branches: list[int] = field(default_factory=list)
     """children per node at each depth (e.g. [2, 2, 2]: 8 leaves); the product must equal
-    rollout.group_size; empty: flat groups (vlm/tree_rollout.py)"""
+    rollout.group_size; empty: flat groups (vlm/tree_rollout.py; on the VLA side, GRPO groups
+    that branch from saved simulator states, vla/collect.py)"""
     segment_tokens: int = 16
     """tokens of every segment but the last (the last runs to the stop token or max_new_tokens);
-    with rollout.episode.tools a segment is a policy turn and its observation instead"""
+    with rollout.episode.tools a segment is a policy turn and its observation instead; on the
+    VLA side, policy steps (the last segment runs to the episode's end)"""
     allocate: str = choice("uniform", ("uniform", "entropy"))
     """how a depth's forks are spread over the branches still running: uniform | entropy (more
     children where the policy's next-token entropy is highest)"""
