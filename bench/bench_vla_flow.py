@@ -37,7 +37,12 @@ from bench_vla_grpo import success  # noqa: E402
 from common import last_model, machine, metrics, peak_rss_mb, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = {"flow": ("vla_bc_flow", "vla_grpo_flow"), "gaussian": ("vla_bc_pick", "vla_grpo")}
+RECIPES = {
+    "flow": ("vla_bc_flow", "vla_grpo_flow"),
+    "gaussian": ("vla_bc_pick", "vla_grpo"),
+    "token": ("vla_bc_token", "vla_grpo_token"),
+}
+"""head -> (BC recipe, GRPO recipe); the token VLA's arms are reported apart (vla_token.*)"""
 
 
 def run_arm(args) -> dict:
@@ -97,14 +102,27 @@ def se(p: float, n: int) -> float:
     return float(np.sqrt(max(p * (1 - p), 1e-12) / n))
 
 
+TITLES = {
+    "vla_flow": "Flow-matching action head vs Gaussian head: BC, then GRPO with the same budget",
+    "vla_token": "Token VLA (a VLM emitting action tokens): BC, then GRPO",
+}
+
+
 def report(args) -> None:
     arms = [json.loads(p.read_text()) for p in sorted(Path(args.out).glob("*/arm.json"))]
     if not arms:
         raise SystemExit(f"no arm.json under {args.out}; run `bench_vla_flow.py arm ...` first")
+    for name in TITLES:
+        part = [a for a in arms if (a["head"] == "token") == (name == "vla_token")]
+        if part:
+            write_report(name, part)
+
+
+def write_report(name: str, arms: list[dict]) -> None:
     arms.sort(key=lambda a: (a["task"], a["bc_steps"], a["seed"], a["head"] != "flow"))
     m = machine()
     md = [
-        "# Flow-matching action head vs Gaussian head: BC, then GRPO with the same budget",
+        f"# {TITLES[name]}",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, two arms at a time, one torch thread each; "
         f"torch {m['torch']}. Command: `python bench/bench_vla_flow.py arm --head H --task T "
@@ -132,7 +150,7 @@ def report(args) -> None:
             f"{100 * (f['sampled'] - b['sampled']):+.1f} |"
         )
     data = {"machine": m, "arms": arms}
-    js, mdp = write_results("vla_flow", data, "\n".join(md))
+    js, mdp = write_results(name, data, "\n".join(md))
     print("\n".join(md))
     print(f"\nwrote {js} and {mdp}")
 

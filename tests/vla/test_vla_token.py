@@ -138,3 +138,20 @@ def test_grpo_trains_token_vla_end_to_end(tiny_dir, tmp_path):
     assert isinstance(reloaded, TokenVLA) and reloaded.spec == trainer.policy.spec
     first = next(iter(trainer.policy.state_dict()))
     torch.testing.assert_close(reloaded.state_dict()[first], trainer.policy.state_dict()[first])
+
+
+def test_bc_into_token_vla_with_chunked_targets(tiny_dir, tmp_path):
+    """`perceptrl sft vla_bc_token`: expert chunks of 2 actions, binned, as token targets."""
+    from perceptrl.vla.run import run_sft
+
+    cfg = load_config(
+        CONFIGS / "vla_bc_token.yaml",
+        [f"model.path={tiny_dir}", "env.num_envs=2", "env.steps_per_rollout=4",
+         "env.action_chunk=2", "env.eval_episodes=0", "train.steps=2", *QUIET],
+    )  # fmt: skip
+    run_sft(cfg, tmp_path)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["sft/loss"] for r in rows if "sft/loss" in r]
+    assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
+    model = sorted((tmp_path / "checkpoints").iterdir())[-1] / "model"
+    assert load_policy(model).spec.chunk == 2
