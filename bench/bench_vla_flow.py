@@ -53,7 +53,10 @@ def run_arm(args) -> dict:
     torch.set_num_threads(1)
     task = task_name(args.task)
     head = f"flow-{args.noise}-{args.logp}" if args.head == "flow" else args.head
-    out = Path(args.out) / f"{task}_{head}_bc{args.bc_steps}_s{args.seed}"
+    out = (
+        Path(args.out)
+        / f"{task}_{head}{'-' + args.tag if args.tag else ''}_bc{args.bc_steps}_s{args.seed}"
+    )
     bc_recipe, rl_recipe = RECIPES[args.head]
     common = [f"env.id={args.task}", f"train.seed={args.seed}", f"env.action_chunk={args.chunk}",
               "log.progress=false", "log.tensorboard=false", *args.overrides]  # fmt: skip
@@ -88,7 +91,7 @@ def run_arm(args) -> dict:
         "logp": args.logp if args.head == "flow" else None, "bc_steps": args.bc_steps,
         "bc_seconds": round(bc_s, 1), "grpo_seconds": round(rl_s, 1), "grpo_steps": len(steps),
         "episodes": args.episodes, "eval_seed": rl_cfg.env.eval_seed,
-        "overrides": args.overrides, "before": before, "after": after,
+        "overrides": args.overrides, "tag": args.tag, "before": before, "after": after,
         "train_success": [round(r.get("rollout/success_rate", float("nan")), 3) for r in steps],
         "mean_step_s": round(float(np.mean([r["time/step"] for r in steps])), 2) if steps else None,
         "peak_rss_mb": round(peak_rss_mb(), 1),
@@ -141,6 +144,7 @@ def write_report(name: str, arms: list[dict]) -> None:
     for a in arms:
         b, f = a["before"], a["after"]
         head = a["head"] + (f" ({a['noise']}, {a.get('logp', 'chain')})" if a["noise"] else "")
+        head += f" [{a['tag']}: {' '.join(a['overrides'])}]" if a.get("tag") else ""
         md.append(
             f"| {a['task']} | {head} | {a['seed']} | {a['bc_steps']} ({a['bc_seconds']:.0f}) | "
             f"{a['grpo_steps']} ({a['grpo_seconds']:.0f}) | {b['deterministic']:.3f} | "
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--minutes", type=float, default=8.0, help="GRPO wall time per arm")
     ap.add_argument("--episodes", type=int, default=200, help="held-out evaluation episodes")
     ap.add_argument("--out", default="runs/bench_vla_flow")
+    ap.add_argument("--tag", default="", help="names a variant set by overrides (e.g. tree)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for both recipes")
     args = ap.parse_args(argv)
     run_arm(args) if args.what == "arm" else report(args)

@@ -62,7 +62,13 @@ def curve(run: Path, samples: list[dict]) -> list[dict]:
     out = []
     for ck in sorted((run / "checkpoints").glob("step_*")):
         step = int(ck.name.split("_")[1])
-        out.append({"step": step, "seconds": elapsed.get(step, t), "accuracy": score(ck / "model", samples)})
+        out.append(
+            {
+                "step": step,
+                "seconds": elapsed.get(step, t),
+                "accuracy": score(ck / "model", samples),
+            }
+        )
     return out
 
 
@@ -133,10 +139,18 @@ def main() -> None:
         runs[a] = summary(out / a)
     data = {
         "machine": machine(note="2 CPU cores"),
-        "settings": {"sft_minutes": args.sft_minutes, "minutes": args.minutes,
-                     "n_train": args.n_train, "n_test": len(test), "train_data_seed": 1,
-                     "eval_data_seed": 1000 + args.seed, "seed": args.seed, "every": args.every,
-                     "arms": {a: ARMS[a] for a in curves}, "sft_args": SFT_ARGS},  # fmt: skip
+        "settings": {
+            "sft_minutes": args.sft_minutes,
+            "minutes": args.minutes,
+            "n_train": args.n_train,
+            "n_test": len(test),
+            "train_data_seed": 1,
+            "eval_data_seed": 1000 + args.seed,
+            "seed": args.seed,
+            "every": args.every,
+            "arms": {a: ARMS[a] for a in curves},
+            "sft_args": SFT_ARGS,
+        },  # fmt: skip
         "wall_s": wall,
         "curves": curves,
         "runs": runs,

@@ -104,13 +104,22 @@ def main() -> None:
         acc[a] = score(last_model(out / a), test)
     data = {
         "machine": machine(note="2 CPU cores"),
-        "settings": {"minutes": args.minutes, "n_train": args.n_train, "n_test": len(test),
-                     "train_data_seed": 1, "eval_data_seed": 1000 + args.seed, "seed": args.seed,
-                     "families": FAMILIES, "decoding": "greedy", "recipes": RECIPES},  # fmt: skip
+        "settings": {
+            "minutes": args.minutes,
+            "n_train": args.n_train,
+            "n_test": len(test),
+            "train_data_seed": 1,
+            "eval_data_seed": 1000 + args.seed,
+            "seed": args.seed,
+            "families": FAMILIES,
+            "decoding": "greedy",
+            "recipes": RECIPES,
+        },  # fmt: skip
         "wall_s": wall,
         "steps": steps,
-        "accuracy": {a: {k: v for k, v in r.items() if k.startswith("accuracy")}
-                     for a, r in acc.items()},  # fmt: skip
+        "accuracy": {
+            a: {k: v for k, v in r.items() if k.startswith("accuracy")} for a, r in acc.items()
+        },  # fmt: skip
     }
     flat = steps.get("flat")
     if flat:
@@ -160,7 +169,11 @@ def markdown(d: dict) -> str:
             f"difference about {_se_diff(d, a):.3f} on {s['n_test']} questions).",
         ]
     fams = sorted(k for k in d["accuracy"]["base"] if "/" in k)
-    md += ["", "| family | " + " | ".join(d["accuracy"]) + " |", "|---|" + "---|" * len(d["accuracy"])]
+    md += [
+        "",
+        "| family | " + " | ".join(d["accuracy"]) + " |",
+        "|---|" + "---|" * len(d["accuracy"]),
+    ]
     for f in fams:
         md.append(f"| {f.split('/')[1]} | " + " | ".join(
             f"{r.get(f, float('nan')):.3f}" for r in d["accuracy"].values()) + " |")  # fmt: skip

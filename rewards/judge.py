@@ -355,7 +355,9 @@ def judge_steps(
     out: list[list[Step]] = [[] for _ in completions]
     if not prompts:
         return out
-    verdicts = worker.call(_request(prompts, batch_size, max_new_tokens, max_prompt_length), timeout_s)
+    verdicts = worker.call(
+        _request(prompts, batch_size, max_new_tokens, max_prompt_length), timeout_s
+    )
     for (i, end, k), v in zip(where, verdicts):
         out[i].append(Step(end, parse_score(v, scale) / k))
     return out

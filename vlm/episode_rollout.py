@@ -286,7 +286,9 @@ class EpisodeSampler(KVSampler):
 
     # ---- the environment's answers ------------------------------------------------------------
 
-    def _respond(self, live: LiveRows, tape: Tape, env, reasons: Tensor) -> list[EncodedObservation]:
+    def _respond(
+        self, live: LiveRows, tape: Tape, env, reasons: Tensor
+    ) -> list[EncodedObservation]:
         """Decode each live row's turn, ask the environment, apply the budgets; rows that stop
         leave ``live``. Returns the encoded observations of the rows that go on."""
         s = self.settings

@@ -107,7 +107,9 @@ def markdown(results: dict[str, dict]) -> str:
     for name, r in results.items():
         for row in r["rows"]:
             vals = " | ".join(f"{row['pass@k'][k]:.3f}" for k in ks)
-            lines.append(f"| {name} | {row['modality']} | {row['family']} | {row['questions']} | {vals} |")
+            lines.append(
+                f"| {name} | {row['modality']} | {row['family']} | {row['questions']} | {vals} |"
+            )
         vals = " | ".join(f"{r['overall'][k]:.3f}" for k in ks)
         lines.append(f"| {name} | all | all | {r['questions']} | {vals} |")
     return "\n".join(lines)
@@ -146,5 +148,7 @@ def write_pass_k(results: dict[str, dict], out_dir: str | Path) -> dict:
     }  # fmt: skip
     (out / "passk.json").write_text(json.dumps(serial, indent=1))
     (out / "passk.md").write_text(table + "\n")
-    png = chart(results, out / "passk.png", title=f"pass@k, n = {next(iter(results.values()))['n']}")
+    png = chart(
+        results, out / "passk.png", title=f"pass@k, n = {next(iter(results.values()))['n']}"
+    )
     return {"table": table, "files": [out / "passk.json", out / "passk.md", png]}

@@ -113,7 +113,9 @@ def test_prime_sums_outcome_and_process_rloo():
     # outcome RLOO: 1.5 * (r - 1/3); process: returns-to-go minus the mean of the other rows'
     # totals (2, 1, 0 -> baselines 0.5, 1, 1.5)
     want_out = torch.tensor([1.0, -0.5, -0.5])[:, None]
-    want_proc = torch.tensor([[2.0, 2, 1], [1, 0, 0], [0, 0, 0]]) - torch.tensor([[0.5], [1], [1.5]])
+    want_proc = torch.tensor([[2.0, 2, 1], [1, 0, 0], [0, 0, 0]]) - torch.tensor(
+        [[0.5], [1], [1.5]]
+    )
     cfg = AlgoConfig(eps=EPS, process_coef=0.5)
     adv, m = run("prime", outcome, torch.ones(3, 3), torch.zeros(3), cfg, step_rewards=steps)
     torch.testing.assert_close(adv, want_out + 0.5 * want_proc)

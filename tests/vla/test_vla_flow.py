@@ -76,7 +76,9 @@ def as_batch(obs: dict, tokens: torch.Tensor, lens: list[int]) -> RolloutBatch:
     return RolloutBatch(tokens=padded, mask=mask, group_id=torch.arange(B), inputs=inputs)
 
 
-@pytest.mark.parametrize("noise,logp_mode", [("sde", "step"), ("learned", "step"), ("sde", "chain")])
+@pytest.mark.parametrize(
+    "noise,logp_mode", [("sde", "step"), ("learned", "step"), ("sde", "chain")]
+)
 def test_chain_logp_recomputed_equals_acting(noise, logp_mode):
     policy = flow_policy(noise, logp=logp_mode)
     obs = random_obs(7)
@@ -107,7 +109,9 @@ def test_collected_logp_old_equal_training_forward():
     assert batch.tokens.shape[-1] == 5 * 10 and m["rollout/env_steps"] > 0
     ev = policy.evaluate(batch)
     assert ev.logp.shape == batch.logp_old.shape == (*batch.mask.shape, 4)
-    torch.testing.assert_close(ev.logp, batch.logp_old * batch.mask[..., None], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ev.logp, batch.logp_old * batch.mask[..., None], atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("noise", ["sde", "learned"])
@@ -244,7 +248,9 @@ def test_bad_flow_settings_are_named():
     with pytest.raises(ValueError, match="flow_noise_level"):
         FlowVLA(CompactSpec(5, objects_dim=OBJ, vla=vla))
     with pytest.raises(ValueError, match="vla.head"):
-        CompactVLA(CompactSpec(5, objects_dim=OBJ, vla=VLAConfig(encoder="state", head="diffusion")))
+        CompactVLA(
+            CompactSpec(5, objects_dim=OBJ, vla=VLAConfig(encoder="state", head="diffusion"))
+        )
 
 
 def test_bc_then_grpo_recipe_runs(tmp_path):

@@ -26,8 +26,16 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def test_recipes_parse():
-    for name in ("vla_ppo_reach", "vla_ppo_reach_state", "vla_grpo", "vla_bc_pick", "vla_bc_flow",
-                 "vla_grpo_flow", "vla_bc_token", "vla_grpo_token"):
+    for name in (
+        "vla_ppo_reach",
+        "vla_ppo_reach_state",
+        "vla_grpo",
+        "vla_bc_pick",
+        "vla_bc_flow",
+        "vla_grpo_flow",
+        "vla_bc_token",
+        "vla_grpo_token",
+    ):
         cfg = load_config(CONFIGS / f"{name}.yaml")
         assert cfg.side == "vla"
 

@@ -45,7 +45,9 @@ def sample(policy, samples, shape, max_new=24, seed=0):
     policy.tree = shape
     torch.manual_seed(seed)
     try:
-        return policy.sample(prompts, shape.leaves, SamplingParams(max_new_tokens=max_new, return_logprobs=True))
+        return policy.sample(
+            prompts, shape.leaves, SamplingParams(max_new_tokens=max_new, return_logprobs=True)
+        )
     finally:
         policy.tree = None
 
