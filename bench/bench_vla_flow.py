@@ -122,7 +122,10 @@ def report(args) -> None:
 
 
 def write_report(name: str, arms: list[dict]) -> None:
-    arms.sort(key=lambda a: (a["task"], a["bc_steps"], a["seed"], a["head"] != "flow"))
+    arms.sort(
+        key=lambda a: (a["task"], a["bc_steps"], round(a["grpo_seconds"], -2), a["seed"],
+                       a["head"] != "flow", a.get("tag") or "", a.get("logp") or "")
+    )  # fmt: skip
     m = machine()
     md = [
         f"# {TITLES[name]}",
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="runs/bench_vla_flow")
     ap.add_argument("--tag", default="", help="names a variant set by overrides (e.g. tree)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for both recipes")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may follow the options
     run_arm(args) if args.what == "arm" else report(args)
 
 
