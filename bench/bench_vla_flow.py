@@ -26,15 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from bench_vla_grpo import success  # noqa: E402
-from common import last_model, machine, metrics, peak_rss_mb, write_results  # noqa: E402
+from bench_vla_grpo import bc_then_grpo  # noqa: E402
+from common import machine, peak_rss_mb, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {
@@ -47,8 +46,6 @@ RECIPES = {
 
 def run_arm(args) -> dict:
     from perceptrl.vla.evaluate import task_name
-    from perceptrl.vla.run import build_trainer, load_policy, run_sft
-    from perceptrl.wiring import load_config
 
     torch.set_num_threads(1)
     task = task_name(args.task)
@@ -62,35 +59,19 @@ def run_arm(args) -> dict:
               "log.progress=false", "log.tensorboard=false", *args.overrides]  # fmt: skip
     if args.head == "flow":
         common += [f"vla.flow_noise={args.noise}", f"vla.flow_logp={args.logp}"]
-    bc_cfg = load_config(
-        ROOT / "configs" / f"{bc_recipe}.yaml",
+    run = bc_then_grpo(
+        out, bc_recipe,
         [*common, f"train.steps={args.bc_steps}", "train.eval_every=0", "checkpoint.every=0"],
-    )
-    t0 = time.perf_counter()
-    run_sft(bc_cfg, out / "bc")
-    bc_s = time.perf_counter() - t0
-    bc_model = last_model(out / "bc")
-    before = success(load_policy(bc_model), bc_cfg.env, args.episodes)
-    print(f"{task} {args.head} seed {args.seed}: BC {bc_s:.0f} s -> {before}", flush=True)
-
-    rl_cfg = load_config(
-        ROOT / "configs" / f"{rl_recipe}.yaml",
-        [*common, f"model.path={bc_model}", f"train.time_limit_min={args.minutes}",
-         "train.steps=100000", "checkpoint.every=0", "train.eval_every=0"],
+        rl_recipe, [*common, "train.eval_every=0"], args.minutes, args.episodes,
     )  # fmt: skip
-    t0 = time.perf_counter()
-    trainer = build_trainer(rl_cfg, out / "grpo")
-    trainer.fit()
-    rl_s = time.perf_counter() - t0
-    trainer.source.close()
-    after = success(trainer.policy, rl_cfg.env, args.episodes)
-    steps = [r for r in metrics(out / "grpo") if "time/step" in r]
+    before, after, steps = run["before"], run["after"], run["steps"]
     arm = {
         "task": task, "head": args.head, "seed": args.seed, "chunk": args.chunk,
         "noise": args.noise if args.head == "flow" else None,
         "logp": args.logp if args.head == "flow" else None, "bc_steps": args.bc_steps,
-        "bc_seconds": round(bc_s, 1), "grpo_seconds": round(rl_s, 1), "grpo_steps": len(steps),
-        "episodes": args.episodes, "eval_seed": rl_cfg.env.eval_seed,
+        "bc_seconds": round(run["bc_seconds"], 1), "grpo_seconds": round(run["grpo_seconds"], 1),
+        "grpo_steps": len(steps), "episodes": args.episodes,
+        "eval_seed": run["grpo_cfg"].env.eval_seed,
         "overrides": args.overrides, "tag": args.tag, "before": before, "after": after,
         "train_success": [round(r.get("rollout/success_rate", float("nan")), 3) for r in steps],
         "mean_step_s": round(float(np.mean([r["time/step"] for r in steps])), 2) if steps else None,

@@ -39,6 +39,41 @@ def success(policy, env_cfg, episodes: int) -> dict[str, float]:
     return {"deterministic": det["success_rate"], "sampled": sampled["success_rate"]}
 
 
+def bc_then_grpo(
+    out: Path, bc_recipe: str, bc_overrides: list[str], grpo_recipe: str,
+    grpo_overrides: list[str], minutes: float, episodes: int,
+) -> dict:  # fmt: skip
+    """Behaviour cloning (``configs/<bc_recipe>.yaml`` + overrides) into ``out/bc``, held-out
+    `success`, GRPO from the BC weights for ``minutes`` into ``out/grpo``, held-out `success`
+    again. Returns ``bc_cfg``, ``grpo_cfg``, ``bc_seconds``, ``grpo_seconds``, ``before``,
+    ``after`` and ``steps`` (the GRPO metrics rows of the updates)."""
+    from perceptrl.vla.run import build_trainer, load_policy, run_sft
+    from perceptrl.wiring import load_config
+
+    bc_cfg = load_config(ROOT / "configs" / f"{bc_recipe}.yaml", bc_overrides)
+    t0 = time.perf_counter()
+    run_sft(bc_cfg, out / "bc")
+    bc_s = time.perf_counter() - t0
+    bc_model = last_model(out / "bc")
+    before = success(load_policy(bc_model), bc_cfg.env, episodes)
+    print(f"{out.name}: BC {bc_s:.0f} s -> {before}", flush=True)
+    grpo_cfg = load_config(
+        ROOT / "configs" / f"{grpo_recipe}.yaml",
+        [f"model.path={bc_model}", f"train.time_limit_min={minutes}", "train.steps=100000",
+         "checkpoint.every=0", *grpo_overrides],
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = build_trainer(grpo_cfg, out / "grpo")
+    trainer.fit()
+    grpo_s = time.perf_counter() - t0
+    trainer.source.close()
+    return {
+        "bc_cfg": bc_cfg, "grpo_cfg": grpo_cfg, "bc_seconds": bc_s, "grpo_seconds": grpo_s,
+        "before": before, "after": success(trainer.policy, grpo_cfg.env, episodes),
+        "steps": [r for r in metrics(out / "grpo") if "time/step" in r],
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="perceptrl/Pick-v0")
@@ -51,37 +86,23 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from perceptrl.vla.evaluate import task_name
-    from perceptrl.vla.run import build_trainer, load_policy, run_sft
-    from perceptrl.wiring import load_config
 
     out = Path(args.out)
     task = task_name(args.task)
     common = [f"env.id={args.task}", f"train.seed={args.seed}", "log.progress=false",
               "log.tensorboard=false"]  # fmt: skip
-
-    bc_cfg = load_config(
-        ROOT / "configs" / "vla_bc_pick.yaml",
+    run = bc_then_grpo(
+        out, "vla_bc_pick",
         [*common, f"train.steps={args.bc_steps}", "train.eval_every=0", "checkpoint.every=0"],
-    )
-    t0 = time.perf_counter()
-    run_sft(bc_cfg, out / "bc")
-    bc_s = time.perf_counter() - t0
-    bc_model = last_model(out / "bc")
-    before = success(load_policy(bc_model), bc_cfg.env, args.episodes)
-
-    grpo_cfg = load_config(
-        ROOT / "configs" / "vla_grpo.yaml",
-        [*common, f"model.path={bc_model}", f"train.time_limit_min={args.minutes}",
-         "train.steps=100000", "checkpoint.every=0", *args.overrides],
+        "vla_grpo", [*common, *args.overrides], args.minutes, args.episodes,
     )  # fmt: skip
-    t0 = time.perf_counter()
-    trainer = build_trainer(grpo_cfg, out / "grpo")
-    trainer.fit()
-    grpo_s = time.perf_counter() - t0
-    trainer.source.close()
-    after = success(trainer.policy, grpo_cfg.env, args.episodes)
-
-    steps = [r for r in metrics(out / "grpo") if "time/step" in r]
+    grpo_cfg, steps = run["grpo_cfg"], run["steps"]
+    before, after, bc_s, grpo_s = (
+        run["before"],
+        run["after"],
+        run["bc_seconds"],
+        run["grpo_seconds"],
+    )
     curve = [
         {"step": r["step"], "success": r["eval/success_rate"]}
         for r in metrics(out / "grpo")
