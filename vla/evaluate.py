@@ -99,31 +99,31 @@ def compare_video(
     ended holds its last frame until the longest one ends."""
     from ..sim.demos import write_video
 
-    frames, fps = [], 20
-    for seed in seeds:
-        panels = []
-        for name, policy in policies.items():
-            shots, fps = episode_frames(policy, env_cfg, env_id, seed, size, label=name)
-            panels.append(shots)
-        longest = max(len(p) for p in panels)
-        for t in range(longest + fps // 2):  # half a second on the outcome
-            frames.append(np.concatenate([p[min(t, len(p) - 1)] for p in panels], axis=1))
-    return write_video(path, frames, fps=fps)
-
-
-def episode_frames(
-    policy, env_cfg: EnvConfig, env_id: str, seed: int, size: int = VIDEO_SIZE, label: str = ""
-) -> tuple[list[np.ndarray], int]:
-    """One deterministic episode of ``seed``: the policy acts on its own observations (the
-    recipe's image size) while a second env of the same task, reset with the same seed and sent
-    the same actions, renders the agent view at ``size`` pixels. Returns (annotated frames,
-    the env's fps)."""
-    from ..sim.demos import annotate
-
     cfg = dataclasses.replace(env_cfg, num_envs=1, async_envs=False)
     runner = VecRunner(cfg, env_id=env_id)
     kw = {**env_kwargs(cfg), "obs_mode": "rgb", "width": size, "height": size}
     cam = gym.make(env_id, render_mode="rgb_array", **kw)
+    fps = int(cam.metadata.get("render_fps", 20))
+    frames = []
+    try:
+        for seed in seeds:
+            panels = [episode_frames(p, runner, cam, seed, name) for name, p in policies.items()]
+            longest = max(len(p) for p in panels)
+            for t in range(longest + fps // 2):  # half a second on the outcome
+                frames.append(np.concatenate([p[min(t, len(p) - 1)] for p in panels], axis=1))
+    finally:
+        runner.close()
+        cam.close()
+    return write_video(path, frames, fps=fps)
+
+
+def episode_frames(policy, runner: VecRunner, cam, seed: int, label: str = "") -> list[np.ndarray]:
+    """One deterministic episode of ``seed``: the policy acts on ``runner``'s observations (the
+    recipe's image size, one env) while ``cam``, an env of the same task reset with the same
+    seed and sent the same actions, renders the agent view (at the video's size). Returns the
+    frames with the instruction, ``label``, the env step and the outcome drawn on them."""
+    from ..sim.demos import annotate
+
     K = getattr(getattr(policy, "spec", None), "chunk", 1)
     frames, step, success = [], 0, False
 
@@ -135,30 +135,25 @@ def episode_frames(
             annotate(cam.render(), top, text, (80, 255, 80) if success else (255, 255, 255))
         )
 
-    try:
-        runner.reset(seeds=[seed])
-        cam.reset(seed=seed)
-        shot()
-        done = False
-        while not done:
-            action, _, _ = policy.act(policy.observe(runner.batch), deterministic=True)
-            if hasattr(policy, "env_action"):
-                action = policy.env_action(action)
-            chunk = action.float().cpu().numpy().reshape(K, runner.action_dim)
-            for a in runner.sanitize(chunk[None])[0][0]:
-                _, _, te, tr, info = cam.step(a)
-                step += 1
-                success = success or bool(info.get("success", False) or te)
-                shot()
-                if te or tr:
-                    break
-            res = runner.step(chunk[None])
-            done = bool(res.terminated[0] or res.truncated[0])
-        fps = int(cam.metadata.get("render_fps", 20))
-    finally:
-        runner.close()
-        cam.close()
-    return frames, fps
+    runner.reset(seeds=[seed])
+    cam.reset(seed=seed)
+    shot()
+    done = False
+    while not done:
+        action, _, _ = policy.act(policy.observe(runner.batch), deterministic=True)
+        if hasattr(policy, "env_action"):
+            action = policy.env_action(action)
+        chunk = action.float().cpu().numpy().reshape(K, runner.action_dim)
+        for a in runner.sanitize(chunk[None])[0][0]:
+            _, _, te, tr, info = cam.step(a)
+            step += 1
+            success = success or bool(info.get("success", False) or te)
+            shot()
+            if te or tr:
+                break
+        res = runner.step(chunk[None])
+        done = bool(res.terminated[0] or res.truncated[0])
+    return frames
 
 
 def write_report(policy, env_cfg: EnvConfig, out_dir: str | Path) -> dict:
