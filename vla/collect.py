@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..trainer.batch import RolloutBatch
 from .config import EnvConfig
@@ -320,37 +321,30 @@ class GRPOCollector(_Base):
         parents = {n.parent for n in nodes if n.parent is not None}
         leaves = [i for i, n in enumerate(nodes) if i not in parents and n.segment is not None]
         leaves.sort(key=lambda i: (nodes[i].group, i))
-        rows, tokens, seg_ids, inputs = [], [], [], {}
+        tokens, seg_ids, inputs = [], [], {}
         for i in leaves:
             path, j = [], i
             while j is not None:
                 path.append(j)
                 j = nodes[j].parent
-            path.reverse()
-            parts = []
-            for j in path:
+            parts = []  # (node, its depth's Rows, row, valid steps), root first
+            for j in reversed(path):
                 depth, r = nodes[j].segment
-                R = levels[depth]
-                n = int(R.mask[r].sum())
-                parts.append((j, R, r, n))
+                parts.append((j, levels[depth], r, int(levels[depth].mask[r].sum())))
             tokens.append(torch.cat([R.actions[r, :n] for _, R, r, n in parts]))
             seg_ids.append(torch.cat([torch.full((n,), j + 1) for j, _, _, n in parts]))
             for key in levels[0].inputs:
                 inputs.setdefault(key, []).append(
                     torch.cat([R.inputs[key][r] for _, R, r, _ in parts])
                 )
-            rows.append(i)
-        T = max(len(t) for t in tokens)
-        B = len(tokens)
-        tok = tokens[0].new_zeros(B, T, tokens[0].shape[-1])
-        mask, segments = torch.zeros(B, T), torch.zeros(B, T, dtype=torch.long)
-        for b, (t, sid) in enumerate(zip(tokens, seg_ids)):
-            tok[b, : len(t)], mask[b, : len(t)], segments[b, : len(t)] = t, 1.0, sid
-        success = [float(nodes[i].success) for i in rows]
+        lens = torch.tensor([len(t) for t in tokens])
         return RolloutBatch(
-            tokens=tok, mask=mask, inputs=inputs, rewards=torch.tensor(success),
-            group_id=torch.tensor([nodes[i].group for i in rows]), segments=segments,
-            meta=[dict(nodes[i].meta) for i in rows],
+            tokens=pad_sequence(tokens, batch_first=True),
+            mask=(torch.arange(int(lens.max()))[None] < lens[:, None]).float(), inputs=inputs,
+            rewards=torch.tensor([float(nodes[i].success) for i in leaves]),
+            group_id=torch.tensor([nodes[i].group for i in leaves]),
+            segments=pad_sequence(seg_ids, batch_first=True),
+            meta=[dict(nodes[i].meta) for i in leaves],
         )  # fmt: skip
 
 
