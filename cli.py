@@ -477,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"perceptrl: data error: {_paragraph(e)}", file=sys.stderr)
         return EXIT_DATA_ERROR
+    finally:
+        if "torch.distributed" in sys.modules:  # a rank leaves its group on every exit path
+            from .trainer.deepspeed_engine import shutdown_distributed
+
+            shutdown_distributed(barrier=False)
 
 
 def _paragraph(e: BaseException) -> str:

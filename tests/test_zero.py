@@ -384,13 +384,15 @@ def test_an_error_on_rank0_stops_every_rank(tmp_path):
     script = tmp_path / "rank0_error.py"
     script.write_text(
         "import sys\n"
-        "from perceptrl.trainer.deepspeed_engine import on_rank0, rank_and_world\n"
+        "from perceptrl.trainer.deepspeed_engine import (\n"
+        "    on_rank0, rank_and_world, shutdown_distributed)\n"
         "def load():\n"
         "    raise ValueError('data file empty: x.jsonl')\n"
         "try:\n"
         "    on_rank0(load)\n"
         "except ValueError as e:\n"
         "    print(f'rank {rank_and_world()[0]} raised: {e}', flush=True)\n"
+        "    shutdown_distributed(barrier=False)  # as the CLI does on every exit path\n"
         "    sys.exit(0)\n"
         "sys.exit(1)\n"
     )

@@ -121,14 +121,16 @@ def init_distributed() -> None:
     )
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(barrier: bool = True) -> None:
     """Leave the process group before the interpreter exits (measured on the CPU: a rank that
     exited with it still open sometimes aborted in a C++ destructor, "terminate called without
-    an active exception", after all its work was done)."""
+    an active exception", after all its work was done, so its exit status became SIGABRT's).
+    ``barrier=False`` on an error path, where a peer may never reach the barrier."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 
