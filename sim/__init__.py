@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from . import composite  # noqa: F401  (registers the long-horizon tasks)
 from .env import ManipEnv, ManipEnvConfig
 from .tasks import TASKS, Task, get_task, register_task
 

@@ -14,6 +14,13 @@ truncates the episode with ``info["sim_unstable"] = True`` and leaves a valid, f
 episode's initial state: the observation that comes with it is *not* a successor of the last one,
 so a learner must not bootstrap from it).
 
+Focus (long-horizon tasks, ``sim.composite``): ``focus(subgoal)`` makes the env behave as the
+subgoal's primitive task until the next reset or ``focus(None)``: the instruction is the
+subgoal's, success and shaping are the primitive's, ``world()`` and the state-mode ``objects``
+list the entities in the primitive's order (subject first, see ``composite.view_order``), so a
+primitive executor and the scripted expert run a subgoal unchanged. ``scene_world()`` is the
+scene in its own order; ``subgoals_done()`` counts the task's subgoals that hold in order.
+
 Snapshots: ``get_state()`` returns everything ``step`` and ``reset`` read besides their arguments
 (MuJoCo's full integration state, the layout, the controller's targets, ``np_random``), and
 ``set_state`` on another env built with the same options continues the episode bit for bit (the
@@ -31,6 +38,7 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
+from .composite import Subgoal, focus_world, progress, task_counts, view_order
 from .render import make_renderer
 from .robot import ControlConfig, Robot
 from .scene import COLOURS, SceneSpec, build_model
@@ -39,8 +47,8 @@ from .tasks import Layout, Task, World, get_task, layout
 
 CHARSET = " abcdefghijklmnopqrstuvwxyz"
 """characters an instruction may contain"""
-MAX_INSTRUCTION = 96
-"""maximum instruction length (characters)"""
+MAX_INSTRUCTION = 160
+"""maximum instruction length (characters; a long-horizon task's run to about 130)"""
 OBJ_BOUND = 10.0
 """bound of the state-mode entity poses (positions are clipped to +-10 m)"""
 PROPRIO_LOW = np.array([-2, -2, -2, -1, -1, -1, -1, 0], np.float32)
@@ -140,6 +148,9 @@ class ManipEnv(gym.Env):
         """number of physics blow-ups seen by this env (over all episodes)"""
         self._state_size = mujoco.mj_stateSize(self.model, PHYSICS_STATE)
         self._before_last_substep: np.ndarray | None = None
+        self._focus: Subgoal | None = None
+        self._focus_text = ""
+        self._order: dict[str, np.ndarray] | None = None
         """physics state before the last ``mj_step`` of the last ``step`` (None after a reset):
         ``mjData``'s derived quantities (site poses, contacts) date from that substep, and the
         controller reads them, so ``set_state`` replays it to restore them exactly"""
@@ -208,6 +219,7 @@ class ManipEnv(gym.Env):
         else:
             colour_rng = pos_rng = self.np_random
         self.layout = layout(self.task, colour_rng, pos_rng)
+        self._set_focus(None)
         self._apply_layout(self.layout)
         self._warnings = self._warning_count()
         obs, info = self._observe(), self._info(self.world())
@@ -270,7 +282,7 @@ class ManipEnv(gym.Env):
         if self._unstable():
             return self._fail_unstable()
         world = self.world()
-        success = self.task.success(world)
+        success = self.active.success(world)
         info = self._info(world, success)
         reward = float(success)
         if self.cfg.reward_mode == "dense":
@@ -349,6 +361,8 @@ class ManipEnv(gym.Env):
             "target_yaw": float(self.robot.target_yaw),
             "np_random": self.np_random.bit_generator.state,
             "unstable_count": self.unstable_count,
+            "focus": None if self._focus is None else [
+                self._focus.family, self._focus.subject, self._focus.goal, self._focus_text],
         }  # fmt: skip
 
     def set_state(self, state: dict | list | None) -> None:
@@ -369,6 +383,11 @@ class ManipEnv(gym.Env):
             {k: list(v) for k, v in lay["colours"].items()}, str(lay["instruction"]),
         )  # fmt: skip
         self._apply_colours(self.layout)
+        focus = state.get("focus")
+        if focus is None:
+            self._set_focus(None)
+        else:
+            self._set_focus(Subgoal(str(focus[0]), int(focus[1]), int(focus[2])), str(focus[3]))
         m, d = self.model, self.data
         want = np.asarray(state["physics"], np.float64)
         before = state["before_last_substep"]
@@ -391,8 +410,45 @@ class ManipEnv(gym.Env):
         self._warnings = self._warning_count()
 
     # ---------------------------------------------------------------- observation
+    @property
+    def active(self) -> Task:
+        """The task in force: the focused subgoal's primitive, else the env's own task."""
+        return self.task if self._focus is None else get_task(self._focus.family)
+
+    @property
+    def focused(self) -> Subgoal | None:
+        """The subgoal in focus (None: the env's own task)."""
+        return self._focus
+
+    def focus(self, subgoal: Subgoal | None, instruction: str | None = None) -> dict:
+        """Act as ``subgoal``'s primitive task from now on (see the module docstring), with
+        ``instruction`` (default: the primitive's first template in this scene's colours);
+        None returns to the env's own task. Returns the observation in the new view."""
+        if self.layout is None:
+            raise RuntimeError("ManipEnv.focus before the first reset")
+        self._set_focus(subgoal, instruction)
+        return self._observe()
+
+    def _set_focus(self, subgoal: Subgoal | None, instruction: str | None = None) -> None:
+        self._focus = subgoal
+        if subgoal is None:
+            self._order, self._focus_text = None, ""
+            return
+        self._order = view_order(task_counts(self.task), subgoal)
+        self._focus_text = instruction or subgoal.text(self.layout.colours)
+
+    def subgoals_done(self) -> int:
+        """How many of the task's subgoals hold, in order (0 for a primitive task)."""
+        return progress(self.scene_world(), self.task.subgoals)
+
     def world(self) -> World:
-        """Privileged snapshot of the task state (for success, shaping and scripted experts)."""
+        """Privileged snapshot of the task state (for success, shaping and scripted experts),
+        in the focused subgoal's view when there is one."""
+        w = self.scene_world()
+        return w if self._order is None else focus_world(w, self._order)
+
+    def scene_world(self) -> World:
+        """`world` in the scene's own entity order, whatever the focus."""
         d, t = self.data, self.task
         blocks = np.array([d.qpos[a : a + 3] for a in self.block_qadr]).reshape(-1, 3)
         vel = np.array([np.linalg.norm(d.qvel[a : a + 3]) for a in self.block_dadr])
@@ -416,8 +472,8 @@ class ManipEnv(gym.Env):
 
     def _info(self, world: World, success: bool | None = None) -> dict:
         if success is None:
-            success = self.task.success(world)
-        info = {f"reward/{k}": float(v) for k, v in self.task.shaping(world).items()}
+            success = self.active.success(world)
+        info = {f"reward/{k}": float(v) for k, v in self.active.shaping(world).items()}
         info["reward/success"] = float(success)
         info["success"] = bool(success)
         info["sim_unstable"] = False
@@ -430,18 +486,17 @@ class ManipEnv(gym.Env):
             for cam in self.cfg.cameras:
                 obs[cam] = self._render(cam)
         if self.cfg.obs_mode == "state" or self.cfg.privileged_state:
-            poses = [
-                np.concatenate([d.qpos[a : a + 3], d.qpos[a + 3 : a + 7]]) for a in self.block_qadr
-            ]
+            order = self._order or {}
+            blocks = self.block_qadr[order.get("blocks", slice(None))]
+            poses = [np.concatenate([d.qpos[a : a + 3], d.qpos[a + 3 : a + 7]]) for a in blocks]
             for kind in ("bowl", "zone", "target"):
-                poses += [
-                    np.concatenate([d.mocap_pos[i], d.mocap_quat[i]]) for i in self.mocap[kind]
-                ]
+                ids = self.mocap[kind][order.get(kind + "s", slice(None))]
+                poses += [np.concatenate([d.mocap_pos[i], d.mocap_quat[i]]) for i in ids]
             obs["objects"] = np.clip(np.concatenate(poses), -OBJ_BOUND, OBJ_BOUND).astype(
                 np.float32
             )
         obs["proprio"] = np.clip(self.robot.proprio(d), PROPRIO_LOW, PROPRIO_HIGH)
-        obs["instruction"] = self.layout.instruction
+        obs["instruction"] = self._focus_text or self.layout.instruction
         return obs
 
     def _render(self, camera: str) -> np.ndarray:

@@ -4,6 +4,11 @@
 delta-EE actions ``(dx, dy, dz, dyaw, gripper)`` in [-1, 1]. Each family is a small phase machine
 registered with ``@register_expert("<family>")``; all share one signature
 ``fn(expert, world) -> action (5,)``. The env must use ``control="ee"``.
+
+An expert acts on the env's task in force: the focused subgoal's primitive (``ManipEnv.focus``)
+or, given ``subgoal``, that subgoal of a long-horizon task whatever the env's focus. The
+``composite`` expert runs a long task's subgoals in order with one such sub-expert each (the
+oracle plan executed by the oracle executor).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .composite import Subgoal, focus_world, holds, task_counts, view_order
 from .scene import BLOCK_HALF
 from .tasks import World
 
@@ -43,33 +49,49 @@ def _wrap_pi(angle: float) -> float:
 
 
 class ScriptedExpert:
-    """Stateful scripted policy for one env; call ``reset()`` after each ``env.reset``."""
+    """Stateful scripted policy for one env; call ``reset()`` after each ``env.reset`` and after
+    a change of the env's focus.
 
-    def __init__(self, env):
+    Args:
+        env: a ``ManipEnv`` (any wrappers) with ``control="ee"``.
+        subgoal: act on this subgoal of the env's long-horizon task (default: the env's task in
+            force, see the module docstring).
+    """
+
+    def __init__(self, env, subgoal: Subgoal | None = None):
         self.env = env.unwrapped
+        self.subgoal = subgoal
         if self.env.cfg.control != "ee":
             raise ValueError(
                 f"ScriptedExpert needs control='ee'; this env has control={self.env.cfg.control!r}"
             )
-        family = self.env.task.family
-        if family not in EXPERTS:
-            raise KeyError(f"no scripted expert for task family {family!r}; have {sorted(EXPERTS)}")
-        self.fn = EXPERTS[family]
         self.reset()
 
     def reset(self) -> None:
-        """Forget the phase of the previous episode."""
+        """Forget the phase of the previous episode; follow the env's current focus."""
+        sub = self.subgoal or self.env.focused
+        family = self.env.task.family if sub is None else sub.family
+        if family not in EXPERTS:
+            raise KeyError(f"no scripted expert for task family {family!r}; have {sorted(EXPERTS)}")
+        self.fn = EXPERTS[family]
+        self.order = None if sub is None else view_order(task_counts(self.env.task), sub)
         self.phase, self.timer, self.memo = 0, 0, {}
+
+    def world(self) -> World:
+        """The privileged state in this expert's view."""
+        w = self.env.scene_world()
+        return w if self.order is None else focus_world(w, self.order)
 
     def act(self, obs=None) -> np.ndarray:
         """Action (5,) float32 for the current state (``obs`` is ignored: the expert is
         privileged)."""
-        return np.asarray(self.fn(self, self.env.world()), np.float32)
+        return np.asarray(self.fn(self, self.world()), np.float32)
 
     # --------------------------------------------------------------- helpers
     def block_yaw(self, i: int) -> float:
-        """Yaw of block ``i`` about z, radians."""
-        d, adr = self.env.data, self.env.block_qadr[i]
+        """Yaw of block ``i`` (of this expert's view) about z, radians."""
+        j = i if self.order is None else int(self.order["blocks"][i])
+        d, adr = self.env.data, self.env.block_qadr[j]
         w, x, y, z = d.qpos[adr + 3 : adr + 7]
         return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
 
@@ -196,6 +218,27 @@ def push_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
         return ex.move(w.tcp + [0.0, 0.0, 0.05], yaw, grip)
     goal2 = block[:2] + u * min(0.03, np.linalg.norm(to_zone))
     return ex.move(np.array([goal2[0] - u[0] * 0.03, goal2[1] - u[1] * 0.03, 0.025]), yaw, grip)
+
+
+SETTLE_STEPS = 3
+"""the composite expert starts the next subgoal once the current one held this many steps in a
+row (a pushed block still sliding may leave its zone again)"""
+
+
+@register_expert("composite")
+def composite_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
+    """The task's subgoals in order, each by its primitive's expert; the next one starts once
+    the current one has held for `SETTLE_STEPS` steps."""
+    subgoals = ex.env.task.subgoals
+    k, sub = ex.memo.get("k", 0), ex.memo.get("sub")
+    if sub is None:
+        sub = ex.memo["sub"] = ScriptedExpert(ex.env, subgoals[0])
+    held = ex.memo.get("held", 0) + 1 if holds(w, subgoals[k]) else 0
+    if held >= SETTLE_STEPS and k + 1 < len(subgoals):
+        k, held = k + 1, 0
+        sub = ScriptedExpert(ex.env, subgoals[k])
+    ex.memo.update(k=k, sub=sub, held=held)
+    return sub.act()
 
 
 def rollout_expert(

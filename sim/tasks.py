@@ -91,6 +91,10 @@ class Task:
     """kind of the entity named by {obj} (always its index 0)"""
     goal: tuple[str, int] | None = None
     """(kind, index) of the entity named by {goal}, or None"""
+    subgoals: tuple = ()
+    """a long-horizon task's `sim.composite.Subgoal`s, in order (empty for a primitive)"""
+    instruct: Callable[[Task, dict, np.random.Generator], str] | None = None
+    """``instruct(task, colours, colour_rng) -> instruction``, instead of ``templates``"""
 
 
 TASKS: dict[str, Task] = {}
@@ -168,6 +172,9 @@ def layout(task: Task, colour_rng: np.random.Generator, pos_rng: np.random.Gener
     for kind, n in counts.items():
         lay.colours[kind] = [names[i] for i in perm[k : k + n]]
         k += n
+    if task.instruct is not None:
+        lay.instruction = task.instruct(task, lay.colours, colour_rng)
+        return lay
     template = task.templates[colour_rng.integers(len(task.templates))]
     goal = lay.colours[task.goal[0]][task.goal[1]] if task.goal else ""
     lay.instruction = template.format(obj=lay.colours[task.subject][0], goal=goal)
