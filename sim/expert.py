@@ -221,24 +221,31 @@ def push_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
 
 
 SETTLE_STEPS = 3
-"""the composite expert starts the next subgoal once the current one held this many steps in a
-row (a pushed block still sliding may leave its zone again)"""
+"""the composite expert counts a subgoal done once it held this many steps in a row (a pushed
+block still sliding may leave its zone again)"""
+CLEAR_HEIGHT = 0.12
+"""tcp height the composite expert rises to between subgoals (a pusher moving sideways at table
+height would sweep the block it just placed)"""
 
 
 @register_expert("composite")
 def composite_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
-    """The task's subgoals in order, each by its primitive's expert; the next one starts once
-    the current one has held for `SETTLE_STEPS` steps."""
+    """The task's subgoals in order, each by its primitive's expert; once the current one has
+    held for `SETTLE_STEPS` steps the gripper rises straight up to `CLEAR_HEIGHT`, then the next
+    one starts."""
     subgoals = ex.env.task.subgoals
     k, sub = ex.memo.get("k", 0), ex.memo.get("sub")
     if sub is None:
         sub = ex.memo["sub"] = ScriptedExpert(ex.env, subgoals[0])
     held = ex.memo.get("held", 0) + 1 if holds(w, subgoals[k]) else 0
-    if held >= SETTLE_STEPS and k + 1 < len(subgoals):
-        k, held = k + 1, 0
-        sub = ScriptedExpert(ex.env, subgoals[k])
-    ex.memo.update(k=k, sub=sub, held=held)
-    return sub.act()
+    ex.memo["held"] = held
+    if held < SETTLE_STEPS or k + 1 == len(subgoals):
+        return sub.act()
+    if w.tcp[2] < CLEAR_HEIGHT:
+        up = np.array([w.tcp[0], w.tcp[1], CLEAR_HEIGHT + 0.02])
+        return ex.move(up, ex.env.robot.target_yaw, OPEN)
+    ex.memo.update(k=k + 1, sub=ScriptedExpert(ex.env, subgoals[k + 1]), held=0)
+    return ex.memo["sub"].act()
 
 
 def rollout_expert(
