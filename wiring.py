@@ -17,17 +17,19 @@ from pathlib import Path
 from types import ModuleType
 
 from .trainer.config import AlgoConfig, CheckpointConfig, LogConfig, TrainConfig, choice, load
-from .vla.config import EnvConfig, VLAConfig
+from .vla.config import EnvConfig, PlanConfig, VLAConfig
 from .vlm.config import DataConfig, ModelConfig, RolloutConfig, VideoConfig
 
-SIDES = {"vlm": "vlm.run", "vla": "vla.run"}
-"""side -> module (under ``perceptrl``) with build_trainer, run_sft and run_eval"""
+SIDES = {"vlm": "vlm.run", "vla": "vla.run", "plan": "vla.plan"}
+"""side -> module (under ``perceptrl``) with build_trainer, run_sft and run_eval (``plan``: a
+VLM planner whose subgoals a VLA executes in MuJoCo; the VLM side's runs with its episode
+environment)"""
 
 
 @dataclass
 class Config:
     side: str = choice("vlm", tuple(SIDES))
-    """which policy side the recipe trains: vlm | vla"""
+    """which policy side the recipe trains: vlm | vla | plan (a VLM planner for a VLA)"""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -38,6 +40,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     vla: VLAConfig = field(default_factory=VLAConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:

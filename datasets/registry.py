@@ -102,6 +102,12 @@ GENERATORS: dict[str, Generator] = {
             "large-tile control family",
             options={"image_size": "image_size"},
         ),
+        Generator(
+            "plan", "plan", "robot",
+            "long-horizon MuJoCo tasks (agent-view PNG + instruction) for a VLM planner whose "
+            "subgoals a VLA executes", splits=("train", "val", "test"),
+            options={"image_size": "image_size"},
+        ),
     )
 }  # fmt: skip
 

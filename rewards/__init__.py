@@ -7,7 +7,8 @@
 Registered (module): ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy`` (dispatches on
 ``sample["reward"]``) (builtin); ``mra``, ``tiou``, ``count`` (measure); ``giou``, ``det`` (boxes);
 ``math``, ``ocr``, ``rouge_l`` (text); ``overlong``, ``repetition`` (shaping); ``majority``
-(group); ``judge`` (judge); ``tool_format``, ``tool_calls``, ``turn_cost`` (episode). Add one
+(group); ``judge`` (judge); ``tool_format``, ``tool_calls``, ``turn_cost`` (episode); ``plan_success``, ``plan_progress``,
+``plan_validity``, ``subgoal_cost`` (plan). Add one
 with ``@register_reward("name")`` or name ``"module:function"``. Weighted sums, gates and the
 per-completion context (token lengths, group ids, episode records) are described in
 :mod:`~perceptrl.rewards.compose`.
@@ -22,6 +23,7 @@ from . import (  # noqa: F401  (registers them)
     group,
     judge,
     measure,
+    plan,
     shaping,
     text,
 )

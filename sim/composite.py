@@ -126,6 +126,17 @@ def focus_world(world: World, order: dict[str, np.ndarray]) -> World:
     )  # fmt: skip
 
 
+def view_objects(objects: np.ndarray, counts: dict[str, int], prim: dict[str, int]) -> np.ndarray:
+    """A focused env's state-mode ``objects`` [n * 7] (entities of ``counts`` per kind, in the
+    view's order) cut to the first ``prim[kind]`` of each kind: the observation of the
+    primitive's own scene, for an executor trained on it."""
+    poses, keep, at = np.asarray(objects).reshape(-1, 7), [], 0
+    for kind in ("blocks", "bowls", "zones", "targets"):
+        keep.extend(range(at, at + prim[kind]))
+        at += counts[kind]
+    return poses[keep].reshape(-1)
+
+
 def counts_of(world: World) -> dict[str, int]:
     return {
         "blocks": len(world.blocks), "bowls": len(world.bowls),

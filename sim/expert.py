@@ -228,6 +228,15 @@ CLEAR_HEIGHT = 0.12
 height would sweep the block it just placed)"""
 
 
+def clear_action(env) -> np.ndarray:
+    """Action (5,) that raises the tcp straight up above `CLEAR_HEIGHT`, gripper open."""
+    env, robot = env.unwrapped, env.unwrapped.robot
+    tcp = robot.tcp_pos(env.data)
+    goal = np.array([tcp[0], tcp[1], CLEAR_HEIGHT + 0.02])
+    dpos = (goal - robot.target_pos) / robot.cfg.pos_scale
+    return np.clip(np.concatenate([dpos, [0.0, OPEN]]), -1.0, 1.0).astype(np.float32)
+
+
 @register_expert("composite")
 def composite_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     """The task's subgoals in order, each by its primitive's expert; once the current one has
@@ -242,8 +251,7 @@ def composite_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     if held < SETTLE_STEPS or k + 1 == len(subgoals):
         return sub.act()
     if w.tcp[2] < CLEAR_HEIGHT:
-        up = np.array([w.tcp[0], w.tcp[1], CLEAR_HEIGHT + 0.02])
-        return ex.move(up, ex.env.robot.target_yaw, OPEN)
+        return clear_action(ex.env)
     ex.memo.update(k=k + 1, sub=ScriptedExpert(ex.env, subgoals[k + 1]), held=0)
     return ex.memo["sub"].act()
 

@@ -111,3 +111,25 @@ class VLAConfig:
     """flow head, sde: a in the noise schedule g(t) = a * sqrt((1 - t) / max(t, 1/S))"""
     flow_noise_std: list[float] = field(default_factory=lambda: [0.02, 0.2])
     """flow head, learned: [min, max] of the per-step noise std the network predicts"""
+
+
+EXECUTORS = ("oracle", "policy")
+
+
+@dataclass
+class PlanConfig:
+    """Reason-then-act (``side: plan``): how the planner's subgoals are executed."""
+
+    executor: str = choice("oracle", EXECUTORS)
+    """what executes a subgoal: oracle (the scripted experts: an upper bound) | policy (frozen
+    VLA policies from plan.policies)"""
+    policies: dict[str, str] = field(default_factory=dict)
+    """primitive family (put, stack, push) -> directory of a VLA saved by a VLA recipe"""
+    subgoal_steps: int = 0
+    """env steps the executor gets per subgoal (0: the primitive task's time limit)"""
+    image_size: int = 128
+    """side of the camera images, the planner's and a pixel executor's"""
+    obs_mode: str = choice("state", OBS_MODES)
+    """what the executor observes: state (entity poses) | rgb (cameras)"""
+    cameras: list[str] = field(default_factory=lambda: ["agentview"])
+    """cameras of a pixel executor"""

@@ -136,6 +136,9 @@ class VLLMConfig:
 
 @dataclass
 class EpisodeConfig:
+    env: str = "tools"
+    """what answers a policy turn: tools (the tools below) or an environment another side
+    registers (plan: a robot executes the planner's subgoals; recipes with side: plan)"""
     tools: list[str] = field(default_factory=list)
     """tools the policy may call in multi-turn episodes (zoom, frame, depth, or
     package.module:function); empty: one completion per rollout. A sample may list the subset it

@@ -131,6 +131,25 @@ class ToolEnv:
         self._rows[dst] = self._rows[src]
 
 
+@dataclass(frozen=True)
+class EpisodeEnvType:
+    """An episode environment a recipe can name (``rollout.episode.env``)."""
+
+    build: Callable[[Any], Callable[[], EpisodeEnv]]
+    """recipe -> a factory of the environment (one per rollout call)"""
+    eval_reward: dict | None = None
+    """the held-out score of its episodes (None: the VLM side's correctness reward)"""
+
+
+EPISODE_ENVS: dict[str, EpisodeEnvType] = {}
+"""``rollout.episode.env`` name -> environment type; ``tools`` (a `ToolEnv` of the recipe's
+tools) is built in. Another side registers its own when imported (``vla/plan.py``: ``plan``)."""
+
+
+def register_episode_env(name: str, kind: EpisodeEnvType) -> None:
+    EPISODE_ENVS[name] = kind
+
+
 def resolve_tools(names: list[str] | tuple[str, ...]) -> dict[str, Tool]:
     """Name the policy writes -> tool, for registered names and ``module:function`` specs."""
     out: dict[str, Tool] = {}
@@ -457,7 +476,7 @@ def forced_batch(policy, samples: list[dict], traces: list[list[str]]) -> Rollou
     from . import rollout
 
     if policy.episode is None:
-        raise ValueError("multi-turn SFT traces need rollout.episode.tools")
+        raise ValueError("multi-turn SFT traces need rollout.episode.tools or .env")
     prompts, _ = policy.encode(samples, strict=True)
     env = policy.episode.env()
     env.reset([p.sample for p in prompts])
@@ -506,7 +525,7 @@ def episode_metrics(batch: RolloutBatch, prefix: str = "episode") -> dict[str, f
 
 def summarize(logs: list[dict], prefix: str = "episode") -> dict[str, float]:
     """Turns, calls, valid-call rate, images, stop reasons and tool counters of episode records
-    (``meta["episode"]``)."""
+    (``meta["episode"]``), and the mean of each number an environment put in their ``info``."""
     n = len(logs)
     calls = sum(e["calls"] for e in logs)
     m = {
@@ -521,6 +540,9 @@ def summarize(logs: list[dict], prefix: str = "episode") -> dict[str, float]:
     for e in logs:
         tools.update(e["tools"])
         errors.update(e["errors"])
+    numeric = {k for e in logs for k, v in e["info"].items() if isinstance(v, (int, float))}
+    for k in sorted(numeric):  # an environment's record, e.g. a planner's planner/progress
+        m[k] = sum(float(e["info"].get(k, 0.0)) for e in logs) / n
     m.update({f"tool/calls/{k}": float(v) for k, v in tools.items()})
     m.update({f"tool/errors/{k}": float(v) for k, v in errors.items()})
     return m

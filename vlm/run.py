@@ -27,7 +27,13 @@ from ..trainer.deepspeed_engine import on_rank0
 from ..trainer.engine import build_engine
 from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path
-from .episode import EpisodeSettings, ToolEnv, check_sample_tools, resolve_tools
+from .episode import (
+    EPISODE_ENVS,
+    EpisodeSettings,
+    ToolEnv,
+    check_sample_tools,
+    resolve_tools,
+)
 from .prompts import PromptConfig, PromptLengths, too_long_error
 from .rollout import SamplingParams
 from .tree_rollout import TreeShape
@@ -61,21 +67,43 @@ def _tools(cfg) -> dict:
 
 
 def episode_settings(cfg) -> EpisodeSettings | None:
-    """Multi-turn settings from ``rollout.episode`` (None without tools: one turn per rollout);
-    the environment answers tool calls with the recipe's tools (`ToolEnv`)."""
+    """Multi-turn settings from ``rollout.episode`` (None without tools or another environment:
+    one turn per rollout); the environment answers tool calls with the recipe's tools
+    (`ToolEnv`), or is the registered ``rollout.episode.env``."""
     e, m = cfg.rollout.episode, cfg.model
-    if not e.tools:
+    if not e.tools and e.env == "tools":
         return None
     for name in ("max_turns", "max_tokens", "max_images", "max_vision_tokens"):
         if getattr(e, name) < (0 if name in ("max_images", "max_vision_tokens") else 1):
             raise ConfigError(f"rollout.episode.{name}={getattr(e, name)} is out of range")
     env = functools.partial(ToolEnv, _tools(cfg), e.tool_options, e.tool_timeout_s or None)
+    if e.env != "tools":
+        env = episode_env_type(cfg).build(cfg)
     return EpisodeSettings(
         env=env, max_turns=e.max_turns, max_tokens=e.max_tokens, max_images=e.max_images,
         max_vision_tokens=e.max_vision_tokens, observation_role=e.observation_role,
         min_pixels=e.min_pixels or m.min_pixels or None,
         max_pixels=e.max_pixels or m.max_pixels or None, tool_names=tuple(e.tools),
     )  # fmt: skip
+
+
+def multi_turn(cfg) -> bool:
+    """Rollouts are multi-turn episodes: the recipe enables tools or names another
+    environment."""
+    e = cfg.rollout.episode
+    return bool(e.tools) or e.env != "tools"
+
+
+def episode_env_type(cfg):
+    """The registered environment of ``rollout.episode.env`` (not ``tools``)."""
+    name = cfg.rollout.episode.env
+    if name not in EPISODE_ENVS:
+        raise ConfigError(
+            f"rollout.episode.env={name!r} is not registered here (known: tools, "
+            f"{', '.join(EPISODE_ENVS) or 'none'}); the planner's environment comes with "
+            "side: plan"
+        )
+    return EPISODE_ENVS[name]
 
 
 def tree_shape(cfg) -> TreeShape | None:
@@ -86,7 +114,7 @@ def tree_shape(cfg) -> TreeShape | None:
     where = f"rollout.tree.branches={t.branches}"
     if r.engine != "hf" or r.sampler != "fork":
         raise ConfigError(f"{where} needs rollout.engine=hf and rollout.sampler=fork")
-    if r.episode.tools and len(t.branches) > r.episode.max_turns:
+    if multi_turn(cfg) and len(t.branches) > r.episode.max_turns:
         raise ConfigError(
             f"{where}: an episode tree forks after a turn; {len(t.branches)} levels need "
             f"rollout.episode.max_turns >= {len(t.branches)}"
@@ -99,7 +127,7 @@ def tree_shape(cfg) -> TreeShape | None:
         raise ConfigError(
             f"{where} has {shape.leaves} leaves per prompt; set rollout.group_size={shape.leaves}"
         )
-    if (not r.episode.tools and len(shape.branches) > 1
+    if (not multi_turn(cfg) and len(shape.branches) > 1
             and (len(shape.branches) - 1) * t.segment_tokens >= r.max_new_tokens):  # fmt: skip
         raise ConfigError(
             f"{where}: {len(shape.branches) - 1} segments of {t.segment_tokens} tokens leave "
@@ -305,9 +333,12 @@ def build_evaluator(cfg, val: list[dict]):
     from ..rewards import build_reward
     from .source import evaluate_accuracy
 
+    score = EVAL_REWARD
+    if cfg.rollout.episode.env != "tools":
+        score = episode_env_type(cfg).eval_reward or EVAL_REWARD
     return functools.partial(
         evaluate_accuracy, samples=val[: cfg.train.eval_samples],
-        reward=build_reward(EVAL_REWARD, timeout_s=cfg.rollout.reward_timeout_s),
+        reward=build_reward(score, timeout_s=cfg.rollout.reward_timeout_s),
         batch_size=max(cfg.rollout.prompts_per_step * cfg.rollout.group_size, 16),
         max_new_tokens=cfg.rollout.max_new_tokens, strict=cfg.data.strict,
         token_budget=cfg.rollout.token_budget,
@@ -324,7 +355,7 @@ def vllm_policy(cfg, policy, run_dir: Path):
         raise ConfigError(
             "rollout.engine=vllm does not sync LoRA adapters yet; use model.lora_rank=0"
         )
-    if cfg.rollout.episode.tools:
+    if multi_turn(cfg):
         raise ConfigError(
             "rollout.engine=vllm does not run multi-turn episodes yet; use rollout.engine=hf "
             "with rollout.episode.tools"
@@ -354,7 +385,7 @@ def process_reward(cfg, policy):
     from .process import IMPLICIT, ImplicitPRM, RuleSteps
 
     where = f"rollout.process_reward={name}"
-    if cfg.rollout.episode.tools:
+    if multi_turn(cfg):
         raise ConfigError(f"{where}: process rewards of multi-turn episodes are not supported yet")
     if name == IMPLICIT:
         unknown = sorted(set(params) - {"beta", "lr"})

@@ -247,11 +247,12 @@ def test_registry_generates_the_splits_it_can(tmp_path):
     with pytest.raises(ValueError, match="valid: count_all"):
         gen.check_families(["count_all", "temporal_order"])
     assert get_generator("video").check_families([]) == list(get_generator("video").families)
-    assert modalities() == ("image", "video", "3d") and set(GENERATORS) == {
+    assert modalities() == ("image", "video", "3d", "robot") and set(GENERATORS) == {
         "clevr",
         "video",
         "spatial",
         "zoom",
+        "plan",
     }
-    with pytest.raises(KeyError, match="valid: clevr, video, spatial, zoom"):
+    with pytest.raises(KeyError, match="valid: clevr, video, spatial, zoom, plan"):
         get_generator("kitti")

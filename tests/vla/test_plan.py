@@ -1,0 +1,220 @@
+"""Reason, then act: the planner's episode environment with the oracle and a VLA executor,
+invalid plans, physics blow-ups, forks, the plan rewards, the generator, and the ``plan`` side
+end to end through the trainer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+
+import perceptrl.sim as sim
+from perceptrl.datasets.plan import SPLIT_BASE, generate, reasoning_trace
+from perceptrl.rewards import build_reward
+from perceptrl.trainer.config import ConfigError
+from perceptrl.trainer.metrics import read_metrics
+from perceptrl.vla.compact import build_compact, spec_from_config
+from perceptrl.vla.config import VLAConfig
+from perceptrl.vla.plan import (
+    INVALID,
+    OracleExecutor,
+    PlanEnv,
+    PlanSettings,
+    load_executor,
+)
+from perceptrl.wiring import load_config, side
+
+
+def _sample(task="put_then_stack", tid=3, trial=0) -> dict:
+    return {
+        "id": f"{task}-{tid}",
+        "meta": {"scene": {"task": task, "task_id": tid, "trial_id": trial}},
+    }
+
+
+def _plan(env: PlanEnv, row: int) -> list[str]:
+    """The oracle plan of episode ``row``'s task, as subgoal texts."""
+    e = env._env(env.rows[row].task)
+    e.set_state(env.rows[row].state)
+    return [s.text(e.layout.colours) for s in e.task.subgoals]
+
+
+def test_the_oracle_plan_completes_the_task_and_invalid_turns_change_nothing():
+    env = PlanEnv(PlanSettings(OracleExecutor()))
+    env.reset([_sample()])
+    first, second = _plan(env, 0)
+    start = env.rows[0].state
+    bad = [
+        ("<think>hmm</think>", "write the next subgoal"),
+        ("<subgoal>put the magenta block in the red bowl</subgoal>", "no magenta block"),
+        ("<subgoal>dance</subgoal>", "not a subgoal I can execute"),
+    ]
+    for text, says in bad:
+        obs = env.respond(0, text)
+        assert obs.error == INVALID and says in obs.text and not obs.images
+        assert env.rows[0].state is start  # the scene did not move
+    obs = env.respond(0, f"<think>first the bowl</think><subgoal>{first}</subgoal>")
+    assert obs.error is None and obs.text.startswith("The robot did") and len(obs.images) == 1
+    assert obs.info["planner/progress"] == 0.5 and obs.info["planner/success"] == 0.0
+    again = env.respond(0, f"<subgoal>{first}</subgoal>")  # already done: invalid now
+    assert again.error == INVALID and "already done" in again.text
+    obs = env.respond(0, f"<subgoal>{second}</subgoal>")
+    rec = obs.info
+    assert rec["planner/success"] == 1.0 and rec["planner/progress"] == 1.0
+    assert rec["planner/subgoals"] == 6 and rec["planner/valid"] == 2
+    assert rec["planner/invalid"] == 4 and rec["planner/executed"] == 2
+    assert rec["planner/env_steps"] > 0 and rec["planner/unstable"] == 0
+    assert env.respond(0, "<done/>") is None
+
+
+def test_rows_of_a_group_and_forks_are_independent_episodes():
+    env = PlanEnv(PlanSettings(OracleExecutor()))
+    s = _sample("put_two", 5)
+    env.reset([s, s])
+    first, second = _plan(env, 0)
+    env.respond(0, f"<subgoal>{first}</subgoal>")
+    env.fork(0, 2)  # a branch after the first subgoal
+    done = env.respond(2, f"<subgoal>{second}</subgoal>")
+    assert done.info["planner/success"] == 1.0
+    other = env.respond(1, f"<subgoal>{second}</subgoal>")  # row 1 never did the first
+    assert other.info["planner/progress"] == 0.0 and other.info["planner/executed"] == 1
+    back = env.respond(0, f"<subgoal>{first}</subgoal>")  # row 0 did not see row 2's second
+    assert back.error == INVALID and "already done" in back.text
+    assert env.rows[0].record["planner/progress"] == 0.5
+
+
+def test_a_blow_up_fails_the_subgoal_and_restores_the_scene():
+    env = PlanEnv(PlanSettings(OracleExecutor(), subgoal_steps=30))
+    env.reset([_sample("put_two", 1)])
+    first, _ = _plan(env, 0)
+    e = env._env("put_two")
+    e.cfg = dataclasses.replace(e.cfg, max_qvel=1e-4)  # any motion counts as a blow-up
+    e.set_state(env.rows[0].state)
+    blocks = e.scene_world().blocks.copy()
+    obs = env.respond(0, f"<subgoal>{first}</subgoal>")
+    assert "simulation failed" in obs.text and obs.info["planner/unstable"] == 1
+    assert obs.info["planner/executed"] == 0 and obs.info["planner/progress"] == 0.0
+    e.set_state(env.rows[0].state)
+    torch.testing.assert_close(torch.as_tensor(e.scene_world().blocks), torch.as_tensor(blocks))
+
+
+class NaNExecutor:
+    def start(self, env):
+        return lambda obs: torch.full((1, 5), float("nan")).numpy()
+
+
+def test_non_finite_executor_actions_become_no_ops_and_are_counted():
+    env = PlanEnv(PlanSettings(NaNExecutor(), subgoal_steps=12))
+    env.reset([_sample("put_two", 1)])
+    first, _ = _plan(env, 0)
+    obs = env.respond(0, f"<subgoal>{first}</subgoal>")
+    assert "did not finish" in obs.text and obs.info["planner/env_steps"] == 12
+    assert env.counters["bad_actions"] == 12
+
+
+def test_a_saved_state_vla_executes_subgoals_of_a_larger_scene(tmp_path):
+    """A compact VLA sized for the primitive put scene (2 blocks, 2 bowls) acts in put_three (4
+    blocks, 3 bowls): the focused view's entity poses are cut to the primitive's."""
+    put = gym.make(sim.env_id("put"), obs_mode="state")
+    spaces = {"action": put.action_space, "observation": put.observation_space}
+    vla = dataclasses.replace(VLAConfig(), encoder="state", hidden=32)
+    build_compact(spec_from_config(vla, spaces, 1, 64)).save(tmp_path / "put")
+    executor = load_executor("policy", {"put": str(tmp_path / "put")})
+    env = PlanEnv(PlanSettings(executor, subgoal_steps=5))
+    env.reset([_sample("put_three", 2)])
+    first = _plan(env, 0)[0]
+    obs = env.respond(0, f"<subgoal>{first}</subgoal>")
+    assert obs.error is None and obs.info["planner/env_steps"] == 5
+    with pytest.raises(KeyError, match="no executor policy for 'stack'"):
+        env.reset([_sample("put_then_stack", 0)])
+        env.respond(0, f"<subgoal>{_plan(env, 0)[1]}</subgoal>")
+
+
+def test_plan_rewards_read_the_episode_record():
+    reward = build_reward({"plan_success": 1.0, "plan_progress": 0.5, "plan_validity": 0.2,
+                           "subgoal_cost": 0.02})  # fmt: skip
+    rec = {"planner/success": 1.0, "planner/progress": 1.0, "planner/subgoals": 4.0,
+           "planner/valid": 2.0}  # fmt: skip
+    half = {"planner/success": 0.0, "planner/progress": 0.5, "planner/subgoals": 1.0,
+            "planner/valid": 1.0}  # fmt: skip
+    totals, comps, _ = reward(
+        ["a", "b", "c"], [{}, {}, {}], episodes=[{"info": rec}, {"info": half}, None]
+    )
+    assert totals == pytest.approx([1 + 0.5 + 0.1 - 0.08, 0.25 + 0.2 - 0.02, 0.0])
+    assert comps["plan_validity"] == pytest.approx([0.5, 1.0, 0.0])
+
+
+def test_the_generator_writes_disjoint_splits_with_the_oracle_plan(tmp_path):
+    paths = generate(tmp_path, {"train": 4, "val": 2}, seed=3, image_size=64)
+    rows = {k: [json.loads(x) for x in open(p)] for k, p in paths.items()}
+    assert [r["family"] for r in rows["train"]] == [
+        "put_two",
+        "put_then_stack",
+        "push_then_put",
+        "put_three",
+    ]
+    ids = {k: {r["meta"]["scene"]["task_id"] for r in v} for k, v in rows.items()}
+    assert ids["train"] == set(range(4)) and ids["val"] == {
+        SPLIT_BASE["val"],
+        SPLIT_BASE["val"] + 1,
+    }
+    r = rows["train"][3]
+    assert (tmp_path / r["images"][0]).exists() and len(r["meta"]["plan"]) == 3
+    turns = reasoning_trace(r)
+    assert turns[-1] == "<done/>" and turns[0] == f"<subgoal>{r['meta']['plan'][0]}</subgoal>"
+    env = PlanEnv(PlanSettings(OracleExecutor()))
+    env.reset([r])
+    assert [env.respond(0, t) for t in turns][-1] is None
+    assert env.rows[0].record["planner/success"] == 1.0
+
+
+TINY = [
+    "data.n_train=8", "data.n_val=4", "rollout.prompts_per_step=2", "rollout.group_size=2",
+    "rollout.max_new_tokens=8", "rollout.episode.max_turns=2", "train.micro_batch_size=4",
+    "train.eval_samples=2", "train.eval_every=1", "train.steps=1", "log.progress=false",
+    "log.tensorboard=false", "data.image_size=64", "plan.image_size=64",
+    "rollout.episode.max_pixels=4096", "model.max_pixels=4096", "checkpoint.every=0",
+]  # fmt: skip
+
+
+def test_the_plan_side_trains_and_scores_with_the_simulator(tmp_path):
+    cfg = load_config("configs/plan_grpo.yaml", TINY)
+    trainer = side(cfg).build_trainer(cfg, tmp_path)
+    trainer.fit()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    train = next(r for r in rows if "reward/plan_success" in r)
+    # the random tiny planner never closes a turn: its episodes end at the turn limit, with no
+    # subgoal run (what the planner records look like is in the tests above)
+    assert train["episode/stop/turn_length"] == 1.0 and train["reward/plan_success"] == 0.0
+    assert {"reward/plan_progress", "reward/plan_validity", "reward/subgoal_cost"} <= set(train)
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert evals and "eval/reward/plan_success" in evals[-1]
+
+
+def test_oracle_traces_are_executed_as_sft_targets(tmp_path):
+    """The warm start records the oracle plans with the executor really running them: every
+    trace ends with the task done, and the observations (new images) sit between the turns."""
+    from perceptrl.vlm.episode import forced_batch
+    from perceptrl.vlm.run import build_policy, load_data
+
+    cfg = load_config("configs/plan_grpo.yaml", TINY)
+    data = load_data(cfg, tmp_path)
+    policy = build_policy(cfg, tmp_path)
+    batch = forced_batch(policy, data.train[:2], [reasoning_trace(s) for s in data.train[:2]])
+    for m in batch.meta:
+        assert m["episode"]["info"]["planner/success"] == 1.0
+    assert batch.inputs["obs_mask"].sum() > 0 and all(
+        v is not None for v in batch.inputs["obs_pixel_values"]
+    )
+
+
+def test_the_plan_side_needs_the_plan_environment(tmp_path):
+    cfg = load_config("configs/plan_grpo.yaml", [*TINY, "rollout.episode.env=tools"])
+    with pytest.raises(ConfigError, match="rollout.episode.env=plan"):
+        side(cfg).build_trainer(cfg, tmp_path)
+    bad = load_config("configs/plan_grpo.yaml", [*TINY, "plan.executor=policy"])
+    with pytest.raises(ConfigError, match="plan.policies"):
+        side(bad).build_trainer(bad, tmp_path)

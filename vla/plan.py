@@ -1,0 +1,385 @@
+"""Reason, then act: the episode environment of a VLM planner whose subgoals a VLA executes.
+
+`PlanEnv` implements the VLM side's `EpisodeEnv` (``reset(samples)``, ``respond(row, text)``,
+``fork``), so the multi-turn episode rollout, its training forward, trees and SFT traces run a
+planner unchanged. A sample names an indexed initial state of a long-horizon task
+(``meta["scene"] = {"task", "task_id", "trial_id"}``, see ``datasets/plan.py``); the prompt shows
+the agent-view image and the long instruction. Each policy turn is read as:
+
+* ``<subgoal>put the red block in the blue bowl</subgoal>``: parsed (`sim.composite.parse_subgoal`)
+  and checked against the current state (`check_subgoal`); a valid one is executed by the
+  executor in the simulator with the env focused on it (`ManipEnv.focus`), up to the primitive's
+  time limit (``plan.subgoal_steps``), and the planner gets the new agent-view image and a short
+  outcome message. An invalid one (does not parse, names nothing in the scene, cannot be done
+  now) gets an error observation, counts ``planner/invalid`` and changes nothing;
+* ``<done/>`` ends the episode; a turn with neither gets an error observation too.
+
+Executors: ``oracle`` (the scripted experts on the focused subgoal: the upper bound) or frozen
+VLA policies saved by the VLA recipes, one per primitive family (`PolicyExecutor`). A
+non-finite action becomes a no-op and is counted; a physics blow-up ends the subgoal as failed
+and puts the scene back as it was before it (``planner/unstable``). After each subgoal the
+gripper rises clear (the scripted `sim.expert.clear_action`) so the next starts from free space.
+
+Each row of a rollout is a snapshot of one env per task (``ManipEnv.get_state``): ``respond``
+restores it, executes, and snapshots again, so the G rows of a group are G independent episodes
+from the same indexed initial state and ``fork`` is a copy. Every observation carries the row's
+cumulative record in ``Observation.info`` (never shown to the model): ``planner/subgoals``,
+``planner/valid``, ``planner/invalid``, ``planner/executed`` (subgoals the executor finished),
+``planner/unstable``, ``planner/env_steps``, and the simulator's ground truth
+``planner/progress`` (share of the task's subgoals that hold in order) and ``planner/success``;
+the ``plan_*`` rewards (``rewards/plan.py``) read them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..sim.composite import SubgoalError, check_subgoal, parse_subgoal, task_counts, view_objects
+from ..sim.expert import CLEAR_HEIGHT, ScriptedExpert, clear_action
+from ..sim.tasks import get_task
+from ..sim.vector import Batch
+from ..vlm.tools import Observation
+
+log = logging.getLogger(__name__)
+
+SUBGOAL = re.compile(r"<subgoal>(.*?)</subgoal>", re.DOTALL)
+DONE = re.compile(r"<done\s*/?>")
+INVALID = "planner/invalid"
+"""error counter of turns that name no executable subgoal"""
+CLEAR_STEPS = 20
+"""most env steps the gripper takes to rise clear after a subgoal"""
+USAGE = (
+    "Plan for a robot arm. Each turn, write the next subgoal as <subgoal>put the red block in "
+    "the blue bowl</subgoal>, <subgoal>stack the red block on the blue block</subgoal> or "
+    "<subgoal>push the red block into the blue zone</subgoal>; the robot executes it and you "
+    "see the scene again. Write <done/> when the whole task is complete."
+)
+"""system prompt of the planner recipes"""
+
+
+# ---------------------------------------------------------------------------------------------
+# executors
+# ---------------------------------------------------------------------------------------------
+
+
+class OracleExecutor:
+    """The scripted expert of the focused subgoal (privileged state): the upper bound."""
+
+    name = "oracle"
+
+    def start(self, env) -> Callable[[dict], np.ndarray]:
+        """The actor of one subgoal: observation -> actions [K, A]."""
+        expert = ScriptedExpert(env)
+        return lambda obs: expert.act()[None]
+
+
+class PolicyExecutor:
+    """Frozen VLA policies, one per primitive family (``plan.policies``), acting
+    deterministically on the focused env's observation; state-mode entity poses are cut to the
+    primitive's own scene (`sim.composite.view_objects`)."""
+
+    name = "policy"
+
+    def __init__(self, policies: dict):
+        self.policies = policies
+        for p in policies.values():
+            p.eval()
+
+    def start(self, env) -> Callable[[dict], np.ndarray]:
+        family = env.focused.family
+        if family not in self.policies:
+            raise KeyError(
+                f"no executor policy for {family!r} subgoals; plan.policies has {sorted(self.policies)}"
+            )
+        policy = self.policies[family]
+        counts, prim = task_counts(env.task), task_counts(get_task(family))
+        dim = env.action_space.shape[0]
+        to_env = getattr(policy, "env_action", None)
+
+        def act(obs: dict) -> np.ndarray:
+            images = {k: v[None] for k, v in obs.items() if k in env.cfg.cameras}
+            objects = obs.get("objects")
+            if objects is not None:
+                objects = view_objects(objects, counts, prim)[None]
+            batch = Batch(images, obs["proprio"][None], objects, [obs["instruction"]])
+            action, _, _ = policy.act(policy.observe(batch), deterministic=True)
+            if to_env is not None:
+                action = to_env(action)
+            return action.float().cpu().numpy().reshape(-1, dim)
+
+        return act
+
+
+def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
+    """``oracle``, or ``policy`` with saved VLA directories per family."""
+    if kind == "oracle":
+        return OracleExecutor()
+    if kind != "policy":
+        raise ValueError(f"plan.executor={kind!r}; valid: oracle | policy")
+    if not policies:
+        raise ValueError("plan.executor=policy needs plan.policies: {put: <dir>, ...}")
+    from .run import load_policy
+
+    return PolicyExecutor({f: load_policy(Path(p), device) for f, p in policies.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# the episode environment
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PlanSettings:
+    executor: object
+    """`OracleExecutor` or `PolicyExecutor`"""
+    subgoal_steps: int = 0
+    """env steps the executor gets per subgoal (0: the primitive task's time limit)"""
+    image_size: int = 128
+    """side of the camera images (the planner's and a pixel executor's)"""
+    obs_mode: str = "state"
+    """what the executor observes: state | rgb"""
+    cameras: tuple[str, ...] = ("agentview",)
+    """cameras of a pixel executor (the planner always sees the agent view)"""
+
+
+@dataclass
+class _Row:
+    task: str
+    state: dict
+    record: dict = field(default_factory=dict)
+
+
+def _record() -> dict:
+    keys = (
+        "subgoals",
+        "valid",
+        "invalid",
+        "executed",
+        "unstable",
+        "env_steps",
+        "progress",
+        "success",
+    )
+    return {f"planner/{k}": 0.0 for k in keys}
+
+
+class PlanEnv:
+    """`EpisodeEnv` of a planner; see the module docstring."""
+
+    def __init__(self, settings: PlanSettings):
+        self.settings = settings
+        self._envs: dict[str, object] = {}
+        self._starts: dict[tuple, dict] = {}
+        self.rows: list[_Row] = []
+        self.counters = {"bad_actions": 0}
+
+    def _env(self, task: str):
+        if task not in self._envs:
+            import gymnasium as gym
+
+            import perceptrl.sim  # noqa: F401  (registers the ids)
+            from perceptrl.sim import env_id
+
+            s = self.settings
+            self._envs[task] = gym.make(
+                env_id(task),
+                render_mode="rgb_array",
+                obs_mode=s.obs_mode,
+                width=s.image_size,
+                height=s.image_size,
+                cameras=tuple(s.cameras),
+            ).unwrapped  # fmt: skip  (no time limit: the planner's budgets bound an episode)
+        return self._envs[task]
+
+    def reset(self, samples: list[dict]) -> None:
+        self.rows = []
+        for s in samples:
+            scene = scene_of(s)
+            key = (scene["task"], scene["task_id"], scene["trial_id"])
+            if key not in self._starts:
+                env = self._env(scene["task"])
+                env.reset(options={"task_id": scene["task_id"], "trial_id": scene["trial_id"]})
+                self._starts[key] = env.get_state()
+            self.rows.append(_Row(scene["task"], self._starts[key], _record()))
+
+    def fork(self, src: int, dst: int) -> None:
+        """Episode ``dst`` continues ``src``'s scene and record from here on, apart."""
+        while len(self.rows) <= dst:
+            self.rows.append(self.rows[src])
+        r = self.rows[src]
+        self.rows[dst] = _Row(r.task, r.state, dict(r.record))
+
+    def image(self, row: int) -> Image.Image:
+        """The agent view of episode ``row`` now."""
+        env = self._env(self.rows[row].task)
+        env.set_state(self.rows[row].state)
+        return Image.fromarray(env.render())
+
+    def respond(self, row: int, text: str) -> Observation | None:
+        r = self.rows[row]
+        rec = r.record
+        if DONE.search(text) and not SUBGOAL.search(text):
+            return None
+        m = SUBGOAL.search(text)
+        if m is None:
+            return self._invalid(r, "write the next subgoal as <subgoal>...</subgoal>, or <done/>")
+        env = self._env(r.task)
+        env.set_state(r.state)
+        rec["planner/subgoals"] += 1
+        try:
+            sub = parse_subgoal(m.group(1), env.layout.colours)
+        except SubgoalError as e:
+            return self._invalid(r, str(e), counted=True)
+        why = check_subgoal(env.scene_world(), sub)
+        if why is not None:
+            return self._invalid(r, f"cannot do that now: {why}", counted=True)
+        rec["planner/valid"] += 1
+        ok, unstable, steps = self._execute(env, sub)
+        rec["planner/executed"] += ok
+        rec["planner/unstable"] += unstable
+        rec["planner/env_steps"] += steps
+        r.state = env.get_state()
+        done, n = env.subgoals_done(), len(env.task.subgoals)
+        rec["planner/progress"] = done / n
+        rec["planner/success"] = float(done == n)
+        outcome = _outcome(sub.text(env.layout.colours), ok, unstable, steps)
+        return Observation(outcome, [Image.fromarray(env.render())], info=dict(rec))
+
+    def _invalid(self, r: _Row, message: str, counted: bool = False) -> Observation:
+        if not counted:
+            r.record["planner/subgoals"] += 1
+        r.record["planner/invalid"] += 1
+        return Observation(f"Error: {message}", error=INVALID, info=dict(r.record))
+
+    def _execute(self, env, sub) -> tuple[bool, bool, int]:
+        """Run the executor on ``sub`` in ``env`` (at the row's state), then rise clear.
+        Returns (finished, blew up, env steps)."""
+        before = copy.deepcopy(env.get_state())
+        obs = env.focus(sub)
+        act = self.settings.executor.start(env)
+        limit = self.settings.subgoal_steps or get_task(sub.family).max_episode_steps
+        steps, ok, unstable = 0, False, False
+        noop = np.array([0, 0, 0, 0, -1.0], np.float32)
+        while steps < limit and not (ok or unstable):
+            for a in act(obs):
+                if not np.isfinite(a).all():
+                    self.counters["bad_actions"] += 1
+                    a = noop
+                obs, _, _, _, info = env.step(a)
+                steps += 1
+                unstable, ok = bool(info["sim_unstable"]), bool(info["success"])
+                if ok or unstable or steps >= limit:
+                    break
+        if unstable:
+            env.set_state(before)
+        env.focus(None)
+        for _ in range(CLEAR_STEPS):
+            if env.scene_world().tcp[2] >= CLEAR_HEIGHT:
+                break
+            env.step(clear_action(env))
+        return ok, unstable, steps
+
+
+def _outcome(said: str, ok: bool, unstable: bool, steps: int) -> str:
+    """The message the planner reads after a subgoal ran."""
+    if unstable:
+        return f"The simulation failed while the robot tried to {said}; the scene is as before."
+    if ok:
+        return f"The robot did: {said} ({steps} steps)."
+    return f"The robot tried to {said} for {steps} steps and did not finish."
+
+
+def scene_of(sample: dict) -> dict:
+    """The indexed initial state a planner sample names: ``meta["scene"]`` with ``task``,
+    ``task_id``, ``trial_id``; ValueError when it is missing or malformed."""
+    scene = (sample.get("meta") or {}).get("scene")
+    if not isinstance(scene, dict) or "task" not in scene:
+        raise ValueError(
+            f"sample {sample.get('id')!r} names no scene; a planner sample needs meta.scene = "
+            "{task, task_id, trial_id} (see the plan generator)"
+        )
+    try:
+        get_task(scene["task"])
+        return {"task": scene["task"], "task_id": int(scene.get("task_id", 0)),
+                "trial_id": int(scene.get("trial_id", 0))}  # fmt: skip
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"sample {sample.get('id')!r}: bad meta.scene {scene!r} ({e})") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# side: plan (the VLM side's runs, with this environment)
+# ---------------------------------------------------------------------------------------------
+
+PLAN_EVAL = {"plan_success": 1.0}
+"""held-out score of a planner: the share of episodes that complete the long-horizon task"""
+
+
+def plan_settings(cfg) -> PlanSettings:
+    """`PlanSettings` of the recipe's ``plan`` section (executor policies loaded here)."""
+    from ..trainer.config import ConfigError
+    from ..trainer.runtime import resolve_device
+
+    p = cfg.plan
+    try:
+        executor = load_executor(p.executor, p.policies, str(resolve_device(cfg.train.device)))
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"plan.executor: {e}") from e
+    return PlanSettings(
+        executor, subgoal_steps=p.subgoal_steps, image_size=p.image_size, obs_mode=p.obs_mode,
+        cameras=tuple(p.cameras),
+    )  # fmt: skip
+
+
+def _plan_env(cfg) -> Callable[[], PlanEnv]:
+    settings = plan_settings(cfg)
+    return lambda: PlanEnv(settings)
+
+
+def _check(cfg) -> None:
+    from ..trainer.config import ConfigError
+
+    if cfg.rollout.episode.env != "plan":
+        raise ConfigError(
+            f"side: plan runs planner episodes; set rollout.episode.env=plan (it is "
+            f"{cfg.rollout.episode.env!r})"
+        )
+
+
+def build_trainer(cfg, run_dir):
+    """GRPO of the planner: the VLM side's trainer with the planner's episodes."""
+    from ..vlm import run as vlm_run
+
+    _check(cfg)
+    return vlm_run.build_trainer(cfg, run_dir)
+
+
+def run_sft(cfg, run_dir):
+    """The warm start: the oracle plans as planner turns, each executed for real."""
+    from ..vlm import run as vlm_run
+
+    _check(cfg)
+    return vlm_run.run_sft(cfg, run_dir)
+
+
+def run_eval(cfg, out_dir, more=()):
+    from ..vlm import run as vlm_run
+
+    _check(cfg)
+    return vlm_run.run_eval(cfg, out_dir, more)
+
+
+def _register() -> None:
+    from ..vlm.episode import EpisodeEnvType, register_episode_env
+
+    register_episode_env("plan", EpisodeEnvType(_plan_env, eval_reward=PLAN_EVAL))
+
+
+_register()
