@@ -396,9 +396,12 @@ def evaluate_accuracy(
         if not enc:
             continue
         b = _greedy(policy, enc, max_new_tokens, token_budget)
-        episodes += [m["episode"] for m in b.meta if "episode" in m]
+        records = [m["episode"] for m in b.meta if "episode" in m]
+        episodes += records
         done = [m["sample"] for m in b.meta]
-        totals, comps, _ = _check_reward(reward([m["completion"] for m in b.meta], done), len(b))
+        context = {"episodes": records} if len(records) == len(b) else {}  # for episode terms
+        completions = [m["completion"] for m in b.meta]
+        totals, comps, _ = _check_reward(reward(completions, done, **context), len(b))
         for s, t in zip(done, totals):
             by_family[str(s.get("family", "all"))].append(float(t))
         for k, v in comps.items():

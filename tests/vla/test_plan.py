@@ -218,3 +218,24 @@ def test_the_plan_side_needs_the_plan_environment(tmp_path):
     bad = load_config("configs/plan_grpo.yaml", [*TINY, "plan.executor=policy"])
     with pytest.raises(ConfigError, match="plan.policies"):
         side(bad).build_trainer(bad, tmp_path)
+
+
+def test_the_held_out_score_reads_the_episodes(tmp_path, monkeypatch):
+    """The evaluator scores planner episodes with plan_success from their records: greedy
+    decoding replaced by the oracle traces (really executed), every episode succeeds."""
+    from perceptrl.vlm import source
+    from perceptrl.vlm.episode import forced_batch
+    from perceptrl.vlm.run import build_evaluator, build_policy, load_data
+
+    cfg = load_config("configs/plan_grpo.yaml", TINY)
+    data = load_data(cfg, tmp_path)
+    policy = build_policy(cfg, tmp_path)
+
+    def oracle(policy, prompts, *_):
+        samples = [p.sample for p in prompts]
+        return forced_batch(policy, samples, [reasoning_trace(s) for s in samples])
+
+    monkeypatch.setattr(source, "_greedy", oracle)
+    metrics = build_evaluator(cfg, data.val)(policy)
+    assert metrics["accuracy"] == 1.0 and metrics["reward/plan_success"] == 1.0
+    assert metrics["planner/progress"] == 1.0 and metrics["count"] == 2
