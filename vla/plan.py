@@ -33,8 +33,10 @@ the ``plan_*`` rewards (``rewards/plan.py``) read them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 SUBGOAL = re.compile(r"<subgoal>(.*?)</subgoal>", re.DOTALL)
 DONE = re.compile(r"<done\s*/?>")
 INVALID = "planner/invalid"
+INVALID_FRAMES = 10
+"""video frames an invalid turn is shown for (half a second at 20 fps)"""
 """error counter of turns that name no executable subgoal"""
 CLEAR_STEPS = 20
 """most env steps the gripper takes to rise clear after a subgoal"""
@@ -148,6 +152,8 @@ class PlanSettings:
     """what the executor observes: state | rgb"""
     cameras: tuple[str, ...] = ("agentview",)
     """cameras of a pixel executor (the planner always sees the agent view)"""
+    record: int = 0
+    """side of the video frames recorded per row while subgoals run (0: none; `replay_video`)"""
 
 
 @dataclass
@@ -180,6 +186,8 @@ class PlanEnv:
         self._starts: dict[tuple, dict] = {}
         self.rows: list[_Row] = []
         self.counters = {"bad_actions": 0}
+        self.frames: list[list[np.ndarray]] = []
+        """per row, the annotated agent-view frames of its subgoals (``settings.record``)"""
 
     def _env(self, task: str):
         if task not in self._envs:
@@ -209,6 +217,7 @@ class PlanEnv:
                 env.reset(options={"task_id": scene["task_id"], "trial_id": scene["trial_id"]})
                 self._starts[key] = env.get_state()
             self.rows.append(_Row(scene["task"], self._starts[key], _record()))
+        self.frames = [[] for _ in samples]
 
     def fork(self, src: int, dst: int) -> None:
         """Episode ``dst`` continues ``src``'s scene and record from here on, apart."""
@@ -242,7 +251,7 @@ class PlanEnv:
         if why is not None:
             return self._invalid(r, f"cannot do that now: {why}", counted=True)
         rec["planner/valid"] += 1
-        ok, unstable, steps = self._execute(env, sub)
+        ok, unstable, steps = self._execute(env, sub, row)
         rec["planner/executed"] += ok
         rec["planner/unstable"] += unstable
         rec["planner/env_steps"] += steps
@@ -257,9 +266,28 @@ class PlanEnv:
         if not counted:
             r.record["planner/subgoals"] += 1
         r.record["planner/invalid"] += 1
+        if self.settings.record:
+            row = self.rows.index(r)
+            env = self._env(r.task)
+            env.set_state(r.state)
+            frame = self._frame(env, row, f"invalid: {message}", (255, 90, 90))
+            self.frames[row] += [frame] * INVALID_FRAMES
         return Observation(f"Error: {message}", error=INVALID, info=dict(r.record))
 
-    def _execute(self, env, sub) -> tuple[bool, bool, int]:
+    def _frame(self, env, row: int, bottom: str, colour=(255, 255, 255)) -> np.ndarray:
+        """The agent view now, scaled to ``settings.record`` px, with the task's instruction
+        and subgoal count on top and ``bottom`` below."""
+        import cv2
+
+        from ..sim.demos import annotate
+
+        size = self.settings.record
+        img = cv2.resize(env.render(), (size, size), interpolation=cv2.INTER_LINEAR)
+        lines = textwrap.wrap(env.layout.instruction, 40)
+        done = f"subgoals done: {env.subgoals_done()}/{len(env.task.subgoals)}"
+        return annotate(img, [*lines, done], bottom, colour)
+
+    def _execute(self, env, sub, row: int) -> tuple[bool, bool, int]:
         """Run the executor on ``sub`` in ``env`` (at the row's state), then rise clear.
         Returns (finished, blew up, env steps)."""
         before = copy.deepcopy(env.get_state())
@@ -275,6 +303,9 @@ class PlanEnv:
                     a = noop
                 obs, _, _, _, info = env.step(a)
                 steps += 1
+                if self.settings.record:
+                    said = sub.text(env.layout.colours)
+                    self.frames[row].append(self._frame(env, row, f"executing: {said}"))
                 unstable, ok = bool(info["sim_unstable"]), bool(info["success"])
                 if ok or unstable or steps >= limit:
                     break
@@ -295,6 +326,30 @@ def _outcome(said: str, ok: bool, unstable: bool, steps: int) -> str:
     if ok:
         return f"The robot did: {said} ({steps} steps)."
     return f"The robot tried to {said} for {steps} steps and did not finish."
+
+
+def replay_video(settings: PlanSettings, sample: dict, turns: list[str], path, size: int = 256):
+    """Re-run a planner episode (its turn texts, e.g. ``meta["episode"]["texts"]``) and write
+    the executor's view as an mp4 at ``size`` px, the current subgoal drawn on each frame (a
+    deterministic executor replays the same trajectory). Returns the episode's record."""
+    from ..sim.demos import write_video
+
+    env = PlanEnv(dataclasses.replace(settings, record=size))
+    env.reset([sample])
+    e = env._env(env.rows[0].task)
+    e.set_state(env.rows[0].state)
+    frames = [env._frame(e, 0, "start")] * INVALID_FRAMES
+    for text in turns:
+        if env.respond(0, text) is None:
+            break
+    frames += env.frames[0]
+    e.set_state(env.rows[0].state)
+    ok = bool(env.rows[0].record["planner/success"])
+    last = env._frame(e, 0, "task complete" if ok else "task not complete",
+                      (90, 255, 90) if ok else (255, 200, 90))  # fmt: skip
+    frames += [last] * 20
+    write_video(path, frames, fps=20)
+    return env.rows[0].record
 
 
 def scene_of(sample: dict) -> dict:

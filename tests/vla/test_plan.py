@@ -239,3 +239,24 @@ def test_the_held_out_score_reads_the_episodes(tmp_path, monkeypatch):
     metrics = build_evaluator(cfg, data.val)(policy)
     assert metrics["accuracy"] == 1.0 and metrics["reward/plan_success"] == 1.0
     assert metrics["planner/progress"] == 1.0 and metrics["count"] == 2
+
+
+def test_an_episode_replays_into_a_video_with_its_subgoals(tmp_path):
+    from perceptrl.sim.demos import read_video
+    from perceptrl.vla.plan import INVALID_FRAMES, replay_video
+
+    env = PlanEnv(PlanSettings(OracleExecutor()))
+    sample = _sample("put_two", 4)
+    env.reset([sample])
+    first, second = _plan(env, 0)
+    turns = [
+        "<subgoal>dance</subgoal>",
+        f"<subgoal>{first}</subgoal>",
+        f"<subgoal>{second}</subgoal>",
+        "<done/>",
+    ]
+    rec = replay_video(PlanSettings(OracleExecutor()), sample, turns, tmp_path / "ep.mp4", size=96)
+    frames = read_video(tmp_path / "ep.mp4")
+    assert rec["planner/success"] == 1.0 and frames.shape[1:] == (96, 96, 3)
+    # the start, the invalid turn, one frame per env step of both subgoals, the verdict
+    assert len(frames) == INVALID_FRAMES * 2 + rec["planner/env_steps"] + 20
