@@ -5,7 +5,8 @@ seed)`` of task ``families[i % len(families)]`` (the composites of ``sim/composi
 splits never share a scene (colours follow ``task_id``, positions ``(task_id, trial_id)``). Its
 image is the agent view of that state (PNG), its question the task's long instruction, and
 ``meta`` holds the ``scene`` the planner's episode environment restores (``vla/plan.py``) and the
-oracle ``plan`` (one primitive instruction per subgoal, in order). `reasoning_trace` turns the
+oracle ``plan`` (one primitive instruction per subgoal, in order, in the words the instruction
+uses for it). `reasoning_trace` turns the
 oracle plan into planner turns for the SFT warm start: one ``<subgoal>`` per turn, then
 ``<done/>``.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..sim.tasks import get_task
 from .clevr import write_split
 
 FAMILIES: tuple[str, ...] = ("put_two", "put_then_stack", "push_then_put", "put_three")
@@ -49,8 +51,7 @@ def generate(
             family = families[i % len(families)]
             env, tid = envs[family], SPLIT_BASE[split] + i
             env.reset(options={"task_id": tid, "trial_id": seed})
-            colours = env.layout.colours
-            plan = [sub.text(colours) for sub in env.task.subgoals]
+            plan = [phrase(sub, env.layout) for sub in env.task.subgoals]
             sample = {
                 "id": f"{split}-{i:05d}", "family": family, "question": env.layout.instruction,
                 "answer": " then ".join(plan), "reward": "plan_success",
@@ -67,6 +68,17 @@ def generate(
     finally:
         for env in envs.values():
             env.close()
+
+
+def phrase(sub, lay) -> str:
+    """Subgoal ``sub`` in the words the layout's instruction uses for it (the paraphrase it
+    drew), else the first template: a planner that copies the instruction's clause names a
+    subgoal the executor accepts."""
+    for k in range(len(get_task(sub.family).templates)):
+        said = sub.text(lay.colours, k)
+        if said in lay.instruction:
+            return said
+    return sub.text(lay.colours)
 
 
 def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> list[str]:
