@@ -241,8 +241,10 @@ def parse_subgoal(text: str, colours: dict[str, list[str]]) -> Subgoal:
         if goal not in colours.get(kind, []):
             raise SubgoalError(f"there is no {goal} {kind[:-1]} in the scene")
         return Subgoal(fam, colours["blocks"].index(obj), colours[kind].index(goal))
-    examples = "; ".join(get_task(f).templates[0] for f in PRIMITIVES)
-    raise SubgoalError(f"{text.strip()[:80]!r} is not a subgoal I can execute (forms: {examples})")
+    examples = "; ".join(
+        get_task(f).templates[0].format(obj="<colour>", goal="<colour>") for f in PRIMITIVES
+    )
+    raise SubgoalError(f"{text.strip()[:80]!r} is not a subgoal I can execute (e.g. {examples})")
 
 
 # ---------------------------------------------------------------------------------------------
