@@ -45,7 +45,7 @@ import numpy as np
 from PIL import Image
 
 from ..sim.composite import SubgoalError, check_subgoal, parse_subgoal, task_counts, view_objects
-from ..sim.expert import CLEAR_HEIGHT, ScriptedExpert, clear_action
+from ..sim.expert import CLEAR_HEIGHT, EXPERTS, ScriptedExpert, clear_action
 from ..sim.tasks import get_task
 from ..sim.vector import Batch
 from ..vlm.tools import Observation
@@ -60,13 +60,6 @@ INVALID_FRAMES = 10
 """error counter of turns that name no executable subgoal"""
 CLEAR_STEPS = 20
 """most env steps the gripper takes to rise clear after a subgoal"""
-USAGE = (
-    "Plan for a robot arm. Each turn, write the next subgoal as <subgoal>put the red block in "
-    "the blue bowl</subgoal>, <subgoal>stack the red block on the blue block</subgoal> or "
-    "<subgoal>push the red block into the blue zone</subgoal>; the robot executes it and you "
-    "see the scene again. Write <done/> when the whole task is complete."
-)
-"""system prompt of the planner recipes"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,6 +71,9 @@ class OracleExecutor:
     """The scripted expert of the focused subgoal (privileged state): the upper bound."""
 
     name = "oracle"
+
+    def can(self, family: str) -> bool:
+        return family in EXPERTS
 
     def start(self, env) -> Callable[[dict], np.ndarray]:
         """The actor of one subgoal: observation -> actions [K, A]."""
@@ -97,12 +93,11 @@ class PolicyExecutor:
         for p in policies.values():
             p.eval()
 
+    def can(self, family: str) -> bool:
+        return family in self.policies
+
     def start(self, env) -> Callable[[dict], np.ndarray]:
         family = env.focused.family
-        if family not in self.policies:
-            raise KeyError(
-                f"no executor policy for {family!r} subgoals; plan.policies has {sorted(self.policies)}"
-            )
         policy = self.policies[family]
         counts, prim = task_counts(env.task), task_counts(get_task(family))
         dim = env.action_space.shape[0]
@@ -143,7 +138,9 @@ def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
 @dataclass
 class PlanSettings:
     executor: object
-    """`OracleExecutor` or `PolicyExecutor`"""
+    """`OracleExecutor`, `PolicyExecutor`, or anything with ``can(family) -> bool`` (a subgoal
+    family it cannot execute is refused like a bad plan) and ``start(env) -> act``, ``act(obs)
+    -> actions [K, A]`` for the subgoal the env is focused on"""
     subgoal_steps: int = 0
     """env steps the executor gets per subgoal (0: the primitive task's time limit)"""
     image_size: int = 128
@@ -248,6 +245,8 @@ class PlanEnv:
         except SubgoalError as e:
             return self._invalid(r, str(e), counted=True)
         why = check_subgoal(env.scene_world(), sub)
+        if why is None and not self.settings.executor.can(sub.family):
+            why = f"this robot has no skill to {sub.family} (plan.policies)"
         if why is not None:
             return self._invalid(r, f"cannot do that now: {why}", counted=True)
         rec["planner/valid"] += 1

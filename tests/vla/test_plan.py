@@ -102,6 +102,9 @@ def test_a_blow_up_fails_the_subgoal_and_restores_the_scene():
 
 
 class NaNExecutor:
+    def can(self, family):
+        return True
+
     def start(self, env):
         return lambda obs: torch.full((1, 5), float("nan")).numpy()
 
@@ -128,9 +131,9 @@ def test_a_saved_state_vla_executes_subgoals_of_a_larger_scene(tmp_path):
     first = _plan(env, 0)[0]
     obs = env.respond(0, f"<subgoal>{first}</subgoal>")
     assert obs.error is None and obs.info["planner/env_steps"] == 5
-    with pytest.raises(KeyError, match="no executor policy for 'stack'"):
-        env.reset([_sample("put_then_stack", 0)])
-        env.respond(0, f"<subgoal>{_plan(env, 0)[1]}</subgoal>")
+    env.reset([_sample("put_then_stack", 0)])  # no stack executor: refused like a bad plan
+    obs = env.respond(0, f"<subgoal>{_plan(env, 0)[1]}</subgoal>")
+    assert obs.error == INVALID and "no skill to stack" in obs.text
 
 
 def test_plan_rewards_read_the_episode_record():
