@@ -82,6 +82,13 @@ def main() -> None:
     ap.add_argument("--executor-args", nargs="*", default=[], help="plan.* overrides")
     ap.add_argument("--grpo-args", nargs="*", default=[], help="overrides of the GRPO arm")
     ap.add_argument("--reuse", action="store_true", help="rescore the arms already under --out")
+    ap.add_argument(
+        "--sft-model",
+        default="",
+        help="start GRPO from this SFT model instead of "
+        "training the sft arm (say how it was trained with --sft-note)",
+    )
+    ap.add_argument("--sft-note", default="")
     args = ap.parse_args()
 
     from perceptrl.datasets.loader import load_samples
@@ -107,8 +114,11 @@ def main() -> None:
             wall[name] = run_arm(cmd, out / name)
         return last_model(out / name)
 
-    sft = arm("sft", ["sft", "plan_grpo", f"train.steps={args.sft_steps}", *common, *SFT_ARGS,
-                      f"model.path={base}", "checkpoint.every=0"])  # fmt: skip
+    if args.sft_model:
+        sft = resolve_path(args.sft_model)
+    else:
+        sft = arm("sft", ["sft", "plan_grpo", f"train.steps={args.sft_steps}", *common,
+                          *SFT_ARGS, f"model.path={base}", "checkpoint.every=0"])  # fmt: skip
     grpo = arm("grpo", ["train", "plan_grpo", "train.steps=100000", *common,
                         f"train.time_limit_min={args.grpo_minutes}", f"model.path={sft}",
                         "checkpoint.every=0", *args.grpo_args])  # fmt: skip
@@ -160,6 +170,7 @@ def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict
             "executor_args": args.executor_args,
             "grpo_args": args.grpo_args,
             "sft_args": SFT_ARGS,
+            "sft_model": args.sft_note or ("given" if args.sft_model else "trained by this run"),
         },  # fmt: skip
         "wall_s": wall,
         "success": success,
@@ -182,7 +193,7 @@ def markdown(d: dict) -> str:
         "",
         f"Machine: {d['machine']['cpu']} ({d['machine']['cores']} cores). Planner: tiny VLM "
         f"({s['base']}); executor: {' '.join(s['executor_args']) or 'plan.executor=oracle'}. "
-        f"SFT {s['sft_steps']} steps on the oracle plans, then GRPO for {s['grpo_minutes']} min "
+        f"SFT: {s['sft_model']}, then GRPO for {s['grpo_minutes']} min "
         f"({d['grpo']['steps']} steps, {d['grpo']['step_s'] or 0:.1f} s each). Greedy episodes on "
         f"{s['n_test']} held-out states (test split, trial seed {s['test_trial_seed']}).",
         "",
