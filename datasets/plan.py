@@ -82,6 +82,8 @@ def phrase(sub, lay) -> str:
 
 
 def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> list[str]:
-    """The oracle plan as planner turns: ``<subgoal>...</subgoal>`` per subgoal, then
-    ``<done/>``."""
-    return [f"<subgoal>{step}</subgoal>" for step in sample["meta"]["plan"]] + ["<done/>"]
+    """The oracle plan as planner turns: ``<subgoal> ...</subgoal>`` per subgoal, then
+    ``<done/>``. The blank after the tag makes the clause's tokens those of the instruction (a
+    BPE tokenizer encodes a word after ``>`` differently from the same word after a blank), so
+    the target is a copy token for token; the parser ignores the blank."""
+    return [f"<subgoal> {step}</subgoal>" for step in sample["meta"]["plan"]] + ["<done/>"]

@@ -169,7 +169,7 @@ def test_the_generator_writes_disjoint_splits_with_the_oracle_plan(tmp_path):
     for row in rows["train"]:  # each subgoal in the words of the instruction (a copyable clause)
         assert all(step in row["question"] for step in row["meta"]["plan"])
     turns = reasoning_trace(r)
-    assert turns[-1] == "<done/>" and turns[0] == f"<subgoal>{r['meta']['plan'][0]}</subgoal>"
+    assert turns[-1] == "<done/>" and turns[0] == f"<subgoal> {r['meta']['plan'][0]}</subgoal>"
     env = PlanEnv(PlanSettings(OracleExecutor()))
     env.reset([r])
     assert [env.respond(0, t) for t in turns][-1] is None
