@@ -25,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
-from common import last_model, machine, metrics, run_arm, write_results
+from common import arm_runner, machine, metrics, write_results
 
 RESULT = Path(__file__).resolve().parent / "results" / "plan.json"
 SFT_ARGS = ["train.lr=1.0e-3", "rollout.prompts_per_step=8"]
@@ -107,12 +107,7 @@ def main() -> None:
               *args.executor_args]  # fmt: skip
     wall: dict[str, float] = {}
 
-    def arm(name: str, cmd: list[str]) -> Path:
-        if args.reuse and (out / name / "checkpoints").exists():
-            wall[name] = previous.get("wall_s", {}).get(name, float("nan"))
-        else:
-            wall[name] = run_arm(cmd, out / name)
-        return last_model(out / name)
+    arm = arm_runner(out, args.reuse, previous, wall)
 
     if args.sft_model:
         sft = resolve_path(args.sft_model)

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from common import last_model, machine, metrics, run_arm, write_results
+from common import arm_runner, machine, metrics, write_results
 
 ARMS = ("base", "sft_warm", "grpo", "sft_more")
 RESULT = Path(__file__).resolve().parent / "results" / "vlm_spatial.json"
@@ -121,18 +121,11 @@ def main() -> None:
               f"data.train={train.resolve()}", "checkpoint.every=0"]  # fmt: skip
     wall: dict[str, float] = {}
 
-    def arm(name: str, cmd: list[str]) -> None:
-        if args.reuse and (out / name / "checkpoints").exists():
-            wall[name] = previous.get("wall_s", {}).get(name, float("nan"))
-        else:
-            wall[name] = run_arm(cmd, out / name)
-
-    arm("sft_warm", ["sft", "vlm_spatial", *common, *SFT_ARGS, f"model.path={base}"])
-    warm = last_model(out / "sft_warm")
-    arm("grpo", ["train", "vlm_spatial", *common, f"model.path={warm}"])
-    arm("sft_more", ["sft", "vlm_spatial", *common, *SFT_ARGS, f"model.path={warm}"])
-    models = {"base": base, "sft_warm": warm, "grpo": last_model(out / "grpo"),
-              "sft_more": last_model(out / "sft_more")}  # fmt: skip
+    arm = arm_runner(out, args.reuse, previous, wall)
+    warm = arm("sft_warm", ["sft", "vlm_spatial", *common, *SFT_ARGS, f"model.path={base}"])
+    grpo = arm("grpo", ["train", "vlm_spatial", *common, f"model.path={warm}"])
+    more = arm("sft_more", ["sft", "vlm_spatial", *common, *SFT_ARGS, f"model.path={warm}"])
+    models = {"base": base, "sft_warm": warm, "grpo": grpo, "sft_more": more}
     results = {arm: score(models[arm], test, out / "eval" / arm) for arm in ARMS}
     train_samples = load_samples(train)[0]
     prior = prior_baseline(train_samples, test)

@@ -27,7 +27,7 @@ import json
 import time
 from pathlib import Path
 
-from common import last_model, machine, metrics, run_arm, write_results
+from common import arm_runner, machine, metrics, write_results
 
 RESULT = Path(__file__).resolve().parent / "results" / "vlm_zoom.json"
 NO_TOOLS = ["rollout.episode.tools=[]"]
@@ -124,12 +124,7 @@ def main() -> None:
     grpo = [f"train.time_limit_min={args.grpo_minutes}", *common]
     wall: dict[str, float] = {}
 
-    def arm(name: str, cmd: list[str]) -> Path:
-        if args.reuse and (out / name / "checkpoints").exists():
-            wall[name] = previous.get("wall_s", {}).get(name, float("nan"))
-        else:
-            wall[name] = run_arm(cmd, out / name)
-        return last_model(out / name)
+    arm = arm_runner(out, args.reuse, previous, wall)
 
     models = {"base": base}
     models["tools_sft"] = arm("tools_sft", ["sft", "vlm_zoom", *sft, f"model.path={base}"])

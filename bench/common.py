@@ -65,6 +65,21 @@ def run_arm(cmd: list[str], run_dir: Path) -> float:
     return time.perf_counter() - t
 
 
+def arm_runner(out: Path, reuse: bool, previous: dict, wall: dict):
+    """``arm(name, cmd) -> model``: ``perceptrl <cmd>`` run into ``out/name`` (`run_arm`; its
+    wall seconds go into ``wall[name]``), or with ``reuse`` an arm already there kept as it is
+    (its wall time taken from the ``previous`` results). Returns the arm's last model."""
+
+    def arm(name: str, cmd: list[str]) -> Path:
+        if reuse and (out / name / "checkpoints").exists():
+            wall[name] = previous.get("wall_s", {}).get(name, float("nan"))
+        else:
+            wall[name] = run_arm(cmd, out / name)
+        return last_model(out / name)
+
+    return arm
+
+
 def last_model(run_dir: Path) -> Path:
     """The HF model folder of a run's last checkpoint."""
     return sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "model"

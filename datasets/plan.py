@@ -36,8 +36,7 @@ def generate(
     split -> JSONL path."""
     import gymnasium as gym
 
-    import perceptrl.sim  # noqa: F401  (registers the tasks)
-    from perceptrl.sim import env_id
+    from ..sim import env_id  # importing the package registers the tasks
 
     splits = {"train": 200, "val": 50, "test": 50} if splits is None else splits
     envs = {

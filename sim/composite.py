@@ -24,6 +24,7 @@ the red block in the blue bowl and then stack the green cube on the yellow one".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from .tasks import (
     _sample_xy,
     get_task,
     register_task,
+    task_counts,
 )
 
 PRIMITIVES = ("put", "stack", "push")
@@ -105,14 +107,6 @@ def view_order(counts: dict[str, int], sub: Subgoal) -> dict[str, np.ndarray]:
         order["blocks"] = [sub.subject] + [i for i in order["blocks"] if i != sub.subject]
         order[kind] = [sub.goal] + [i for i in order[kind] if i != sub.goal]
     return {k: np.asarray(v, dtype=int) for k, v in order.items()}
-
-
-def task_counts(task: Task) -> dict[str, int]:
-    """Entities of each kind in ``task``'s scene."""
-    return {
-        "blocks": task.n_blocks, "bowls": task.n_bowls,
-        "zones": task.n_zones, "targets": task.n_targets,
-    }  # fmt: skip
 
 
 def focus_world(world: World, order: dict[str, np.ndarray]) -> World:
@@ -208,18 +202,12 @@ def _pattern(template: str) -> re.Pattern:
     return re.compile(rf"^\s*{body}\s*\.?\s*$")
 
 
-_PATTERNS = None
-
-
+@functools.cache
 def _patterns() -> list[tuple[str, int, re.Pattern]]:
-    global _PATTERNS
-    if _PATTERNS is None:
-        _PATTERNS = [
-            (fam, k, _pattern(t))
-            for fam in PRIMITIVES
-            for k, t in enumerate(get_task(fam).templates)
-        ]
-    return _PATTERNS
+    """(family, template index, pattern) of every paraphrase of the primitive instructions."""
+    return [
+        (fam, k, _pattern(t)) for fam in PRIMITIVES for k, t in enumerate(get_task(fam).templates)
+    ]
 
 
 class SubgoalError(ValueError):

@@ -38,12 +38,12 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
-from .composite import Subgoal, focus_world, progress, task_counts, view_order
+from .composite import Subgoal, focus_world, progress, view_order
 from .render import make_renderer
 from .robot import ControlConfig, Robot
 from .scene import COLOURS, SceneSpec, build_model
 from .spaces import InstructionText
-from .tasks import Layout, Task, World, get_task, layout
+from .tasks import Layout, Task, World, get_task, layout, task_counts
 
 CHARSET = " abcdefghijklmnopqrstuvwxyz"
 """characters an instruction may contain"""
@@ -148,12 +148,13 @@ class ManipEnv(gym.Env):
         """number of physics blow-ups seen by this env (over all episodes)"""
         self._state_size = mujoco.mj_stateSize(self.model, PHYSICS_STATE)
         self._before_last_substep: np.ndarray | None = None
-        self._focus: Subgoal | None = None
-        self._focus_text = ""
-        self._order: dict[str, np.ndarray] | None = None
         """physics state before the last ``mj_step`` of the last ``step`` (None after a reset):
         ``mjData``'s derived quantities (site poses, contacts) date from that substep, and the
         controller reads them, so ``set_state`` replays it to restore them exactly"""
+        self._focus: Subgoal | None = None
+        self._focus_text = ""
+        self._order: dict[str, np.ndarray] | None = None
+        """the focused subgoal's `composite.view_order` (None without a focus), kept with it"""
 
     @property
     def dt(self) -> float:

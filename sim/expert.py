@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .composite import Subgoal, focus_world, holds, task_counts, view_order
+from .composite import Subgoal, focus_world, holds, view_order
 from .scene import BLOCK_HALF
-from .tasks import World
+from .tasks import World, task_counts
 
 OPEN, CLOSE = -1.0, 1.0
 HOVER = 0.10
@@ -36,6 +36,13 @@ def register_expert(family: str):
         return fn
 
     return wrap
+
+
+def _move(robot, goal: np.ndarray, yaw: float, grip: float) -> np.ndarray:
+    """Delta-EE action (5,) that drives ``robot``'s target towards ``goal`` (3,) and ``yaw``."""
+    dpos = (goal - robot.target_pos) / robot.cfg.pos_scale
+    dyaw = (yaw - robot.target_yaw) / robot.cfg.yaw_scale
+    return np.clip(np.concatenate([dpos, [dyaw, grip]]), -1.0, 1.0)
 
 
 def _wrap_half_pi(angle: float) -> float:
@@ -97,10 +104,7 @@ class ScriptedExpert:
 
     def move(self, goal: np.ndarray, yaw: float, grip: float) -> np.ndarray:
         """Action that drives the end-effector target towards ``goal`` (3,) and ``yaw``."""
-        robot = self.env.robot
-        dpos = (goal - robot.target_pos) / robot.cfg.pos_scale
-        dyaw = (yaw - robot.target_yaw) / robot.cfg.yaw_scale
-        return np.clip(np.concatenate([dpos, [dyaw, grip]]), -1.0, 1.0)
+        return _move(self.env.robot, goal, yaw, grip)
 
     def near(self, w: World, goal: np.ndarray, tol: float) -> bool:
         """The tcp is within ``tol`` metres of ``goal``."""
@@ -233,8 +237,7 @@ def clear_action(env) -> np.ndarray:
     env, robot = env.unwrapped, env.unwrapped.robot
     tcp = robot.tcp_pos(env.data)
     goal = np.array([tcp[0], tcp[1], CLEAR_HEIGHT + 0.02])
-    dpos = (goal - robot.target_pos) / robot.cfg.pos_scale
-    return np.clip(np.concatenate([dpos, [0.0, OPEN]]), -1.0, 1.0).astype(np.float32)
+    return _move(robot, goal, robot.target_yaw, OPEN).astype(np.float32)
 
 
 @register_expert("composite")

@@ -157,15 +157,18 @@ def _blocks(rng, placed, n) -> tuple[np.ndarray, np.ndarray]:
     return pos.reshape(n, 3), rng.uniform(-np.pi / 4, np.pi / 4, size=n)
 
 
+def task_counts(task: Task) -> dict[str, int]:
+    """Entities of each kind in ``task``'s scene, in the scene's kind order."""
+    return {
+        "blocks": task.n_blocks, "bowls": task.n_bowls,
+        "zones": task.n_zones, "targets": task.n_targets,
+    }  # fmt: skip
+
+
 def layout(task: Task, colour_rng: np.random.Generator, pos_rng: np.random.Generator) -> Layout:
     """Sample a full initial state for ``task``: positions, distinct colours, an instruction."""
     lay = task.place(pos_rng, task)
-    counts = {
-        "blocks": task.n_blocks,
-        "bowls": task.n_bowls,
-        "zones": task.n_zones,
-        "targets": task.n_targets,
-    }
+    counts = task_counts(task)
     names = list(COLOURS)
     perm = colour_rng.permutation(len(names))
     k = 0

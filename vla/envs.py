@@ -64,6 +64,14 @@ class StepResult:
     env restored its initial state, so ``batch`` holds no successor); None: no blow-ups"""
 
 
+def idle_action(action_dim: int, control: str) -> np.ndarray:
+    """(A,) float32: no motion with the gripper open (ee control); zeros otherwise."""
+    a = np.zeros(action_dim, np.float32)
+    if control == "ee":
+        a[-1] = -1.0
+    return a
+
+
 def env_kwargs(cfg: EnvConfig) -> dict:
     """Keyword arguments of ``gymnasium.make`` for the recipe's env section."""
     kw = dict(
@@ -104,11 +112,7 @@ class VecRunner:
         )  # fmt: skip
 
     def _noop_default(self) -> np.ndarray:
-        """No motion with the gripper open (ee control); zeros otherwise."""
-        a = np.zeros(self.action_dim, np.float32)
-        if self.cfg.control == "ee":
-            a[-1] = -1.0
-        return a
+        return idle_action(self.action_dim, self.cfg.control)
 
     def noop(self) -> np.ndarray:
         """[N, A] actions that change nothing: zero motion, gripper as last commanded (ee);

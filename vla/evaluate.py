@@ -143,15 +143,15 @@ def episode_frames(policy, runner: VecRunner, cam, seed: int, label: str = "") -
         action, _, _ = policy.act(policy.observe(runner.batch), deterministic=True)
         if hasattr(policy, "env_action"):
             action = policy.env_action(action)
-        chunk = action.float().cpu().numpy().reshape(K, runner.action_dim)
-        for a in runner.sanitize(chunk[None])[0][0]:
+        chunk, _ = runner.sanitize(action.float().cpu().numpy().reshape(1, K, runner.action_dim))
+        for a in chunk[0]:  # sanitised once: a bad chunk is counted once, not again by step
             _, _, te, tr, info = cam.step(a)
             step += 1
             success = success or bool(info.get("success", False) or te)
             shot()
             if te or tr:
                 break
-        res = runner.step(chunk[None])
+        res = runner.step(chunk)
         done = bool(res.terminated[0] or res.truncated[0])
     return frames
 

@@ -44,11 +44,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..sim.composite import SubgoalError, check_subgoal, parse_subgoal, task_counts, view_objects
+from ..sim.composite import SubgoalError, check_subgoal, parse_subgoal, view_objects
 from ..sim.expert import CLEAR_HEIGHT, EXPERTS, ScriptedExpert, clear_action
-from ..sim.tasks import get_task
+from ..sim.tasks import get_task, task_counts
 from ..sim.vector import Batch
 from ..vlm.tools import Observation
+from .envs import idle_action
 
 log = logging.getLogger(__name__)
 
@@ -223,32 +224,28 @@ class PlanEnv:
         r = self.rows[src]
         self.rows[dst] = _Row(r.task, r.state, dict(r.record))
 
-    def image(self, row: int) -> Image.Image:
-        """The agent view of episode ``row`` now."""
-        env = self._env(self.rows[row].task)
-        env.set_state(self.rows[row].state)
-        return Image.fromarray(env.render())
-
     def respond(self, row: int, text: str) -> Observation | None:
         r = self.rows[row]
         rec = r.record
-        if DONE.search(text) and not SUBGOAL.search(text):
-            return None
         m = SUBGOAL.search(text)
         if m is None:
-            return self._invalid(r, "write the next subgoal as <subgoal>...</subgoal>, or <done/>")
+            if DONE.search(text):
+                return None
+            return self._invalid(
+                row, "write the next subgoal as <subgoal>...</subgoal>, or <done/>"
+            )
         env = self._env(r.task)
         env.set_state(r.state)
         rec["planner/subgoals"] += 1
         try:
             sub = parse_subgoal(m.group(1), env.layout.colours)
         except SubgoalError as e:
-            return self._invalid(r, str(e), counted=True)
+            return self._invalid(row, str(e), counted=True)
         why = check_subgoal(env.scene_world(), sub)
         if why is None and not self.settings.executor.can(sub.family):
             why = f"this robot has no skill to {sub.family} (plan.policies)"
         if why is not None:
-            return self._invalid(r, f"cannot do that now: {why}", counted=True)
+            return self._invalid(row, f"cannot do that now: {why}", counted=True)
         rec["planner/valid"] += 1
         ok, unstable, steps = self._execute(env, sub, row)
         rec["planner/executed"] += ok
@@ -261,12 +258,12 @@ class PlanEnv:
         outcome = _outcome(sub.text(env.layout.colours), ok, unstable, steps)
         return Observation(outcome, [Image.fromarray(env.render())], info=dict(rec))
 
-    def _invalid(self, r: _Row, message: str, counted: bool = False) -> Observation:
+    def _invalid(self, row: int, message: str, counted: bool = False) -> Observation:
+        r = self.rows[row]
         if not counted:
             r.record["planner/subgoals"] += 1
         r.record["planner/invalid"] += 1
         if self.settings.record:
-            row = self.rows.index(r)
             env = self._env(r.task)
             env.set_state(r.state)
             frame = self._frame(env, row, f"invalid: {message}", (255, 90, 90))
@@ -294,7 +291,8 @@ class PlanEnv:
         act = self.settings.executor.start(env)
         limit = self.settings.subgoal_steps or get_task(sub.family).max_episode_steps
         steps, ok, unstable = 0, False, False
-        noop = np.array([0, 0, 0, 0, -1.0], np.float32)
+        noop = idle_action(env.action_space.shape[0], env.cfg.control)
+        said = sub.text(env.layout.colours)
         while steps < limit and not (ok or unstable):
             for a in act(obs):
                 if not np.isfinite(a).all():
@@ -303,7 +301,6 @@ class PlanEnv:
                 obs, _, _, _, info = env.step(a)
                 steps += 1
                 if self.settings.record:
-                    said = sub.text(env.layout.colours)
                     self.frames[row].append(self._frame(env, row, f"executing: {said}"))
                 unstable, ok = bool(info["sim_unstable"]), bool(info["success"])
                 if ok or unstable or steps >= limit:

@@ -76,8 +76,9 @@ def episode_settings(cfg) -> EpisodeSettings | None:
     for name in ("max_turns", "max_tokens", "max_images", "max_vision_tokens"):
         if getattr(e, name) < (0 if name in ("max_images", "max_vision_tokens") else 1):
             raise ConfigError(f"rollout.episode.{name}={getattr(e, name)} is out of range")
-    env = functools.partial(ToolEnv, _tools(cfg), e.tool_options, e.tool_timeout_s or None)
-    if e.env != "tools":
+    if e.env == "tools":
+        env = functools.partial(ToolEnv, _tools(cfg), e.tool_options, e.tool_timeout_s or None)
+    else:
         env = episode_env_type(cfg).build(cfg)
     return EpisodeSettings(
         env=env, max_turns=e.max_turns, max_tokens=e.max_tokens, max_images=e.max_images,
