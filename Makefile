@@ -46,9 +46,10 @@ test-all: setup
 test-zero: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m 'not gpu' tests/test_zero.py tests/test_lora.py $(PYTEST_ARGS)
 
-# Long: a few minutes (sim) + 30 min (VLA pixel PPO) + about 30 min (VLM GRPO vs SFT) on 2 cores.
+# Long: a few minutes (sim, demo) + 30 min (VLA pixel PPO) + about 30 min (VLM GRPO vs SFT) on 2 cores.
 bench: setup
 	$(BIN)/python bench/bench_sim.py
+	$(BIN)/python bench/bench_demo.py
 	$(BIN)/python bench/bench_vla.py
 	$(BIN)/python bench/bench_vlm_grpo.py
 	$(BIN)/python bench/bench_vlm_spatial.py

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 import time
 from pathlib import Path
@@ -227,51 +228,104 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The default job on the embedded default (tiny models, synthetic data, CPU): GRPO on
-    synthetic counting from the shipped SFT base with a before/after held-out accuracy table,
-    then PPO on the MuJoCo reach task with its success-rate curve and evaluation videos."""
+    synthetic counting from the shipped demo base, the base against the trained model on fresh
+    held-out questions (paired gain and its standard error), then PPO on the MuJoCo reach task
+    with its success-rate curve and evaluation videos. Writes ``demo.json`` and ``demo.md``."""
     from .trainer.runtime import resolve_path
+    from .vlm.run import build_policy, held_out_gain
 
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    base = resolve_path("assets/vlm_base")
-    base_overrides = []
-    if not (base / "config.json").exists():
-        print(
-            "perceptrl demo: no shipped base in assets/vlm_base; running the SFT warm start first"
+    cfg = load_config(CONFIGS / "vlm_demo.yaml", args.overrides)
+    if args.steps:
+        cfg.train.steps = args.steps
+    if args.minutes:
+        cfg.train.time_limit_min = args.minutes
+    if not (resolve_path(cfg.model.path) / "config.json").exists():
+        raise ConfigError(
+            f"model.path={cfg.model.path}: no model there. The demo's base is committed in "
+            "assets/vlm_demo_base; restore it (git checkout assets) or rebuild it with "
+            "`python bench/make_demo_base.py`."
         )
-        sft_cfg = load_config(CONFIGS / "vlm_sft.yaml", [f"train.time_limit_min={args.minutes}"])
-        save_config(sft_cfg, _mkdir(out / "vlm_sft") / "config.yaml")
-        wiring.side(sft_cfg).run_sft(sft_cfg, out / "vlm_sft")
-        base_overrides = [
-            f"model.path={sorted((out / 'vlm_sft' / 'checkpoints').glob('step_*'))[-1] / 'model'}"
-        ]
-    overrides = [f"train.time_limit_min={args.minutes}", *base_overrides, *args.overrides]
-    cfg = load_config(CONFIGS / "vlm_clevr.yaml", overrides)
     run_dir = _mkdir(out / "vlm_grpo")
     save_config(cfg, run_dir / "config.yaml")
     print(
-        f"perceptrl demo [1/2]: GRPO on synthetic counting for up to {args.minutes:g} min -> {run_dir}"
+        f"perceptrl demo [1/2]: GRPO on synthetic counting, {cfg.train.steps} steps from "
+        f"{cfg.model.path} -> {run_dir}"
     )
-    wiring.side(cfg).build_trainer(cfg, run_dir).fit()
+    t0 = time.perf_counter()
+    trainer = wiring.side(cfg).build_trainer(cfg, run_dir)
+    trainer.fit()
+    train_s = time.perf_counter() - t0
     print_summary(run_dir)
-    demo_vla(out / "vla_ppo_reach")
+    print(f"\nscoring the base and the trained model on {args.test_questions} fresh questions")
+    gain = held_out_gain(
+        cfg, build_policy(cfg, out / "held_out"), trainer.policy, out / "held_out",
+        args.test_questions,
+    )  # fmt: skip
+    vlm = {"steps": trainer.step, "train_seconds": round(train_s, 1), "held_out": gain}
+    print(f"\n{gain_table(gain)}")
+    vla = demo_vla(out / "vla_ppo_reach", args.vla_steps)
+    result = {"vlm_grpo": vlm, "vla_ppo_reach": vla}
+    (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "demo.md").write_text(demo_markdown(result))
+    print(f"\ndemo summary: {out / 'demo.md'}")
     return 0
 
 
-def demo_vla(run_dir: Path) -> None:
-    """Part 2: PPO trains the compact VLA on the reach task; success-rate curve and videos."""
+def gain_table(gain: dict) -> str:
+    """The base against the trained model on the same held-out questions, per family."""
+    lines = [f"{'held-out (greedy)':<24}{'questions':>10}{'base':>8}{'trained':>9}"]
+    for fam, row in gain["families"].items():
+        lines.append(f"{fam:<24}{row['questions']:>10.0f}{row['before']:>8.3f}{row['after']:>9.3f}")
+    lines.append(
+        f"{'all':<24}{gain['questions']:>10.0f}{gain['before']:>8.3f}{gain['after']:>9.3f}"
+    )
+    lines.append(
+        f"gain {gain['gain']:+.3f} +/- {gain['se']:.3f} (paired standard error; "
+        f"{gain['z']:.1f} SE; {gain['improved']:.0f} questions fixed, "
+        f"{gain['regressed']:.0f} broken)"
+    )
+    return "\n".join(lines)
+
+
+def demo_markdown(result: dict) -> str:
+    """``demo.md``: what each part of the demo measured."""
+    vlm, vla = result["vlm_grpo"], result["vla_ppo_reach"]
+    curve = ", ".join(f"{s}: {v:.2f}" for s, v in vla["success_curve"])
+    return (
+        f"# perceptrl demo\n\nPart 1, VLM GRPO ({vlm['steps']} steps, "
+        f"{vlm['train_seconds'] / 60:.1f} min including its evaluations):\n"
+        f"```\n{gain_table(vlm['held_out'])}\n```\n\n"
+        f"Part 2, VLA PPO on reach ({vla['steps']} steps, {vla['train_seconds'] / 60:.1f} min): "
+        f"held-out success by step {curve}.\n"
+    )
+
+
+def demo_vla(run_dir: Path, steps: int = 0) -> dict:
+    """Part 2: PPO trains the compact VLA on the reach task (``steps``, default the recipe's);
+    success-rate curve and videos. Returns ``steps``, ``train_seconds`` and ``success_curve``
+    ([step, held-out success] pairs)."""
     from .trainer.metrics import read_metrics
     from .vla.evaluate import compare_video, write_report
 
-    cfg = load_config(CONFIGS / "vla_ppo_reach_state.yaml", ["log.progress=false"])
+    cfg = load_config(CONFIGS / "vla_ppo_reach_state.yaml")
+    if steps:
+        cfg.train.steps = steps
     save_config(cfg, _mkdir(run_dir) / "config.yaml")
     print(f"\nperceptrl demo [2/2]: PPO on the reach task ({cfg.train.steps} steps) -> {run_dir}")
+    t0 = time.perf_counter()
     trainer = wiring.side(cfg).build_trainer(cfg, run_dir)
     before = copy.deepcopy(trainer.policy)
     trainer.fit()
+    train_s = time.perf_counter() - t0
+    curve = [
+        [row["step"], row["eval/success_rate"]]
+        for row in read_metrics(run_dir / "metrics.jsonl")
+        if "eval/success_rate" in row
+    ]
     print(f"\n{'step':>6}  held-out success ({cfg.env.eval_episodes} episodes, deterministic)")
-    for row in read_metrics(run_dir / "metrics.jsonl"):
-        if "eval/success_rate" in row:
-            print(f"{row['step']:>6}  {row['eval/success_rate']:.3f}")
+    for step, rate in curve:
+        print(f"{step:>6}  {rate:.3f}")
     cfg.env.eval_videos = 2
     report = write_report(trainer.policy, cfg.env, run_dir / "eval")
     for task, video in report["videos"].items():
@@ -283,6 +337,7 @@ def demo_vla(run_dir: Path) -> None:
     )
     print(f"before / after video: {video}")
     print(f"evaluation table: {run_dir / 'eval' / 'eval.md'}")
+    return {"steps": trainer.step, "train_seconds": round(train_s, 1), "success_curve": curve}
 
 
 def _mkdir(path: Path) -> Path:
@@ -419,9 +474,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo", help="the default job: GRPO on synthetic visual counting, before/after table"
     )
-    p.add_argument("overrides", nargs="*", help="dotted overrides of configs/vlm_clevr.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted overrides of configs/vlm_demo.yaml")
     p.add_argument("--out", help="output directory (default: runs/demo-<time>)")
-    p.add_argument("--minutes", type=float, default=6.0, help="GRPO wall-time budget")
+    p.add_argument(
+        "--steps", type=int, default=0, help="GRPO steps (default: the recipe's train.steps)"
+    )
+    p.add_argument(
+        "--minutes", type=float, default=0.0,
+        help="stop GRPO early after this many minutes (default: no limit; a slower machine "
+        "takes longer and learns as much)",
+    )  # fmt: skip
+    p.add_argument(
+        "--test-questions", type=int, default=500,
+        help="fresh held-out questions scoring the base against the trained model",
+    )  # fmt: skip
+    p.add_argument(
+        "--vla-steps", type=int, default=0,
+        help="PPO steps of part 2 (default: the recipe's train.steps)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(

@@ -170,6 +170,30 @@ def test_vla_train_then_eval_writes_table_and_video(tmp_path):
     assert read_video(tmp_path / "cmp" / "Reach_compare.mp4").shape[1:] == (256, 512, 3)
 
 
+def test_demo_runs_both_parts_and_writes_its_summary(tmp_path):
+    """`perceptrl demo` at a tiny budget: GRPO steps from the demo base, the base against the
+    trained model on fresh questions, then PPO on reach; the summary files hold both parts."""
+    env = {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    out = perceptrl("demo", "--out", "d", "--steps", "2", "--test-questions", "6", "--vla-steps", "2",
+                    *TINY, cwd=tmp_path, env_extra=env)  # fmt: skip
+    assert (
+        "2 steps from assets/vlm_demo_base" in out.stdout and "paired standard error" in out.stdout
+    )
+    result = json.loads((tmp_path / "d" / "demo.json").read_text())
+    vlm, vla = result["vlm_grpo"], result["vla_ppo_reach"]
+    assert vlm["steps"] == 2 and vlm["held_out"]["questions"] == 6
+    assert set(vlm["held_out"]["families"]) == {"count_all"}
+    assert vla["steps"] == 2 and [s for s, _ in vla["success_curve"]] == [0, 2]
+    assert "Part 2, VLA PPO on reach (2 steps" in (tmp_path / "d" / "demo.md").read_text()
+    assert (tmp_path / "d" / "vla_ppo_reach" / "eval" / "before_after.mp4").stat().st_size > 0
+
+
+def test_demo_without_its_base_says_how_to_restore_it(tmp_path):
+    out = perceptrl("demo", "--out", "d", "model.path=nowhere/base", cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "bench/make_demo_base.py" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 # ---- errors a user can act on (data) ---------------------------------------------------------
 
 FAST = [*TINY, "model.path=", "train.steps=1", "train.eval_samples=0", "rollout.max_new_tokens=4"]

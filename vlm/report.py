@@ -97,6 +97,37 @@ def summarize(rows: Sequence[dict]) -> dict:
     }
 
 
+def paired_gain(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """How far ``after`` moved from ``before`` on the same questions (``{question id: score}``,
+    e.g. from ``evaluate_accuracy(scores=...)``; only ids both scored count): the mean
+    per-question difference, its standard error (sample standard deviation of the differences
+    over sqrt(n): the paired test, tighter than comparing two independent means because each
+    question's difficulty cancels) and ``z`` = gain / SE (0 when nothing changed).
+
+    Returns:
+        ``questions``, ``before``, ``after``, ``gain``, ``se``, ``z``, ``improved`` (questions
+        only ``after`` got right), ``regressed`` (the reverse).
+    """
+    ids = sorted(before.keys() & after.keys())
+    n = len(ids)
+    if n < 2:
+        raise ValueError(f"a paired comparison needs 2 or more shared questions, got {n}")
+    diffs = [after[i] - before[i] for i in ids]
+    gain = sum(diffs) / n
+    var = sum((d - gain) ** 2 for d in diffs) / (n - 1)
+    se = (var / n) ** 0.5
+    return {
+        "questions": float(n),
+        "before": sum(before[i] for i in ids) / n,
+        "after": sum(after[i] for i in ids) / n,
+        "gain": gain,
+        "se": se,
+        "z": gain / se if se > 0 else 0.0,
+        "improved": float(sum(d > 0 for d in diffs)),
+        "regressed": float(sum(d < 0 for d in diffs)),
+    }
+
+
 def markdown(rows: Sequence[dict]) -> str:
     """The table: one row per family, a subtotal row per modality, then the overall row."""
     summary = summarize(rows)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -493,8 +493,11 @@ def rollout_worker(cfg, run_dir: str, model: str, train: list[dict], index: int)
 # ---------------------------------------------------------------------------------------------
 
 
-def run_sft(cfg, run_dir: Path) -> dict[str, float]:
-    """Supervised warm start on the generator's templated reasoning traces."""
+def run_sft(
+    cfg, run_dir: Path, teacher: Callable[[dict, str], str] | None = None
+) -> dict[str, float]:
+    """Supervised warm start on the generator's templated reasoning traces; ``teacher(sample,
+    trace)``, when given, rewrites each target (e.g. an imperfect teacher's traces)."""
     from .sft import VLMSFTSource
 
     data = load_data(cfg, run_dir)
@@ -504,6 +507,8 @@ def run_sft(cfg, run_dir: Path) -> dict[str, float]:
     try:
         gen, tools = get_generator(cfg.data.generator), cfg.rollout.episode.tools
         targets = [gen.reasoning_trace(s, tools) for s in train]
+        if teacher is not None:
+            targets = [teacher(s, t) for s, t in zip(train, targets)]
     except (KeyError, ValueError) as e:
         raise ConfigError(
             f"perceptrl sft builds targets from the synthetic generator's scene metadata; sample "
@@ -539,6 +544,49 @@ def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
         if data.skipped:
             sets[-1]["skipped"] = dict(data.skipped)
     return write_report(rows, out_dir, model=cfg.model.path, extra={"task_sets": sets})
+
+
+TEST_SEED_OFFSET = 1000
+"""`held_out_gain`'s test questions come from the generator at ``data.seed`` + this: scenes that
+neither the run's training nor its validation split (which chose the recipe) contains."""
+
+
+def held_out_gain(cfg, before, after, out_dir: Path, n: int) -> dict:
+    """Greedy accuracy of two policies (e.g. a run's base and its trained policy) on the same
+    ``n`` fresh synthetic test questions of the recipe's generator and families, and the paired
+    gain with its standard error (``report.paired_gain``). Writes the questions under
+    ``out_dir/data``.
+
+    Returns:
+        ``paired_gain``'s keys plus ``families``: family -> {"questions", "before", "after"}.
+    """
+    from ..datasets.loader import load_samples
+    from .report import paired_gain
+
+    d = cfg.data
+    try:
+        paths = get_generator(d.generator).generate(
+            out_dir / "data", {"test": n}, d.families, seed=d.seed + TEST_SEED_OFFSET,
+            image_size=d.image_size, seconds=d.video_seconds, fps=d.video_fps,
+        )  # fmt: skip
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"data.generator={d.generator!r}, data.families: {e}") from e
+    samples = load_samples(paths["test"])[0]
+    test_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_samples=n))
+    evaluate = build_evaluator(test_cfg, samples)
+    scores = {"before": {}, "after": {}}
+    metrics = {
+        name: evaluate(policy, prompt=prompt_config(cfg), scores=scores[name])
+        for name, policy in (("before", before), ("after", after))
+    }
+    out = paired_gain(scores["before"], scores["after"])
+    fams = sorted(k[9:] for k in metrics["after"] if k.startswith("accuracy/"))
+    out["families"] = {
+        f: {"questions": metrics["after"][f"count/{f}"],
+            **{name: metrics[name][f"accuracy/{f}"] for name in metrics}}
+        for f in fams
+    }  # fmt: skip
+    return out
 
 
 def _eval_data(c, out_dir: Path):

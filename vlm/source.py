@@ -372,9 +372,12 @@ def evaluate_accuracy(
     prompt: PromptConfig | None = None,
     strict: bool = True,
     token_budget: int = 16384,
+    scores: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Greedy-decode every sample and score it: accuracy is the mean reward total, so pass a
-    correctness reward (e.g. numeric / mcq / iou without the format bonus).
+    correctness reward (e.g. numeric / mcq / iou without the format bonus). ``scores``, when
+    given, receives each scored sample's total under its ``id`` (its index when it has none), so
+    two models can be compared question by question (``report.paired_gain``).
 
     A policy with ``episode`` settings answers in greedy episodes (tools called as in training;
     the answer is the last turn).
@@ -387,7 +390,7 @@ def evaluate_accuracy(
     prompt = prompt or policy.prompt
     by_family: dict[str, list[float]] = defaultdict(list)
     comp_vals: dict[str, list[float]] = defaultdict(list)
-    lengths, clipped, skipped, episodes = [], [], 0, []
+    lengths, clipped, skipped, episodes, scored = [], [], 0, [], 0
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
         idx = list(range(start, start + len(chunk)))
@@ -402,8 +405,11 @@ def evaluate_accuracy(
         context = {"episodes": records} if len(records) == len(b) else {}  # for episode terms
         completions = [m["completion"] for m in b.meta]
         totals, comps, _ = _check_reward(reward(completions, done, **context), len(b))
-        for s, t in zip(done, totals):
+        for j, (s, t) in enumerate(zip(done, totals)):
             by_family[str(s.get("family", "all"))].append(float(t))
+            if scores is not None:  # without an id: the position among the scored samples
+                scores[str(s["id"]) if "id" in s else f"#{scored + j}"] = float(t)
+        scored += len(done)
         for k, v in comps.items():
             comp_vals[k] += [float(x) for x in v]
         lengths += b.mask.sum(1).tolist()

@@ -89,3 +89,53 @@ def test_cli_eval_two_task_sets_gives_a_per_modality_table(tmp_path):
     md = (out / "eval.md").read_text()
     assert "| 3d | obj_count | 1 |" in md and "| image | all | 6 |" in md
     assert cv2.imread(str(out / "eval.png")) is not None
+
+
+def test_paired_gain_on_a_hand_computed_case():
+    """Differences [0, 1, 1, -1]: gain 0.25, sample variance 11/12, SE sqrt(11/48); ids scored
+    by one model only do not count."""
+    before = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0, "only_before": 0.0}
+    after = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0, "only_after": 1.0}
+    g = report.paired_gain(before, after)
+    assert g["questions"] == 4 and g["before"] == 0.5 and g["after"] == 0.75
+    assert g["gain"] == pytest.approx(0.25)
+    assert g["se"] == pytest.approx((11 / 48) ** 0.5)
+    assert g["z"] == pytest.approx(0.25 / (11 / 48) ** 0.5)
+    assert (g["improved"], g["regressed"]) == (2, 1)
+    same = report.paired_gain(before, before)
+    assert (same["gain"], same["se"], same["z"]) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="2 or more shared questions"):
+        report.paired_gain({"a": 1.0}, {"a": 0.0, "b": 1.0})
+
+
+def test_held_out_gain_scores_both_models_on_the_same_fresh_questions(tmp_path):
+    """The two shipped bases on 12 fresh counting questions: each side equals that model's own
+    evaluation on the same questions and the gain is their difference."""
+    from perceptrl.cli import CONFIGS
+    from perceptrl.datasets.loader import load_samples
+    from perceptrl.rewards import build_reward
+    from perceptrl.vlm.run import build_policy, held_out_gain, prompt_config
+    from perceptrl.vlm.source import evaluate_accuracy
+    from perceptrl.wiring import load_config
+
+    assets = Path(__file__).resolve().parents[2] / "assets"
+    cfgs = {
+        name: load_config(CONFIGS / "vlm_demo.yaml", [f"model.path={assets / name}"])
+        for name in ("vlm_base", "vlm_demo_base")
+    }
+    policies = {name: build_policy(c, tmp_path / name) for name, c in cfgs.items()}
+    cfg = cfgs["vlm_demo_base"]
+    g = held_out_gain(cfg, policies["vlm_base"], policies["vlm_demo_base"], tmp_path / "t", 12)
+    questions = load_samples(tmp_path / "t" / "data" / "test.jsonl")[0]
+    assert len(questions) == 12 and g["questions"] == 12
+    assert {q["family"] for q in questions} == {"count_all"} and set(g["families"]) == {"count_all"}
+    own = {
+        name: evaluate_accuracy(p, questions, build_reward({"accuracy": 1.0}),
+                                prompt=prompt_config(cfg))["accuracy"]
+        for name, p in policies.items()
+    }  # fmt: skip
+    assert g["before"] == pytest.approx(own["vlm_base"]) and g["after"] == pytest.approx(
+        own["vlm_demo_base"]
+    )
+    assert g["gain"] == pytest.approx(own["vlm_demo_base"] - own["vlm_base"])
+    assert g["families"]["count_all"]["after"] == pytest.approx(own["vlm_demo_base"])
