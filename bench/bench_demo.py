@@ -17,14 +17,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import machine, write_results
+from common import RESULTS, last_model, machine, write_results
 
 GOAL = {"gain": 0.10, "z": 3.0, "train_minutes": 5.0}
+
+
+def before_after_frame(video: Path) -> Path:
+    """The middle frame of the before/after video as ``bench/results/demo_before_after.png``."""
+    import cv2
+
+    from perceptrl.sim.demos import read_video
+
+    frames = read_video(video)
+    path = RESULTS / "demo_before_after.png"
+    cv2.imwrite(str(path), cv2.cvtColor(frames[len(frames) // 2], cv2.COLOR_RGB2BGR))
+    return path
 
 
 def main() -> None:
@@ -34,11 +47,21 @@ def main() -> None:
 
     out = Path(args.out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+
+    def perceptrl(*cmd: str) -> None:
+        subprocess.run([sys.executable, "-m", "perceptrl.cli", *cmd], check=True, env=env)
+
     t = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "perceptrl.cli", "demo", "--out", str(out)], check=True, env=env
-    )
+    perceptrl("demo", "--out", str(out))
     wall = time.perf_counter() - t
+    perceptrl(
+        "eval", "vlm_demo", "--model", "base=assets/vlm_demo_base",
+        "--model", f"grpo={last_model(out / 'vlm_grpo')}", "--pass-k", "1,2,4,8,16",
+        "--out", str(out / "passk"), "data.seed=1001",
+    )  # fmt: skip
+    for ext in ("json", "md", "png"):
+        shutil.copy(out / "passk" / f"passk.{ext}", RESULTS / f"demo_passk.{ext}")
+    before_after_frame(out / "vla_ppo_reach" / "eval" / "before_after.mp4")
     result = json.loads((out / "demo.json").read_text())
     vlm = result["vlm_grpo"]
     gain = vlm["held_out"]

@@ -1,17 +1,20 @@
 """GRPO from a behaviour-cloning warm start on pick (or put), the SimpleVLA-RL recipe in small.
 
-1. Behaviour cloning of the scripted expert (``configs/vla_bc_pick.yaml``) for ``--bc-steps``
-   steps: a deliberately short warm start that picks sometimes, as a few-demonstration SFT does.
+1. Behaviour cloning of the scripted expert (``configs/vla_bc_pick.yaml``; with ``--policy
+   token`` the token VLA's ``configs/vla_bc_token.yaml``) for ``--bc-steps`` steps: a
+   deliberately short warm start that succeeds sometimes, as a few-demonstration SFT does.
 2. Held-out success of that policy on ``--episodes`` seeds from ``env.eval_seed`` (never used
-   in training), with the Gaussian's mean actions (deterministic) and with sampled actions (the
-   policy GRPO trains; sampling seeded).
-3. GRPO (``configs/vla_grpo.yaml``: groups of episodes from the same indexed initial state,
-   sparse success reward, dynamic sampling) from the BC weights for ``--minutes``.
+   in training), deterministic (the Gaussian's mean actions; the token VLA's most likely action
+   tokens) and with sampled actions (the policy GRPO trains; sampling seeded).
+3. GRPO (``configs/vla_grpo.yaml`` / ``configs/vla_grpo_token.yaml``: groups of episodes from
+   the same indexed initial state, sparse success reward, dynamic sampling) from the BC weights
+   for ``--minutes``.
 4. Held-out success again, on the same seeds.
 
     MUJOCO_GL=egl python bench/bench_vla_grpo.py [--task perceptrl/Pick-v0] [--minutes 12]
+    MUJOCO_GL=egl python bench/bench_vla_grpo.py --policy token --task perceptrl/Reach-v0
 
-Writes bench/results/vla_grpo_<task>.{json,md}.
+Writes bench/results/vla_grpo_<task>.{json,md} (``vla_grpo_token_<task>`` for the token VLA).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ import torch  # noqa: E402,F401  (import torch before any rendering)
 from common import last_model, machine, metrics, peak_rss_mb, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+RECIPES = {"compact": ("vla_bc_pick", "vla_grpo"), "token": ("vla_bc_token", "vla_grpo_token")}
+"""--policy -> (behaviour-cloning recipe, GRPO recipe)"""
+DETERMINISTIC = {"compact": "the Gaussian's mean actions", "token": "the most likely action tokens"}
 
 
 def success(policy, env_cfg, episodes: int) -> dict[str, float]:
@@ -77,6 +83,7 @@ def bc_then_grpo(
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="perceptrl/Pick-v0")
+    ap.add_argument("--policy", choices=sorted(RECIPES), default="compact")
     ap.add_argument("--bc-steps", type=int, default=60, help="behaviour-cloning steps")
     ap.add_argument("--minutes", type=float, default=12.0, help="GRPO wall time")
     ap.add_argument("--episodes", type=int, default=200, help="held-out evaluation episodes")
@@ -91,10 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     task = task_name(args.task)
     common = [f"env.id={args.task}", f"train.seed={args.seed}", "log.progress=false",
               "log.tensorboard=false"]  # fmt: skip
+    bc_recipe, grpo_recipe = RECIPES[args.policy]
     run = bc_then_grpo(
-        out, "vla_bc_pick",
+        out, bc_recipe,
         [*common, f"train.steps={args.bc_steps}", "train.eval_every=0", "checkpoint.every=0"],
-        "vla_grpo", [*common, *args.overrides], args.minutes, args.episodes,
+        grpo_recipe, [*common, *args.overrides], args.minutes, args.episodes,
     )  # fmt: skip
     grpo_cfg, steps = run["grpo_cfg"], run["steps"]
     before, after, bc_s, grpo_s = (
@@ -111,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     data = {
         "machine": machine(),
         "task": args.task,
+        "policy": args.policy,
         "settings": {
             "bc_steps": args.bc_steps,
             "grpo_minutes": args.minutes,
@@ -137,31 +146,33 @@ def main(argv: list[str] | None = None) -> None:
     }
     m = data["machine"]
     md = [
-        f"# GRPO from a behaviour-cloning warm start: {task}",
+        f"# GRPO from a behaviour-cloning warm start: {task}"
+        + (" (token VLA)" if args.policy == "token" else ""),
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores (shared with other work during the run), "
         f"torch {m['torch']}.",
         "",
-        f"Held-out success, {args.episodes} episodes from seed {grpo_cfg.env.eval_seed}, with the "
-        "Gaussian's mean actions and with sampled actions:",
+        f"Held-out success, {args.episodes} episodes from seed {grpo_cfg.env.eval_seed}, with "
+        f"{DETERMINISTIC[args.policy]} (deterministic) and with sampled actions:",
         "",
-        "| model | mean actions | sampled actions |",
+        "| model | deterministic | sampled actions |",
         "|---|---|---|",
         f"| BC warm start ({args.bc_steps} steps, {bc_s / 60:.1f} min) | "
         f"{before['deterministic']:.3f} | {before['sampled']:.3f} |",
         f"| + GRPO ({len(steps)} steps, {grpo_s / 60:.1f} min) | {after['deterministic']:.3f} | "
         f"{after['sampled']:.3f} |",
         "",
-        f"Gain: **{data['gain_points']['deterministic']:+.1f} points** with mean actions, "
+        f"Gain: **{data['gain_points']['deterministic']:+.1f} points** deterministic, "
         f"**{data['gain_points']['sampled']:+.1f}** sampled. GRPO: {data['settings']['groups_per_step']} "
         f"initial states x {data['settings']['group_size']} episodes per step, sparse success "
         f"reward, dynamic sampling; mean step {data['mean_step_s']} s; peak RSS "
         f"{data['peak_rss_mb']} MB.",
     ]
     if curve:
-        md += ["", "| GRPO step | held-out success, mean actions (eval_episodes) |", "|---|---|"]
+        md += ["", "| GRPO step | held-out success, deterministic (eval_episodes) |", "|---|---|"]
         md += [f"| {c['step']} | {c['success']:.3f} |" for c in curve]
-    js, mdp = write_results(f"vla_grpo_{task.lower()}", data, "\n".join(md))
+    name = "vla_grpo_" + ("token_" if args.policy == "token" else "") + task.lower()
+    js, mdp = write_results(name, data, "\n".join(md))
     print("\n".join(md))
     print(f"\nwrote {js} and {mdp}")
 
