@@ -202,14 +202,17 @@ def load_data(cfg, run_dir: Path) -> Data:
     return data
 
 
-def _generate(cfg, run_dir: Path) -> dict[str, Path | None]:
-    """split -> file of the generated synthetic set (None for a split of no samples)."""
+def _generate(
+    cfg, run_dir: Path, sizes: dict[str, int] | None = None, seed: int | None = None
+) -> dict[str, Path | None]:
+    """split -> file of the generated synthetic set (None for a split of no samples); by
+    default the ``data.n_train``/``data.n_val`` splits at ``data.seed``."""
     d = cfg.data
-    sizes = {"train": d.n_train, "val": d.n_val}
+    sizes = sizes or {"train": d.n_train, "val": d.n_val}
     try:
         paths = get_generator(d.generator).generate(
-            run_dir / "data", sizes, d.families, seed=d.seed, image_size=d.image_size,
-            seconds=d.video_seconds, fps=d.video_fps,
+            run_dir / "data", sizes, d.families, seed=d.seed if seed is None else seed,
+            image_size=d.image_size, seconds=d.video_seconds, fps=d.video_fps,
         )  # fmt: skip
     except (KeyError, ValueError) as e:
         raise ConfigError(f"data.generator={d.generator!r}, data.families: {e}") from e
@@ -563,15 +566,8 @@ def held_out_gain(cfg, before, after, out_dir: Path, n: int) -> dict:
     from ..datasets.loader import load_samples
     from .report import paired_gain
 
-    d = cfg.data
-    try:
-        paths = get_generator(d.generator).generate(
-            out_dir / "data", {"test": n}, d.families, seed=d.seed + TEST_SEED_OFFSET,
-            image_size=d.image_size, seconds=d.video_seconds, fps=d.video_fps,
-        )  # fmt: skip
-    except (KeyError, ValueError) as e:
-        raise ConfigError(f"data.generator={d.generator!r}, data.families: {e}") from e
-    samples = load_samples(paths["test"])[0]
+    test = _generate(cfg, out_dir, {"test": n}, cfg.data.seed + TEST_SEED_OFFSET)["test"]
+    samples = load_samples(test)[0]
     test_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_samples=n))
     evaluate = build_evaluator(test_cfg, samples)
     scores = {"before": {}, "after": {}}
