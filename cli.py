@@ -160,8 +160,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfgs = {name: load_config(recipe, [*overrides, f"model.path={path}"])
                 for name, path in models.items()}  # fmt: skip
         first = next(iter(cfgs.values()))
-        if first.side != "vlm" or more:
-            raise ConfigError("--pass-k evaluates VLM recipes, one task set per command")
+        if first.side not in ("vlm", "plan") or more:
+            raise ConfigError(
+                "--pass-k evaluates VLM (and planner) recipes, one task set per command"
+            )
         result = wiring.side(first).run_pass_k(cfgs, out, ks, args.pass_n or max(ks))
     elif len(models) > 1:
         cfgs = {name: load_config(recipe, [*overrides, f"model.path={path}"])

@@ -427,6 +427,16 @@ def run_eval(cfg, out_dir, more=()):
     return vlm_run.run_eval(cfg, out_dir, more)
 
 
+def run_pass_k(cfgs, out_dir, ks, n):
+    """pass@k of planners: ``n`` sampled planner episodes per held-out state, scored by task
+    success (`PLAN_EVAL`)."""
+    from ..vlm import run as vlm_run
+
+    for cfg in cfgs.values():
+        _check(cfg)
+    return vlm_run.run_pass_k(cfgs, out_dir, ks, n)
+
+
 def _register() -> None:
     from ..vlm.episode import EpisodeEnvType, register_episode_env
 

@@ -52,7 +52,9 @@ def evaluate_pass_k(
     strict: bool = True,
     token_budget: int = 16384,
 ) -> dict:
-    """``n`` sampled answers per sample, scored by ``reward`` (a correctness reward).
+    """``n`` sampled answers per sample, scored by ``reward`` (a correctness reward; a policy
+    with ``episode`` settings samples episodes, and the reward gets their records as
+    ``episodes``, as in `source.evaluate_accuracy`).
 
     Returns:
         ``{"n", "ks", "questions", "correct": [c per question], "rows": [{"modality",
@@ -74,7 +76,11 @@ def evaluate_pass_k(
         if not enc:
             continue
         b = policy.sample(enc, n, sp)
-        totals, _, _ = reward([m["completion"] for m in b.meta], [m["sample"] for m in b.meta])
+        records = [m["episode"] for m in b.meta if "episode" in m]
+        context = {"episodes": records} if len(records) == len(b) else {}  # for episode terms
+        totals, _, _ = reward(
+            [m["completion"] for m in b.meta], [m["sample"] for m in b.meta], **context
+        )
         counts: dict[int, int] = defaultdict(int)
         for g, t in zip(b.group_id.tolist(), totals):
             counts[g] += int(float(t) >= CORRECT)

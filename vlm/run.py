@@ -330,6 +330,14 @@ def build_policy(cfg, run_dir: Path):
     return policy
 
 
+def eval_reward(cfg) -> dict[str, float]:
+    """The held-out score of the recipe: `EVAL_REWARD`, or its episode environment's own (the
+    planner's task success for ``rollout.episode.env=plan``)."""
+    if cfg.rollout.episode.env != "tools":
+        return episode_env_type(cfg).eval_reward or EVAL_REWARD
+    return EVAL_REWARD
+
+
 def build_evaluator(cfg, val: list[dict]):
     """Greedy held-out accuracy per question family, or None without validation data."""
     if not val or cfg.train.eval_samples <= 0:
@@ -337,12 +345,9 @@ def build_evaluator(cfg, val: list[dict]):
     from ..rewards import build_reward
     from .source import evaluate_accuracy
 
-    score = EVAL_REWARD
-    if cfg.rollout.episode.env != "tools":
-        score = episode_env_type(cfg).eval_reward or EVAL_REWARD
     return functools.partial(
         evaluate_accuracy, samples=val[: cfg.train.eval_samples],
-        reward=build_reward(score, timeout_s=cfg.rollout.reward_timeout_s),
+        reward=build_reward(eval_reward(cfg), timeout_s=cfg.rollout.reward_timeout_s),
         batch_size=max(cfg.rollout.prompts_per_step * cfg.rollout.group_size, 16),
         max_new_tokens=cfg.rollout.max_new_tokens, strict=cfg.data.strict,
         token_budget=cfg.rollout.token_budget,
@@ -611,7 +616,7 @@ def run_pass_k(cfgs: dict, out_dir: Path, ks: Sequence[int], n: int) -> dict:
         data = _eval_data(c, out_dir)
         policy = build_policy(c, out_dir / f"model_{len(results)}")
         val = fit_prompts(c, policy.processor, data, splits=("val",)).val[: c.train.eval_samples]
-        reward = build_reward(EVAL_REWARD, timeout_s=c.rollout.reward_timeout_s)
+        reward = build_reward(eval_reward(c), timeout_s=c.rollout.reward_timeout_s)
         try:
             results[name] = evaluate_pass_k(
                 policy, val, reward, ks, n, batch_size=max(1, c.rollout.prompts_per_step),

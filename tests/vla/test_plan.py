@@ -265,3 +265,26 @@ def test_an_episode_replays_into_a_video_with_its_subgoals(tmp_path):
     assert rec["planner/success"] == 1.0 and frames.shape[1:] == (96, 96, 3)
     # the start, the invalid turn, one frame per env step of both subgoals, the verdict
     assert len(frames) == INVALID_FRAMES * 2 + rec["planner/env_steps"] + 20
+
+
+def test_pass_k_of_a_planner_counts_completed_tasks(tmp_path, monkeypatch):
+    """`perceptrl eval plan_grpo --pass-k` through the plan side: sampling replaced by the oracle
+    plan in the first of each question's two episodes and by an empty plan (done at once) in the
+    second, all executed for real; task success scores them, so pass@1 = 0.5 and pass@2 = 1."""
+    import torch
+
+    from perceptrl.vlm.episode import forced_batch
+    from perceptrl.vlm.policy import VLMPolicy
+
+    def half_oracle(policy, prompts, n, sp):
+        samples = [p.sample for p in prompts for _ in range(n)]
+        traces = [reasoning_trace(s) if j % n == 0 else ["<done/>"] for j, s in enumerate(samples)]
+        b = forced_batch(policy, samples, traces)
+        b.group_id = torch.arange(len(prompts)).repeat_interleave(n)
+        return b
+
+    monkeypatch.setattr(VLMPolicy, "sample", half_oracle)
+    cfg = load_config("configs/plan_grpo.yaml", TINY)
+    side(cfg).run_pass_k({"oracle": cfg}, tmp_path, [1, 2], 2)
+    saved = json.loads((tmp_path / "passk.json").read_text())["oracle"]
+    assert saved["overall"] == {"1": 0.5, "2": 1.0} and saved["questions"] == 2

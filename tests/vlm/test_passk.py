@@ -74,3 +74,40 @@ def test_known_answers_and_the_report(pol, samples, tmp_path):
     assert (tmp_path / "passk.png").stat().st_size > 0
     with pytest.raises(ValueError, match="1..2"):
         evaluate_pass_k(pol, samples[:1], always(1.0), [4], 2)
+
+
+class OneTurn:
+    """An episode environment that ends every episode after the policy's first turn."""
+
+    def reset(self, samples):
+        pass
+
+    def respond(self, row, text):
+        return None
+
+
+def test_episode_answers_reach_the_reward_with_their_records(tiny_dirs, samples):
+    """A policy with episode settings samples episodes; the reward gets one record per answer
+    (episode terms such as the planner's task success score from them, not from the text)."""
+    from perceptrl.vlm.episode import EpisodeSettings
+
+    pol = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"])
+    pol.episode = EpisodeSettings(env=OneTurn, max_tokens=64)
+    seen: list = []
+
+    def from_records(completions, samples, episodes=None):
+        seen.append(None if episodes is None else len(episodes))
+        return [float(episodes is not None)] * len(completions), {}, {}
+
+    r = evaluate_pass_k(pol, samples[:2], from_records, [1, 2], 2, max_new_tokens=4)
+    assert seen == [4] and r["overall"] == {1: 1.0, 2: 1.0}
+
+
+def test_the_plan_recipe_scores_pass_k_by_task_success():
+    import perceptrl.vla.plan  # noqa: F401  (registers the planner's episode environment)
+    from perceptrl.cli import CONFIGS
+    from perceptrl.vlm.run import EVAL_REWARD, eval_reward
+    from perceptrl.wiring import load_config
+
+    assert eval_reward(load_config(CONFIGS / "plan_grpo.yaml")) == {"plan_success": 1.0}
+    assert eval_reward(load_config(CONFIGS / "vlm_clevr.yaml")) == EVAL_REWARD
