@@ -13,7 +13,7 @@ the right count often enough for GRPO to find and reinforce it.
 The result is the model in ``assets/vlm_demo_base`` (written with its tokenizer and processor);
 the recipe is ``configs/vlm_demo.yaml``. Deterministic in ``--seed``.
 
-    python bench/make_demo_base.py [--steps 300] [--miscount 0.6] [--out assets/vlm_demo_base]
+    python bench/make_demo_base.py [--steps 1000] [--miscount 0.6] [--out assets/vlm_demo_base]
 """
 
 from __future__ import annotations

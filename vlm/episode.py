@@ -506,6 +506,13 @@ def forced_batch(policy, samples: list[dict], traces: list[list[str]]) -> Rollou
     )
 
 
+def episode_context(batch: RolloutBatch) -> dict[str, list[dict]]:
+    """``{"episodes": records}`` for a reward's episode terms when every row of ``batch`` is an
+    episode (``meta["episode"]``), else ``{}`` (single-turn rows)."""
+    records = [m["episode"] for m in batch.meta if "episode" in m]
+    return {"episodes": records} if records and len(records) == len(batch) else {}
+
+
 def episode_metrics(batch: RolloutBatch, prefix: str = "episode") -> dict[str, float]:
     """Metrics of a batch's episodes ({} for single-turn rows): ``<prefix>/turns_mean``,
     ``tool_calls_mean``, ``valid_call_rate``, ``images_mean``, ``obs_tokens_mean``,

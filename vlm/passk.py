@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from .episode import episode_context
 from .prompts import PromptConfig, encode_prompts
 from .report import _order, modality, save_figure
 from .rollout import SamplingParams
@@ -76,10 +77,8 @@ def evaluate_pass_k(
         if not enc:
             continue
         b = policy.sample(enc, n, sp)
-        records = [m["episode"] for m in b.meta if "episode" in m]
-        context = {"episodes": records} if len(records) == len(b) else {}  # for episode terms
         totals, _, _ = reward(
-            [m["completion"] for m in b.meta], [m["sample"] for m in b.meta], **context
+            [m["completion"] for m in b.meta], [m["sample"] for m in b.meta], **episode_context(b)
         )
         counts: dict[int, int] = defaultdict(int)
         for g, t in zip(b.group_id.tolist(), totals):

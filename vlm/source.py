@@ -25,7 +25,7 @@ from ..datasets.loader import DataError
 from ..trainer.batch import RolloutBatch
 from . import rollout
 from .config import RolloutConfig
-from .episode import episode_metrics, summarize
+from .episode import episode_context, episode_metrics, summarize
 from .process import ProcessMonitor
 from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
 from .tree_rollout import sampled_tokens
@@ -376,8 +376,9 @@ def evaluate_accuracy(
 ) -> dict[str, float]:
     """Greedy-decode every sample and score it: accuracy is the mean reward total, so pass a
     correctness reward (e.g. numeric / mcq / iou without the format bonus). ``scores``, when
-    given, receives each scored sample's total under its ``id`` (its index when it has none), so
-    two models can be compared question by question (``report.paired_gain``).
+    given, receives each scored sample's total under its ``id`` (``#<position among the scored
+    samples>`` when it has none), so two models can be compared question by question
+    (``report.paired_gain``).
 
     A policy with ``episode`` settings answers in greedy episodes (tools called as in training;
     the answer is the last turn).
@@ -399,10 +400,9 @@ def evaluate_accuracy(
         if not enc:
             continue
         b = _greedy(policy, enc, max_new_tokens, token_budget)
-        records = [m["episode"] for m in b.meta if "episode" in m]
-        episodes += records
+        context = episode_context(b)  # for episode terms
+        episodes += context.get("episodes", [])
         done = [m["sample"] for m in b.meta]
-        context = {"episodes": records} if len(records) == len(b) else {}  # for episode terms
         completions = [m["completion"] for m in b.meta]
         totals, comps, _ = _check_reward(reward(completions, done, **context), len(b))
         for j, (s, t) in enumerate(zip(done, totals)):
