@@ -96,6 +96,13 @@ def test_one_step_off_is_one_version_old_and_trains(make):
 
 def test_async_drops_chunks_past_max_staleness(make):
     trainer, source = make("async", steps=4, workers=2, max_staleness=0, buffer_chunks=2)
+    step = trainer.train_step
+
+    def after_a_pause():  # the workers fill the buffer first, so an update makes chunks stale
+        time.sleep(1.0)  # however slowly a busy machine runs them (the toy chunk takes ms)
+        return step()
+
+    trainer.train_step = after_a_pause
     trainer.fit()
     rows = _rows(trainer.run_dir)
     assert len(rows) == 4 and all(r["pipeline/staleness_max"] == 0.0 for r in rows)
