@@ -70,6 +70,9 @@ class EnvConfig:
 class VLAConfig:
     policy: str = choice("compact", POLICIES)
     """VLA policy: compact (CNN/MLP + FiLM, Gaussian and value heads) | token (VLM action tokens)"""
+    action_bins: int = 256
+    """token policy: action tokens per action dimension (uniform bins on [-1, 1]; OpenVLA uses
+    256; an odd count has a bin centred on 0, the no-op of a delta action)"""
     encoder: str = choice("cnn", ENCODERS)
     """compact policy observation encoder: cnn (camera images) | keypoint (CNN + spatial softmax) | state (entity poses, MLP)"""
     channels: list[int] = field(default_factory=lambda: [32, 64, 64])

@@ -59,6 +59,8 @@ def build_token_policy(cfg, runner: VecRunner, device, run_dir=None):
             f"vla.policy=token has no value head; algo.adv_estimator={cfg.algo.adv_estimator!r} "
             "needs one. Use a group estimator (grpo, rloo, ...)"
         )
+    if cfg.vla.action_bins < 2:
+        raise ConfigError(f"vla.action_bins={cfg.vla.action_bins}; a token policy needs >= 2 bins")
     m = cfg.model
     if m.path:
         path = Path(m.path).expanduser()
@@ -66,7 +68,9 @@ def build_token_policy(cfg, runner: VecRunner, device, run_dir=None):
         path = build_tiny(m.tiny_arch, Path(run_dir) / "init_model", seed=cfg.train.seed)
     else:
         raise ConfigError("vla.policy=token needs model.path (a local image-text-to-text model)")
-    spec = TokenSpec(action_dim=runner.action_dim, chunk=cfg.env.action_chunk)
+    spec = TokenSpec(
+        action_dim=runner.action_dim, chunk=cfg.env.action_chunk, bins=cfg.vla.action_bins
+    )
     policy = TokenVLA.from_pretrained(
         path, spec, dtype=m.dtype, device=device, gradient_checkpointing=m.gradient_checkpointing,
         trust_remote_code=m.trust_remote_code, min_pixels=m.min_pixels or None,
@@ -76,6 +80,11 @@ def build_token_policy(cfg, runner: VecRunner, device, run_dir=None):
         raise ConfigError(
             f"model.path holds a TokenVLA with action chunk {policy.spec.chunk}; the recipe has "
             f"env.action_chunk={cfg.env.action_chunk}"
+        )
+    if policy.spec.bins != cfg.vla.action_bins:
+        raise ConfigError(
+            f"model.path holds a TokenVLA with {policy.spec.bins} action bins; the recipe has "
+            f"vla.action_bins={cfg.vla.action_bins}"
         )
     return policy
 

@@ -119,14 +119,16 @@ class TokenVLA:
 
     # ------------------------------------------------------------------ observations
     def observe(self, batch) -> dict[str, list[Tensor]]:
-        """A ``sim.vector.Batch`` (N envs) -> per-env prompt inputs (lists of N tensors)."""
+        """A ``sim.vector.Batch`` (N envs) -> per-env prompt inputs (lists of N tensors). Every
+        camera's image goes into the prompt, in ``env.cameras`` order (one agent view leaves a
+        target's depth ambiguous; a wrist view resolves it, as for the compact VLA)."""
         if not batch.images:
             raise ValueError("TokenVLA needs camera images; make the env with env.obs_mode=rgb")
-        images = next(iter(batch.images.values()))  # (N, H, W, 3) uint8
+        cams = list(batch.images.values())  # each (N, H, W, 3) uint8
         samples = [
-            {"id": i, "images": [Image.fromarray(img)],
+            {"id": i, "images": [Image.fromarray(c[i]) for c in cams],
              "question": self.spec.question.format(instruction=text)}
-            for i, (img, text) in enumerate(zip(images, batch.instructions))
+            for i, text in enumerate(batch.instructions)
         ]  # fmt: skip
         prompts, _ = encode_prompts(self.vlm.processor, samples, self.vlm.prompt, strict=True)
         obs: dict[str, list[Tensor]] = {"prompt_ids": [p.input_ids for p in prompts]}

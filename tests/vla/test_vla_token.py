@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -52,14 +53,16 @@ def test_action_block_avoids_special_tokens(tiny_dir):
         action_block(proc, vocab, bins=vocab)
 
 
-def test_act_and_evaluate_agree_under_the_mask(tiny_dir, env_cfg):
+@pytest.mark.parametrize("cameras", [["agentview"], ["agentview", "wrist"]])
+def test_act_and_evaluate_agree_under_the_mask(tiny_dir, env_cfg, cameras):
     torch.manual_seed(0)
     policy = TokenVLA.from_pretrained(tiny_dir, TokenSpec(action_dim=5, chunk=2))
-    runner = VecRunner(env_cfg, seed=3)
+    runner = VecRunner(dataclasses.replace(env_cfg, cameras=cameras), seed=3)
     try:
         obs = policy.observe(runner.reset())
     finally:
         runner.close()
+    assert [len(g) for g in obs["image_grid_thw"]] == [len(cameras)] * 2  # one image per camera
     actions, logp, _ = policy.act(obs)  # (2, 10) bin centres
     assert actions.shape == (2, 10) and torch.isfinite(actions).all()
     assert actions.abs().max() < 1.0
@@ -140,18 +143,48 @@ def test_grpo_trains_token_vla_end_to_end(tiny_dir, tmp_path):
     torch.testing.assert_close(reloaded.state_dict()[first], trainer.policy.state_dict()[first])
 
 
-def test_bc_into_token_vla_with_chunked_targets(tiny_dir, tmp_path):
-    """`perceptrl sft vla_bc_token`: expert chunks of 2 actions, binned, as token targets."""
+def bc_token(tiny_dir: Path, run_dir: Path, *overrides: str) -> Path:
+    """`perceptrl sft vla_bc_token` on two envs from ``tiny_dir``; the last model's directory."""
     from perceptrl.vla.run import run_sft
 
     cfg = load_config(
         CONFIGS / "vla_bc_token.yaml",
         [f"model.path={tiny_dir}", "env.num_envs=2", "env.steps_per_rollout=4",
-         "env.action_chunk=2", "env.eval_episodes=0", "train.steps=2", *QUIET],
+         "env.eval_episodes=0", *overrides, *QUIET],
     )  # fmt: skip
-    run_sft(cfg, tmp_path)
+    run_sft(cfg, run_dir)
+    return sorted((run_dir / "checkpoints").iterdir())[-1] / "model"
+
+
+def test_bc_into_token_vla_with_chunked_targets(tiny_dir, tmp_path):
+    """`perceptrl sft vla_bc_token`: expert chunks of 2 actions, binned, as token targets."""
+    model = bc_token(tiny_dir, tmp_path, "env.action_chunk=2", "train.steps=2")
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [r["sft/loss"] for r in rows if "sft/loss" in r]
     assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
-    model = sorted((tmp_path / "checkpoints").iterdir())[-1] / "model"
     assert load_policy(model).spec.chunk == 2
+
+
+def test_action_bins_from_the_recipe(tiny_dir, tmp_path, env_cfg):
+    """`vla.action_bins` sets the tokenizer's resolution; a saved policy keeps its own and a
+    recipe that disagrees is a config error, not a silent re-binning."""
+    from perceptrl.trainer.config import ConfigError
+    from perceptrl.vla.run import build_token_policy
+
+    model = bc_token(tiny_dir, tmp_path, "vla.action_bins=31", "train.steps=1")
+    policy = load_policy(model)
+    assert policy.spec.bins == 31
+    runner = VecRunner(env_cfg, seed=3)
+    try:
+        actions, _, _ = policy.act(policy.observe(runner.reset()), deterministic=True)
+        again = load_config(CONFIGS / "vla_grpo_token.yaml", [f"model.path={model}", *QUIET])
+        with pytest.raises(ConfigError, match="31 action bins.*vla.action_bins=256"):
+            build_token_policy(again, runner, torch.device("cpu"))
+        again.vla.action_bins = 1
+        with pytest.raises(ConfigError, match=">= 2 bins"):
+            build_token_policy(again, runner, torch.device("cpu"))
+    finally:
+        runner.close()
+    centres = torch.linspace(-1, 1, 32)[:-1] + 1 / 31  # the 31 bin centres, 0 among them
+    assert torch.isclose(actions.flatten()[:, None], centres[None]).any(-1).all()
+    assert torch.isclose(centres, torch.tensor(0.0), atol=1e-6).any()
