@@ -1,0 +1,191 @@
+"""Why the token VLA learns slowly on 2 cores: action resolution against perception.
+
+Issue 19 asks the token VLA (a VLM emitting action tokens, OpenVLA's architecture) to gain 20
+points with GRPO over a behaviour-cloning warm start, and, if it does not learn at this size, to
+find out why (action-token resolution, sampling, scenes per batch). Three measurements on reach:
+
+1. **Resolution bound**: the scripted expert with its actions binned to ``b`` tokens per
+   dimension (encode, decode to bin centres, execute), and with uniform noise of ``±n`` bins on
+   every token, on ``--episodes`` held-out initial states. If the binned expert succeeds, the
+   bins are not what limits the policy.
+2. **Warm start**: behaviour cloning with the shipped recipe (``configs/vla_bc_token.yaml``,
+   overrides from the command line) for ``--bc-steps``; held-out success with the most likely
+   tokens and with sampled tokens.
+3. **Perception**: the cloned policy's loss (nats per policy step, the sum over its action
+   tokens) on fresh expert data, with each step's own camera images and with the images of
+   another step of the batch (another scene), and per action dimension. If the loss with other
+   scenes' images is no worse, the policy ignores the images; if it is worse but the loss on the
+   position dimensions stays high, it sees the scene but cannot place the target precisely.
+
+    MUJOCO_GL=egl python bench/bench_vla_token.py [--bc-steps 150] [overrides ...]
+
+Writes bench/results/vla_token_diagnosis.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402  (import torch before any rendering)
+from common import last_model, machine, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+BINS = (3, 9, 31, 256)
+NOISE = ((31, 2), (256, 16))
+"""(bins, ±noise in bins) of the noisy binned expert"""
+
+
+def binned_expert(task: str, bins: int, episodes: int, seed0: int, noise: int = 0) -> float:
+    """Success of the scripted expert whose every action goes through ``bins`` action tokens."""
+    import gymnasium as gym
+
+    import perceptrl.sim  # noqa: F401  (registers the tasks)
+    from perceptrl.sim.expert import ScriptedExpert
+    from perceptrl.vla.tokenizer import ActionTokenizer
+
+    tok = ActionTokenizer(first_id=0, bins=bins)
+    env = gym.make(task, obs_mode="state")
+    rng = np.random.default_rng(0)
+    wins = 0
+    for e in range(episodes):
+        obs, _ = env.reset(seed=seed0 + e)
+        expert = ScriptedExpert(env)
+        for _ in range(env.unwrapped.task.max_episode_steps):
+            action = torch.as_tensor(expert.act(obs), dtype=torch.float32)
+            ids = tok.encode(action[None, None])  # (1, D)
+            if noise:
+                ids = ids + torch.as_tensor(rng.integers(-noise, noise + 1, size=ids.shape))
+                ids = ids.clamp(0, bins - 1)
+            obs, _, terminated, truncated, info = env.step(tok.decode(ids, ids.shape[-1])[0, 0])
+            if info["success"]:
+                wins += 1
+                break
+            if terminated or truncated:
+                break
+    env.close()
+    return wins / episodes
+
+
+@torch.no_grad()
+def perception(policy, env_cfg, batches: int = 4) -> dict:
+    """Loss of ``policy`` on fresh expert steps with their own images and with another step's."""
+    from perceptrl.vla.bc import ExpertSource
+    from perceptrl.vla.envs import VecRunner
+
+    runner = VecRunner(env_cfg, seed=777)  # scenes neither BC nor evaluation drew
+    source = ExpertSource(policy, runner, batch_steps=16)
+    own, other, per_dim = [], [], []
+    try:
+        for step in range(batches):
+            flat = policy.flat_batch(source.next_batch(step))
+            nll = -policy.vlm.evaluate(flat).logp  # (N, K*D)
+            own.append(float(nll.sum(-1).mean()))
+            per_dim.append(nll.mean(0))
+            prompts = dict(flat.prompts)
+            for key in ("pixel_values",):  # half the batch away: another scene's images
+                n = len(prompts[key])
+                prompts[key] = prompts[key][n // 2 :] + prompts[key][: n // 2]
+            shuffled = policy.vlm.evaluate(dataclasses.replace(flat, prompts=prompts))
+            other.append(float(-shuffled.logp.sum(-1).mean()))
+    finally:
+        runner.close()
+    return {
+        "loss_own_images": float(np.mean(own)),
+        "loss_other_scenes_images": float(np.mean(other)),
+        "loss_per_token": torch.stack(per_dim).mean(0).tolist(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", default="perceptrl/Reach-v0")
+    ap.add_argument("--bc-steps", type=int, default=150)
+    ap.add_argument("--episodes", type=int, default=64, help="held-out episodes per figure")
+    ap.add_argument("--out", default="runs/bench_vla_token")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides for the BC recipe")
+    args = ap.parse_args()
+
+    from perceptrl.vla.evaluate import evaluate_policy
+    from perceptrl.vla.run import load_policy, run_sft
+    from perceptrl.wiring import load_config
+
+    cfg = load_config(
+        ROOT / "configs" / "vla_bc_token.yaml",
+        [f"env.id={args.task}", f"train.steps={args.bc_steps}", "train.eval_every=0",
+         "checkpoint.every=0", "log.progress=false", "log.tensorboard=false",
+         "env.eval_episodes=0", *args.overrides],  # evaluated below, once
+    )  # fmt: skip
+    seed0 = cfg.env.eval_seed
+    t = time.perf_counter()
+    bound = {str(b): binned_expert(args.task, b, args.episodes, seed0) for b in BINS}
+    noisy = {f"{b}±{n}": binned_expert(args.task, b, args.episodes, seed0, n) for b, n in NOISE}
+    expert_s = time.perf_counter() - t
+    out = Path(args.out)
+    t = time.perf_counter()
+    run_sft(cfg, out)
+    bc_s = time.perf_counter() - t
+    policy = load_policy(last_model(out))
+    torch.manual_seed(0)
+    sampled = evaluate_policy(policy, cfg.env, episodes=args.episodes, deterministic=False)
+    det = evaluate_policy(policy, cfg.env, episodes=args.episodes)
+    seen = perception(policy, cfg.env)
+    data = {
+        "machine": machine(),
+        "task": args.task,
+        "settings": {
+            "bc_steps": args.bc_steps,
+            "episodes": args.episodes,
+            "eval_seed": seed0,
+            "overrides": args.overrides,
+            "action_bins": cfg.vla.action_bins,
+            "cameras": list(cfg.env.cameras),
+            "image_size": cfg.env.image_size,
+        },  # fmt: skip
+        "binned_expert_success": bound,
+        "noisy_binned_expert_success": noisy,
+        "expert_seconds": round(expert_s, 1),
+        "bc_seconds": round(bc_s, 1),
+        "bc_success": {"deterministic": det["success_rate"], "sampled": sampled["success_rate"]},
+        "perception": seen,
+    }
+    md = markdown(data)
+    js, mdp = write_results("vla_token_diagnosis", data, md)
+    print(md)
+    print(f"\nwrote {js} and {mdp}")
+
+
+def markdown(data: dict) -> str:
+    s, m, p = data["settings"], data["machine"], data["perception"]
+    dims = " / ".join(f"{x:.2f}" for x in p["loss_per_token"])
+    return "\n".join([
+        f"# Token VLA on {data['task']}: resolution against perception",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}. {s['episodes']} held-out "
+        f"episodes from seed {s['eval_seed']} per figure.",
+        "",
+        "Scripted expert with binned actions (success): "
+        + ", ".join(f"{b} bins {v:.2f}" for b, v in data["binned_expert_success"].items())
+        + "; with uniform noise on every token: "
+        + ", ".join(f"{b} bins {v:.2f}" for b, v in data["noisy_binned_expert_success"].items())
+        + ".",
+        "",
+        f"Behaviour cloning ({s['bc_steps']} steps, {data['bc_seconds'] / 60:.1f} min; "
+        f"{s['action_bins']} bins, cameras {', '.join(s['cameras'])} at {s['image_size']} px): "
+        f"held-out success {data['bc_success']['deterministic']:.3f} with the most likely "
+        f"tokens, {data['bc_success']['sampled']:.3f} sampled.",
+        "",
+        f"Loss on fresh expert steps, nats per policy step: {p['loss_own_images']:.2f} with "
+        f"each step's own images, {p['loss_other_scenes_images']:.2f} with another scene's; "
+        f"per action token (x / y / z / yaw / gripper): {dims}.",
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
