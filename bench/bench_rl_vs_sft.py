@@ -57,10 +57,11 @@ def answer_only(sample: dict, trace: str) -> str:
 
 
 TEACHERS = {
-    "sft_teacher": lambda seed: sloppy_teacher(0.6, 0),  # the base's teacher, unchanged
-    "sft_gold": lambda seed: None,
-    "sft_answer": lambda seed: answer_only,
+    "sft_teacher": sloppy_teacher(0.6, 0),  # the base's own teacher, unchanged
+    "sft_gold": None,  # the generator's correct traces
+    "sft_answer": answer_only,
 }
+"""SFT arm -> the ``teacher`` rewriting its targets (`vlm.run.run_sft`)"""
 
 
 def sft_arm(arm: str, base: str, seed: int, minutes: float, run_dir: Path) -> None:
@@ -77,7 +78,7 @@ def sft_arm(arm: str, base: str, seed: int, minutes: float, run_dir: Path) -> No
          "train.eval_samples=0", f"train.seed={seed}", "log.progress=false",
          "checkpoint.every=0", "checkpoint.keep_last=1"],
     )  # fmt: skip
-    run_sft(cfg, run_dir, teacher=TEACHERS[arm](seed))
+    run_sft(cfg, run_dir, teacher=TEACHERS[arm])
 
 
 def run_arm(arm: str, base: str, seed: int, minutes: float, run_dir: Path) -> float:
