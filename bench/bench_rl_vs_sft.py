@@ -33,14 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from common import RESULTS, last_model, machine, write_results
+from common import RESULTS, last_model, machine, run_arm, run_timed, write_results
 from make_demo_base import COUNT, sloppy_teacher
 
 SFT_ARMS = ("sft_teacher", "sft_gold", "sft_answer")
@@ -65,7 +62,7 @@ TEACHERS = {
 
 
 def sft_arm(arm: str, base: str, seed: int, minutes: float, run_dir: Path) -> None:
-    """One SFT arm, in this process (called through ``arm`` by `run_arm`)."""
+    """One SFT arm, in this process (the child `train_arm` starts with ``arm``)."""
     from perceptrl.cli import CONFIGS
     from perceptrl.vlm.run import run_sft
     from perceptrl.wiring import load_config
@@ -81,21 +78,18 @@ def sft_arm(arm: str, base: str, seed: int, minutes: float, run_dir: Path) -> No
     run_sft(cfg, run_dir, teacher=TEACHERS[arm])
 
 
-def run_arm(arm: str, base: str, seed: int, minutes: float, run_dir: Path) -> float:
+def train_arm(arm: str, base: str, seed: int, minutes: float, run_dir: Path) -> float:
     """Train one arm and seed in its own process (its own memory and threads); wall seconds."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     if run_dir.exists():
         shutil.rmtree(run_dir)
     if arm == "grpo":
-        cmd = [sys.executable, "-m", "perceptrl.cli", "train", "vlm_demo", f"model.path={base}",
-               "train.steps=100000", f"train.time_limit_min={minutes}", f"train.seed={seed}",
-               f"data.seed={DATA_SEED}", "train.eval_every=0", "train.eval_samples=0",
-               "log.progress=false", "checkpoint.every=0", "--run-dir", str(run_dir)]  # fmt: skip
-    else:
-        cmd = [sys.executable, __file__, "arm", arm, base, str(seed), str(minutes), str(run_dir)]
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env)
-    return time.perf_counter() - t
+        return run_arm(
+            ["train", "vlm_demo", f"model.path={base}", "train.steps=100000",
+             f"train.time_limit_min={minutes}", f"train.seed={seed}", f"data.seed={DATA_SEED}",
+             "train.eval_every=0", "train.eval_samples=0", "log.progress=false",
+             "checkpoint.every=0"], run_dir,
+        )  # fmt: skip
+    return run_timed([sys.executable, __file__, "arm", arm, base, str(seed), str(minutes), str(run_dir)])  # fmt: skip
 
 
 def steps_of(run_dir: Path) -> int:
@@ -142,19 +136,22 @@ def compare(a: list[dict[str, float]], b: list[dict[str, float]], ids: list[str]
 def subsets(splits: dict[str, list[dict]]) -> dict[str, tuple[str, list[str]]]:
     """Reported question sets: name -> (split, ids)."""
     ood = splits["ood"]
-    six = [s["id"] for s in ood if len(s["meta"]["objects"]) == 6]
+    six = {s["id"] for s in ood if len(s["meta"]["objects"]) == 6}
     return {
         "test": ("test", [s["id"] for s in splits["test"]]),
         "ood": ("ood", [s["id"] for s in ood]),
-        "ood/count6": ("ood", six),
-        "ood/new_pair": ("ood", [s["id"] for s in ood if s["id"] not in set(six)]),
+        "ood/count6": ("ood", [s["id"] for s in ood if s["id"] in six]),
+        "ood/new_pair": ("ood", [s["id"] for s in ood if s["id"] not in six]),
     }
 
 
-def pass_k(models: dict[str, Path], ood: Path, out: Path, n: int) -> tuple[dict, dict]:
-    """pass@k of each model on the first ``n`` OOD questions (16 samples each): name -> {k:
-    value}, and name -> sampled pass@1 on the ``ood/count6`` and ``ood/new_pair`` questions
-    among them (greedy decoding can hide answers that sampling gives)."""
+def pass_k(
+    models: dict[str, Path], ood: Path, questions: list[dict], kinds: dict, out: Path, n: int
+) -> tuple[dict, dict]:
+    """pass@k of each model on the first ``n`` OOD questions (``questions``, the samples in the
+    file ``ood``; 16 samples each): name -> {k: value}, and name -> sampled pass@1 on the
+    questions of each of ``kinds`` (name -> ids, from `subsets`) among them (greedy decoding
+    can hide answers that sampling gives)."""
     from perceptrl.cli import CONFIGS
     from perceptrl.vlm.run import run_pass_k
     from perceptrl.wiring import load_config
@@ -167,20 +164,18 @@ def pass_k(models: dict[str, Path], ood: Path, out: Path, n: int) -> tuple[dict,
     run_pass_k(cfgs, out, [1, 2, 4, 8, 16], 16)
     for ext in ("json", "md", "png"):
         shutil.copy(out / f"passk.{ext}", RESULTS / f"rl_vs_sft_passk.{ext}")
-    from perceptrl.datasets.loader import load_samples
-
     result = json.loads((out / "passk.json").read_text())
-    six = [len(x["meta"]["objects"]) == 6 for x in load_samples(ood)[0][:n]]
-    subsets = {}
+    ids = [q["id"] for q in questions[:n]]
+    by_kind = {}
     for name, r in result.items():  # r["correct"]: right answers of 16, question by question
-        by = {"ood/count6": [c for c, k in zip(r["correct"], six) if k],
-              "ood/new_pair": [c for c, k in zip(r["correct"], six) if not k]}  # fmt: skip
-        subsets[name] = {k: sum(v) / (16 * len(v)) for k, v in by.items() if v}
-    return {name: r["overall"] for name, r in result.items()}, subsets
+        right = dict(zip(ids, r["correct"]))
+        by = {kind: [right[i] for i in kind_ids if i in right] for kind, kind_ids in kinds.items()}
+        by_kind[name] = {k: sum(v) / (16 * len(v)) for k, v in by.items() if v}
+    return {name: r["overall"] for name, r in result.items()}, by_kind
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "arm":  # one SFT arm, from run_arm
+    if len(sys.argv) > 1 and sys.argv[1] == "arm":  # one SFT arm, from train_arm
         arm, base, seed, minutes, run_dir = sys.argv[2:7]
         sft_arm(arm, base, int(seed), float(minutes), Path(run_dir))
         return
@@ -210,7 +205,7 @@ def main() -> None:
             if args.reuse and (run_dir / "checkpoints").exists():
                 wall[key] = previous.get("wall_s", {}).get(key, float("nan"))
             else:
-                wall[key] = run_arm(arm, base, seed, args.minutes, run_dir)
+                wall[key] = train_arm(arm, base, seed, args.minutes, run_dir)
             steps[key], models[key] = steps_of(run_dir), last_model(run_dir)
             print(f"{key}: {steps[key]} steps in {wall[key]:.0f} s", flush=True)
     scores = {"base": score(Path(base), splits, out / "score")}
@@ -234,7 +229,9 @@ def main() -> None:
         for b in SFT_ARMS
     }  # fmt: skip
     passk, passk_subsets = pass_k({"base": Path(base), **{a: models[f"{a}/0"] for a in ARMS}},
-                   paths["ood"], out / "passk", args.n_passk)  # fmt: skip
+                   paths["ood"], splits["ood"],
+                   {k: sets[k][1] for k in ("ood/count6", "ood/new_pair")},
+                   out / "passk", args.n_passk)  # fmt: skip
     data = {
         "machine": machine(),
         "settings": {

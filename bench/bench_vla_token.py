@@ -43,34 +43,32 @@ NOISE = ((31, 2), (256, 16))
 
 
 def binned_expert(task: str, bins: int, episodes: int, seed0: int, noise: int = 0) -> float:
-    """Success of the scripted expert whose every action goes through ``bins`` action tokens."""
+    """Success of the scripted expert whose every action goes through ``bins`` action tokens
+    (`sim.expert.rollout_expert` on the env wrapped to bin, and perturb, what it receives)."""
     import gymnasium as gym
+    from gymnasium.wrappers import TransformAction
 
     import perceptrl.sim  # noqa: F401  (registers the tasks)
-    from perceptrl.sim.expert import ScriptedExpert
+    from perceptrl.sim.expert import rollout_expert
     from perceptrl.vla.tokenizer import ActionTokenizer
 
     tok = ActionTokenizer(first_id=0, bins=bins)
-    env = gym.make(task, obs_mode="state")
     rng = np.random.default_rng(0)
-    wins = 0
-    for e in range(episodes):
-        obs, _ = env.reset(seed=seed0 + e)
-        expert = ScriptedExpert(env)
-        for _ in range(env.unwrapped.task.max_episode_steps):
-            action = torch.as_tensor(expert.act(obs), dtype=torch.float32)
-            ids = tok.encode(action[None, None])  # (1, D)
-            if noise:
-                ids = ids + torch.as_tensor(rng.integers(-noise, noise + 1, size=ids.shape))
-                ids = ids.clamp(0, bins - 1)
-            obs, _, terminated, truncated, info = env.step(tok.decode(ids, ids.shape[-1])[0, 0])
-            if info["success"]:
-                wins += 1
-                break
-            if terminated or truncated:
-                break
-    env.close()
-    return wins / episodes
+
+    def binned(action: np.ndarray) -> np.ndarray:
+        ids = tok.encode(torch.as_tensor(action, dtype=torch.float32)[None, None])  # (1, D)
+        if noise:
+            ids = ids + torch.as_tensor(rng.integers(-noise, noise + 1, size=ids.shape))
+            ids = ids.clamp(0, bins - 1)
+        return tok.decode(ids, ids.shape[-1])[0, 0].numpy()
+
+    raw = gym.make(task, obs_mode="state")
+    env = TransformAction(raw, binned, raw.action_space)
+    try:
+        wins = [rollout_expert(env, seed=seed0 + e)["success"] for e in range(episodes)]
+    finally:
+        env.close()
+    return sum(wins) / episodes
 
 
 @torch.no_grad()
@@ -89,9 +87,8 @@ def perception(policy, env_cfg, batches: int = 4) -> dict:
             own.append(float(nll.sum(-1).mean()))
             per_dim.append(nll.mean(0))
             prompts = dict(flat.prompts)
-            for key in ("pixel_values",):  # half the batch away: another scene's images
-                n = len(prompts[key])
-                prompts[key] = prompts[key][n // 2 :] + prompts[key][: n // 2]
+            pixels = prompts["pixel_values"]  # half the batch away: another scene's images
+            prompts["pixel_values"] = pixels[len(pixels) // 2 :] + pixels[: len(pixels) // 2]
             shuffled = policy.vlm.evaluate(dataclasses.replace(flat, prompts=prompts))
             other.append(float(-shuffled.logp.sum(-1).mean()))
     finally:

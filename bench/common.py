@@ -53,16 +53,16 @@ def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     return js, md
 
 
-def run_arm(cmd: list[str], run_dir: Path) -> float:
-    """``perceptrl <cmd> --run-dir run_dir`` in its own process (its own peak RSS); wall seconds."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+def run_timed(argv: list[str]) -> float:
+    """``argv`` in its own process (its own peak RSS), offline; wall seconds."""
     t = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "perceptrl.cli", *cmd, "--run-dir", str(run_dir)],
-        check=True,
-        env=env,
-    )
+    subprocess.run(argv, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     return time.perf_counter() - t
+
+
+def run_arm(cmd: list[str], run_dir: Path) -> float:
+    """``perceptrl <cmd> --run-dir run_dir`` in its own process (`run_timed`); wall seconds."""
+    return run_timed([sys.executable, "-m", "perceptrl.cli", *cmd, "--run-dir", str(run_dir)])
 
 
 def arm_runner(out: Path, reuse: bool, previous: dict, wall: dict):
