@@ -114,9 +114,10 @@ def focus_world(world: World, order: dict[str, np.ndarray]) -> World:
     b = order["blocks"]
     return dataclasses.replace(
         world,
-        blocks=world.blocks[b], bowls=world.bowls[order["bowls"]], zones=world.zones[order["zones"]],
-        targets=world.targets[order["targets"]], block_vel=world.block_vel[b],
-        grasped=world.grasped[b], touched=world.touched[b],
+        blocks=world.blocks[..., b, :], bowls=world.bowls[..., order["bowls"], :],
+        zones=world.zones[..., order["zones"], :], targets=world.targets[..., order["targets"], :],
+        block_vel=world.block_vel[..., b], grasped=world.grasped[..., b],
+        touched=world.touched[..., b],
     )  # fmt: skip
 
 
@@ -133,24 +134,29 @@ def view_objects(objects: np.ndarray, counts: dict[str, int], prim: dict[str, in
 
 def counts_of(world: World) -> dict[str, int]:
     return {
-        "blocks": len(world.blocks), "bowls": len(world.bowls),
-        "zones": len(world.zones), "targets": len(world.targets),
+        "blocks": world.blocks.shape[-2], "bowls": world.bowls.shape[-2],
+        "zones": world.zones.shape[-2], "targets": world.targets.shape[-2],
     }  # fmt: skip
+
+
+def holds_batch(world: World, sub: Subgoal) -> np.ndarray:
+    """Subgoal ``sub`` is achieved, per world of a batched ``world`` (bool array)."""
+    view = focus_world(world, view_order(counts_of(world), sub))
+    return np.asarray(get_task(sub.family).success(view), bool)
 
 
 def holds(world: World, sub: Subgoal) -> bool:
     """Subgoal ``sub`` is achieved in ``world`` (the primitive's success on its view)."""
-    return bool(get_task(sub.family).success(focus_world(world, view_order(counts_of(world), sub))))
+    return bool(holds_batch(world, sub))
 
 
-def progress(world: World, subgoals: tuple[Subgoal, ...]) -> int:
-    """How many subgoals hold in order: the length of the longest prefix that holds now."""
-    n = 0
-    for sub in subgoals:
-        if not holds(world, sub):
-            break
-        n += 1
-    return n
+def progress(world: World, subgoals: tuple[Subgoal, ...]):
+    """How many subgoals hold in order: the length of the longest prefix that holds now (an
+    int array of the worlds' batch shape)."""
+    if not subgoals:
+        return np.zeros(np.shape(world.tcp)[:-1], int)
+    held = np.stack([holds_batch(world, sub) for sub in subgoals], axis=-1)
+    return np.cumprod(held, axis=-1).sum(axis=-1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -440,7 +440,7 @@ class ManipEnv(gym.Env):
 
     def subgoals_done(self) -> int:
         """How many of the task's subgoals hold, in order (0 for a primitive task)."""
-        return progress(self.scene_world(), self.task.subgoals)
+        return int(progress(self.scene_world(), self.task.subgoals))
 
     def world(self) -> World:
         """Privileged snapshot of the task state (for success, shaping and scripted experts),

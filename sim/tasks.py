@@ -30,7 +30,12 @@ LIFT_HEIGHT = 0.08
 
 @dataclass
 class World:
-    """Snapshot of the task-relevant state after a step (all positions world frame, metres)."""
+    """Snapshot of the task-relevant state after a step (all positions world frame, metres).
+
+    Every field may carry leading batch dimensions (``[N, ...]``: N worlds of a batched
+    simulator); the success and shaping functions index entities from the end (``[..., i, :]``)
+    and reduce over the last axis, so they score one world or N at once.
+    """
 
     tcp: np.ndarray
     """(3,) tool centre point"""
@@ -80,8 +85,9 @@ class Task:
     templates: tuple[str, ...]
     """instruction paraphrases; fields {obj} and {goal} are colour names"""
     success: Callable[[World], bool]
+    """world -> success (a bool array of the worlds' batch shape; see `World`)"""
     shaping: Callable[[World], dict[str, float]]
-    """term name -> value in [0, 1] (logged as ``reward/<term>``)"""
+    """term name -> value in [0, 1] (logged as ``reward/<term>``), arrays of the batch shape"""
     place: Callable[[np.random.Generator, Task], Layout]
     """positions only (colours and instruction are added by ``layout``)"""
     max_episode_steps: int = 100
@@ -185,12 +191,17 @@ def layout(task: Task, colour_rng: np.random.Generator, pos_rng: np.random.Gener
 
 
 # ------------------------------------------------------------------ shaping helpers
-def _closeness(d: float, scale: float = 10.0) -> float:
-    return float(1.0 - np.tanh(scale * d))
+def _closeness(d, scale: float = 10.0):
+    return 1.0 - np.tanh(scale * d)
 
 
-def _reach_term(w: World, i: int = 0) -> float:
-    return _closeness(float(np.linalg.norm(w.tcp - w.blocks[i])))
+def _dist(a, b):
+    """Euclidean distance over the last axis (any leading batch dimensions)."""
+    return np.linalg.norm(a - b, axis=-1)
+
+
+def _reach_term(w: World, i: int = 0):
+    return _closeness(_dist(w.tcp, w.blocks[..., i, :]))
 
 
 # ------------------------------------------------------------------ reach
@@ -205,12 +216,12 @@ def _place_reach(rng, task: Task) -> Layout:
     return Layout(targets=np.array(targets))
 
 
-def _reach_success(w: World) -> bool:
-    return bool(np.linalg.norm(w.tcp - w.targets[0]) < 0.03)
+def _reach_success(w: World):
+    return _dist(w.tcp, w.targets[..., 0, :]) < 0.03
 
 
-def _reach_shaping(w: World) -> dict[str, float]:
-    return {"reach": _closeness(float(np.linalg.norm(w.tcp - w.targets[0])))}
+def _reach_shaping(w: World) -> dict:
+    return {"reach": _closeness(_dist(w.tcp, w.targets[..., 0, :]))}
 
 
 def reach_task(name: str = "reach", n_distractors: int = 2, max_episode_steps: int = 60) -> Task:
@@ -248,15 +259,15 @@ def _place_push(rng, task: Task) -> Layout:
     return Layout(blocks, yaw, zones=np.array([_on_table(z) for z in zones]))
 
 
-def _push_dist(w: World) -> float:
-    return float(np.linalg.norm(w.blocks[0, :2] - w.zones[0, :2]))
+def _push_dist(w: World):
+    return _dist(w.blocks[..., 0, :2], w.zones[..., 0, :2])
 
 
-def _push_success(w: World) -> bool:
-    return _push_dist(w) < ZONE_RADIUS - 0.01 and w.blocks[0, 2] < BLOCK_HALF + 0.01
+def _push_success(w: World):
+    return (_push_dist(w) < ZONE_RADIUS - 0.01) & (w.blocks[..., 0, 2] < BLOCK_HALF + 0.01)
 
 
-def _push_shaping(w: World) -> dict[str, float]:
+def _push_shaping(w: World) -> dict:
     return {"reach": _reach_term(w), "push": _closeness(_push_dist(w))}
 
 
@@ -291,17 +302,14 @@ def _place_blocks(rng, task: Task) -> Layout:
     return Layout(blocks, yaw, bowls=np.array(bowls).reshape(-1, 3))
 
 
-def _pick_success(w: World) -> bool:
-    return bool(w.blocks[0, 2] > BLOCK_HALF + LIFT_HEIGHT and w.grasped[0])
+def _pick_success(w: World):
+    return (w.blocks[..., 0, 2] > BLOCK_HALF + LIFT_HEIGHT) & w.grasped[..., 0]
 
 
-def _grasp_lift(w: World) -> dict[str, float]:
-    lift = np.clip((w.blocks[0, 2] - BLOCK_HALF) / LIFT_HEIGHT, 0.0, 1.0)
-    return {
-        "reach": _reach_term(w),
-        "grasp": float(w.grasped[0]),
-        "lift": float(lift) * float(w.grasped[0]),
-    }
+def _grasp_lift(w: World) -> dict:
+    lift = np.clip((w.blocks[..., 0, 2] - BLOCK_HALF) / LIFT_HEIGHT, 0.0, 1.0)
+    grasp = w.grasped[..., 0].astype(np.float64)
+    return {"reach": _reach_term(w), "grasp": grasp, "lift": lift * grasp}
 
 
 def pick_task(name: str = "pick", n_distractors: int = 2, max_episode_steps: int = 80) -> Task:
@@ -327,18 +335,20 @@ def pick_task(name: str = "pick", n_distractors: int = 2, max_episode_steps: int
 
 
 # ------------------------------------------------------------------ put (block in bowl)
-def _in_bowl(w: World) -> float:
-    return float(np.linalg.norm(w.blocks[0, :2] - w.bowls[0, :2]))
+def _in_bowl(w: World):
+    return _dist(w.blocks[..., 0, :2], w.bowls[..., 0, :2])
 
 
-def _put_success(w: World) -> bool:
-    return bool(_in_bowl(w) < BOWL_RADIUS - 0.02 and w.blocks[0, 2] < 0.05 and not w.touched[0])
+def _put_success(w: World):
+    return (
+        (_in_bowl(w) < BOWL_RADIUS - 0.02) & (w.blocks[..., 0, 2] < 0.05) & ~w.touched[..., 0]
+    )
 
 
-def _put_shaping(w: World) -> dict[str, float]:
-    goal = w.bowls[0] + np.array([0.0, 0.0, BLOCK_HALF + 0.005])
+def _put_shaping(w: World) -> dict:
+    goal = w.bowls[..., 0, :] + np.array([0.0, 0.0, BLOCK_HALF + 0.005])
     terms = _grasp_lift(w)
-    terms["place"] = _closeness(float(np.linalg.norm(w.blocks[0] - goal)))
+    terms["place"] = _closeness(_dist(w.blocks[..., 0, :], goal))
     return terms
 
 
@@ -367,22 +377,22 @@ def put_task(name: str = "put", n_distractors: int = 1, max_episode_steps: int =
 
 # ------------------------------------------------------------------ stack
 def _stack_offset(w: World) -> np.ndarray:
-    return w.blocks[0] - (w.blocks[1] + np.array([0.0, 0.0, 2 * BLOCK_HALF]))
+    return w.blocks[..., 0, :] - (w.blocks[..., 1, :] + np.array([0.0, 0.0, 2 * BLOCK_HALF]))
 
 
-def _stack_success(w: World) -> bool:
+def _stack_success(w: World):
     off = _stack_offset(w)
-    return bool(
-        np.linalg.norm(off[:2]) < 0.02
-        and abs(off[2]) < 0.006
-        and not w.touched[0]
-        and w.block_vel[0] < 0.05
+    return (
+        (np.linalg.norm(off[..., :2], axis=-1) < 0.02)
+        & (np.abs(off[..., 2]) < 0.006)
+        & ~w.touched[..., 0]
+        & (w.block_vel[..., 0] < 0.05)
     )
 
 
-def _stack_shaping(w: World) -> dict[str, float]:
+def _stack_shaping(w: World) -> dict:
     terms = _grasp_lift(w)
-    terms["align"] = _closeness(float(np.linalg.norm(_stack_offset(w))))
+    terms["align"] = _closeness(np.linalg.norm(_stack_offset(w), axis=-1))
     return terms
 
 
