@@ -52,7 +52,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 
 from .env import OBJ_BOUND, PROPRIO_HIGH, PROPRIO_LOW, ManipEnv
-from .robot import FINGER_OPEN, HOME_Q, R_DOWN
+from .robot import FINGER_OPEN, HOME_Q, R_DOWN, Robot
 from .scene import COLOURS
 from .tasks import World, get_task
 from .vector import Batch
@@ -111,6 +111,16 @@ def mat_to_quat(mat: np.ndarray) -> np.ndarray:
         q[b3] = np.stack([0.25 * (m3 - m1) / s, 0.25 * (m2 + m6) / s,
                           0.25 * (m5 + m7) / s, s], -1)[b3]  # fmt: skip
     return q / np.linalg.norm(q, axis=-1, keepdims=True)
+
+
+def contact_capacity(task) -> tuple[int, int]:
+    """(contacts, constraint rows) MJWarp allocates per world for ``task``'s scene. Its defaults
+    (sized from the initial state) overflow once the fingers close on a block; a box touches
+    another box at up to 8 points, each a 4-row pyramid (condim 3), so each block gets room for
+    three such touches (table, a finger or two, another block or a bowl), plus the arm's joint
+    limits. An overflow would drop contacts silently: `WarpEnv` treats it as a blow-up."""
+    nconmax = 24 * max(task.n_blocks, 1) + 16
+    return nconmax, 4 * nconmax + 32
 
 
 def _world_arrays(d) -> list:
@@ -188,7 +198,8 @@ class WarpEnv:
         self._nstate = mujoco.mj_stateSize(mjm, PHYSICS_SIG)
         with wp.ScopedDevice(self.device):
             self.m = mjw.put_model(mjm, batch_sizes={"geom_rgba": n})
-            self.d = mjw.put_data(mjm, self.host.data, nworld=n)
+            nconmax, njmax = contact_capacity(self.task)
+            self.d = mjw.put_data(mjm, self.host.data, nworld=n, nconmax=nconmax, njmax=njmax)
             self._state = wp.zeros((n, self._nstate), dtype=float)
             self._before_wp = wp.zeros((n, self._nstate), dtype=float)
             self._mask = wp.zeros(n, dtype=bool)
@@ -219,6 +230,7 @@ class WarpEnv:
         """the controller's targets at reset: the tcp pose of the home posture"""
         self._stepped = np.zeros(n, bool)
         """the world's derived quantities date from a step (else from a reset's forward)"""
+        self._host: dict | None = None
 
     # ------------------------------------------------------------------ setup
     def _views(self) -> None:
@@ -265,11 +277,25 @@ class WarpEnv:
         return []
 
     @property
-    def envs(self) -> list:
-        raise RuntimeError(
-            f"WarpEnv({self.env_id!r}) holds its {self.n} worlds in one batched model; there are "
-            "no per-env objects. Use env.backend=mujoco to read single envs"
-        )
+    def envs(self) -> list[WorldView]:
+        """One read-only `WorldView` per world: what a scripted expert reads of an env (its
+        privileged state, the controller's targets), for demonstrations and oracle checks.
+        Each reads a host copy of the batch taken once per step, so N experts cost one copy."""
+        return [WorldView(self, i) for i in range(self.n)]
+
+    def host_state(self) -> dict:
+        """Host copies of the current state (``qpos``, ``site_xpos``, ``site_xmat``, the
+        batched `World`, the controller targets), taken once per step or reset."""
+        if self._host is None:
+            self._host = {
+                "qpos": self.t_qpos.double().cpu().numpy(),
+                "site_xpos": self.t_site_xpos.double().cpu().numpy(),
+                "site_xmat": self.t_site_xmat.double().cpu().numpy().reshape(self.n, -1, 9),
+                "world": self._world(),
+                "target_pos": self.target_pos.cpu().numpy(),
+                "target_yaw": self.target_yaw.cpu().numpy(),
+            }
+        return self._host
 
     # ------------------------------------------------------------------ masked ops
     def _only(self, mask: np.ndarray, fn) -> None:
@@ -320,6 +346,7 @@ class WarpEnv:
                 f"(got shape {mask.shape}, {int(mask.sum())} True)"
             )
         seeds = self._seeds(seed)
+        self._host = None
         idx = np.flatnonzero(mask)
         states = np.zeros((len(idx), self._nstate))
         h = self.host
@@ -397,6 +424,7 @@ class WarpEnv:
                 "fix the policy output or make the env with invalid_action='clip'"
             )
         a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0).clamp(-1.0, 1.0)
+        self._host = None
         if self.cfg.control == "ee":
             arm = self._ee_targets(a)
         else:
@@ -610,6 +638,7 @@ class WarpEnv:
             raise ValueError(f"WarpEnv.set_state got {len(states)} states for {self.n} worlds")
         from .tasks import Layout
 
+        self._host = None
         fresh, replay = np.zeros(self.n, bool), np.zeros(self.n, bool)
         now = np.zeros((self.n, self._nstate))
         before = np.zeros((self.n, self._nstate))
@@ -665,3 +694,57 @@ class WarpEnv:
         """Release the device arrays (the model, data and render buffers)."""
         self.rc = self.m = self.d = None
         self._per_world = []
+
+
+class _Data:
+    """The ``MjData`` fields a scripted expert reads, for one world (host copies)."""
+
+    def __init__(self, state: dict, i: int):
+        self.qpos, self.site_xpos = state["qpos"][i], state["site_xpos"][i]
+        self.site_xmat = state["site_xmat"][i]
+
+
+class _RobotView:
+    """`Robot`'s readers and controller targets for one world of a `WarpEnv`."""
+
+    yaw, tcp_pos, gripper_width = Robot.yaw, Robot.tcp_pos, Robot.gripper_width
+
+    def __init__(self, env: WarpEnv, i: int):
+        r = env.host.robot
+        self.cfg, self.tcp, self.finger_qadr = r.cfg, r.tcp, r.finger_qadr
+        self._env, self._i = env, i
+
+    @property
+    def target_pos(self) -> np.ndarray:
+        return self._env.host_state()["target_pos"][self._i]
+
+    @property
+    def target_yaw(self) -> float:
+        return float(self._env.host_state()["target_yaw"][self._i])
+
+
+class WorldView:
+    """World ``i`` of a `WarpEnv` as a scripted expert sees an env (``sim.expert``): the task,
+    ``scene_world()``/``world()``, ``data`` (qpos, site poses), ``robot`` (targets, readers),
+    ``block_qadr``. Read-only; no focus (``focused`` is None)."""
+
+    focused = None
+
+    def __init__(self, env: WarpEnv, i: int):
+        self._env, self._i = env, i
+        self.cfg, self.task, self.block_qadr = env.cfg, env.task, env.host.block_qadr
+        self.robot = _RobotView(env, i)
+
+    @property
+    def unwrapped(self) -> WorldView:
+        return self
+
+    @property
+    def data(self) -> _Data:
+        return _Data(self._env.host_state(), self._i)
+
+    def scene_world(self) -> World:
+        w = self._env.host_state()["world"]
+        return World(*(getattr(w, f.name)[self._i] for f in dataclasses.fields(World)))
+
+    world = scene_world

@@ -374,7 +374,11 @@ class CompactVLA(nn.Module):
                     f"the policy reads {self.spec.cameras} camera(s) but the env renders "
                     f"{sorted(batch.images)}; set env.cameras to match the policy"
                 )
-            obs["image"] = torch.as_tensor(np.concatenate(list(batch.images.values()), axis=-1))
+            cams = list(batch.images.values())
+            if isinstance(cams[0], Tensor):  # the warp backend renders into device tensors
+                obs["image"] = torch.cat(cams, dim=-1)
+            else:
+                obs["image"] = torch.as_tensor(np.concatenate(cams, axis=-1))
             if "objects" in self.obs_keys() and batch.objects is not None:  # training signals
                 obs["objects"] = torch.as_tensor(np.asarray(batch.objects, np.float32))
         else:

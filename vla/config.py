@@ -14,6 +14,7 @@ OBS_MODES = ("rgb", "state")
 CONTROLS = ("ee", "joint")
 REWARD_MODES = ("sparse", "dense")
 POLICIES = ("compact", "token")
+BACKENDS = ("mujoco", "warp")
 IMAGE_ENCODERS = ("cnn", "keypoint")
 ENCODERS = (*IMAGE_ENCODERS, "state")
 INSTRUCTION_ENCODERS = ("bag", "gru")
@@ -31,7 +32,14 @@ class EnvConfig:
     num_envs: int = 8
     """envs stepped in parallel by the collector (rows of a PPO batch, groups fill them for GRPO)"""
     async_envs: bool = False
-    """one subprocess per env (AsyncVectorEnv) instead of stepping them in a loop"""
+    """one subprocess per env (AsyncVectorEnv) instead of stepping them in a loop (mujoco backend)"""
+    backend: str = choice("mujoco", BACKENDS)
+    """simulator: mujoco (CPU MuJoCo, one MjData per env, gymnasium vector env) | warp (MJWarp:
+    the envs are worlds of one batched model on env.device, images rendered there; needs the
+    mujoco-warp package)"""
+    device: str = "cpu"
+    """warp backend: the simulation's device (cpu | cuda | cuda:N); observation images stay on
+    it as torch tensors"""
     obs_mode: str = choice("rgb", OBS_MODES)
     """rgb: camera images + proprio + instruction; state: entity poses + proprio + instruction"""
     image_size: int = 64

@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from gymnasium.vector import AutoresetMode
 
 from ..sim.vector import Batch, BatchedEnv, EnvWorkerError
@@ -106,6 +107,13 @@ class VecRunner:
         self._restart_streak = 0
 
     def _make(self) -> BatchedEnv:
+        if self.cfg.backend == "warp":
+            from ..sim.mjwarp import WarpEnv
+
+            return WarpEnv(
+                self.env_id, self.n, device=self.cfg.device,
+                autoreset_mode=AutoresetMode.DISABLED, **env_kwargs(self.cfg),
+            )  # fmt: skip
         return BatchedEnv(
             self.env_id, self.n, async_=self.cfg.async_envs,
             autoreset_mode=AutoresetMode.DISABLED, **env_kwargs(self.cfg),
@@ -277,7 +285,7 @@ class VecRunner:
         states, b = self.env.get_state(), self.batch
         return [
             {"env": states[i], "last": self.last[i].copy(), "obs": {
-                "images": {k: v[i].copy() for k, v in b.images.items()},
+                "images": {k: _copy(v[i]) for k, v in b.images.items()},
                 "proprio": b.proprio[i].copy(),
                 "objects": None if b.objects is None else b.objects[i].copy(),
                 "instruction": b.instructions[i]}}
@@ -303,7 +311,7 @@ class VecRunner:
         except WORKER_ERRORS as e:
             self._restart(e)
         b = self.batch
-        images = {k: v.copy() for k, v in b.images.items()}
+        images = {k: _copy(v) for k, v in b.images.items()}
         proprio = b.proprio.copy()
         objects = None if b.objects is None else b.objects.copy()
         instructions = list(b.instructions)
@@ -349,6 +357,11 @@ class VecRunner:
         self.env.close()
 
 
+def _copy(x):
+    """A copy of a numpy array or a torch tensor (the warp backend's images)."""
+    return x.clone() if isinstance(x, torch.Tensor) else x.copy()
+
+
 def _array(x) -> np.ndarray | None:
     return None if x is None else np.asarray(x)
 
@@ -362,7 +375,9 @@ def _merge(old: Batch, new: Batch, live: np.ndarray) -> Batch:
     def pick(a, b):
         if a is None:
             return None
-        sel = live.reshape(-1, *([1] * (np.ndim(a) - 1)))
+        sel = live.reshape(-1, *([1] * (a.ndim - 1)))
+        if isinstance(a, torch.Tensor):  # images of the warp backend, on its device
+            return torch.where(torch.as_tensor(sel, device=a.device), b, a)
         return np.where(sel, b, a)
 
     return Batch(

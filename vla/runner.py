@@ -500,7 +500,9 @@ class EpisodeRunner:
                     f" to {tuple(v.shape)} in the middle of a run; observe/act must keep their "
                     "layout for every step"
                 )
-            self.tensors[key] = buf = torch.zeros(self.cap, *v.shape, dtype=v.dtype)
+            self.tensors[key] = buf = torch.zeros(
+                self.cap, *v.shape, dtype=v.dtype, device=v.device
+            )
         _copy_into(buf[t], v)
 
     def _values_at(self, t: int) -> np.ndarray | None:

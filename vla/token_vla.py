@@ -23,6 +23,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
@@ -124,7 +125,8 @@ class TokenVLA:
         target's depth ambiguous; a wrist view resolves it, as for the compact VLA)."""
         if not batch.images:
             raise ValueError("TokenVLA needs camera images; make the env with env.obs_mode=rgb")
-        cams = list(batch.images.values())  # each (N, H, W, 3) uint8
+        # each (N, H, W, 3) uint8; the warp backend's are device tensors
+        cams = [np.asarray(c.cpu()) if isinstance(c, Tensor) else c for c in batch.images.values()]
         samples = [
             {"id": i, "images": [Image.fromarray(c[i]) for c in cams],
              "question": self.spec.question.format(instruction=text)}
