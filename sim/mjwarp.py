@@ -54,7 +54,7 @@ from gymnasium.vector import AutoresetMode
 from .env import OBJ_BOUND, PROPRIO_HIGH, PROPRIO_LOW, ManipEnv
 from .robot import FINGER_OPEN, HOME_Q, R_DOWN, Robot
 from .scene import COLOURS
-from .tasks import World, get_task
+from .tasks import World
 from .vector import Batch
 
 log = logging.getLogger(__name__)
@@ -159,8 +159,9 @@ class WarpEnv:
     Args:
         env_id: a registered id (``perceptrl/<Task>-v0``).
         n: number of worlds.
-        device: warp device of the simulation ("cpu", "cuda", "cuda:1", ...); the observation
-            images are torch tensors on the matching torch device.
+        device: warp device of the simulation ("cpu", "cuda", "cuda:1", ...; "auto": the first
+            CUDA device warp sees, else the CPU); the observation images are torch tensors on
+            the matching torch device.
         autoreset_mode: only ``DISABLED`` (the VLA runner resets explicitly).
         max_episode_steps: time limit (default: the task's registered one).
         **kwargs: `ManipEnv` options (``obs_mode``, ``width``, ``cameras``, ``control``, ...).
@@ -192,6 +193,8 @@ class WarpEnv:
         self.single_observation_space = self.host.observation_space
         wp, mjw = import_warp()
         self._wp, self._mjw = wp, mjw
+        if device == "auto":
+            device = "cuda" if wp.get_cuda_device_count() > 0 else "cpu"
         self.device = wp.get_device(device)
         self.torch_device = wp.device_to_torch(self.device)
         mjm = self.host.model
@@ -418,7 +421,9 @@ class WarpEnv:
                 f"WarpEnv.step got actions of shape {tuple(a.shape)}; expected "
                 f"{(self.n, *self.single_action_space.shape)}"
             )
-        if self.cfg.invalid_action == "raise" and (not torch.isfinite(a).all() or a.abs().max() > 1):
+        if self.cfg.invalid_action == "raise" and (
+            not torch.isfinite(a).all() or a.abs().max() > 1
+        ):
             raise ValueError(
                 f"WarpEnv({self.cfg.task}) got an invalid action (NaN/inf or outside [-1, 1]); "
                 "fix the policy output or make the env with invalid_action='clip'"
@@ -485,7 +490,7 @@ class WarpEnv:
     def _substeps(self) -> None:
         """``frame_skip`` physics steps of every world; the state before the last one is kept
         (`get_state`). On a CUDA device the steps are captured once as a graph."""
-        wp, mjw, k = self._wp, self._mjw, self.cfg.frame_skip
+        wp, k = self._wp, self.cfg.frame_skip
         if self.device.is_cuda and not self._graph_failed:
             if self._graph is None:
                 try:

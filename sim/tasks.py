@@ -340,9 +340,7 @@ def _in_bowl(w: World):
 
 
 def _put_success(w: World):
-    return (
-        (_in_bowl(w) < BOWL_RADIUS - 0.02) & (w.blocks[..., 0, 2] < 0.05) & ~w.touched[..., 0]
-    )
+    return (_in_bowl(w) < BOWL_RADIUS - 0.02) & (w.blocks[..., 0, 2] < 0.05) & ~w.touched[..., 0]
 
 
 def _put_shaping(w: World) -> dict:

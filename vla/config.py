@@ -37,9 +37,9 @@ class EnvConfig:
     """simulator: mujoco (CPU MuJoCo, one MjData per env, gymnasium vector env) | warp (MJWarp:
     the envs are worlds of one batched model on env.device, images rendered there; needs the
     mujoco-warp package)"""
-    device: str = "cpu"
-    """warp backend: the simulation's device (cpu | cuda | cuda:N); observation images stay on
-    it as torch tensors"""
+    device: str = "auto"
+    """warp backend: the simulation's device (auto | cpu | cuda | cuda:N; auto: a CUDA device
+    when warp sees one, else the CPU); observation images stay on it as torch tensors"""
     obs_mode: str = choice("rgb", OBS_MODES)
     """rgb: camera images + proprio + instruction; state: entity poses + proprio + instruction"""
     image_size: int = 64
