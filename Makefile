@@ -86,7 +86,8 @@ GPU_PYTHONPATH = $(CURDIR)/build/gpu-lane$${PYTHONPATH:+:$$PYTHONPATH}
 gpu-lane:
 	mkdir -p build/gpu-lane && ln -sfn "$(CURDIR)" build/gpu-lane/perceptrl
 	PYTHONPATH="$(GPU_PYTHONPATH)" $(PYTHON) -m pytest -q -rs -m gpu tests/test_gpu.py $(PYTEST_ARGS); \
-	rc=$$?; PYTHONPATH="$(GPU_PYTHONPATH)" $(PYTHON) bench/bench_gpu_scale.py || rc=1; exit $$rc
+	rc=$$?; PYTHONPATH="$(GPU_PYTHONPATH)" $(PYTHON) bench/bench_gpu_scale.py || rc=1; \
+	PYTHONPATH="$(GPU_PYTHONPATH)" $(PYTHON) bench/bench_sim_warp.py --device cuda || rc=1; exit $$rc
 
 lint: setup
 	$(BIN)/ruff check .

@@ -124,10 +124,11 @@ def contact_capacity(task) -> tuple[int, int]:
 
 
 def _world_arrays(d) -> list:
-    """The warp arrays of ``d`` (and its constraint block) with one entry per world, by the
-    field specs of MJWarp's ``Data`` (leading dimension ``nworld``)."""
+    """The warp arrays of ``d`` with one entry per world, by the field specs of MJWarp's
+    ``Data`` (leading dimension ``nworld``). The constraint block (``d.efc``, the largest) is
+    left out: every step rebuilds it from the state before anything reads it."""
     out = []
-    for obj in (d, d.efc):
+    for obj in (d,):
         for f in dataclasses.fields(obj):
             shape = getattr(f.type, "shape", None)
             arr = getattr(obj, f.name, None)

@@ -47,6 +47,9 @@ RECIPES = {
     "vla_ppo_reach": ("train", [*VLA_TINY, "train.steps=2", "env.image_size=32",
                       "env.steps_per_rollout=4", "env.max_episode_steps=6",
                       "vla.channels=[4,8,8]", "train.ppo_epochs=1"]),
+    "vla_ppo_reach_warp": ("train", [*VLA_TINY, "train.steps=2", "env.image_size=32",
+                           "env.steps_per_rollout=4", "env.max_episode_steps=6", "env.device=cpu",
+                           "vla.channels=[4,8,8]", "train.ppo_epochs=1"]),
     "vla_bc_pick": ("sft", [*VLA_TINY, "train.steps=2", "env.steps_per_rollout=8",
                     "train.eval_every=0"]),
     "vlm_clevr": ("train", [*VLM_TINY, "train.steps=2", "train.eval_every=1",
@@ -222,7 +225,9 @@ def _where(ckpts: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["vla_ppo_reach_state", "vla_grpo", "vlm_clevr"])
+@pytest.mark.parametrize(
+    "recipe", ["vla_ppo_reach_state", "vla_grpo", "vlm_clevr", "vla_ppo_reach_warp"]
+)
 def test_random_sigkills_every_resumed_run_matches(recipe, root):
     """Per recipe, 4 trials of a 5-step run with a checkpoint every step: trial 0 is killed
     inside a checkpoint write (files written, not yet renamed), trial 1 at a seeded random

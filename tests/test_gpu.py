@@ -161,6 +161,32 @@ def test_vla_ppo_run_on_cuda(tmp_path):
 
 @pytest.mark.gpu
 @cuda_only
+def test_vla_ppo_on_warp_simulates_and_renders_on_cuda(tmp_path):
+    """The shipped MJWarp recipe on the GPU: worlds stepped and ray-traced on CUDA, the images
+    handed to the policy as CUDA tensors (no host copy), a PPO update that changes the weights.
+    Skips when warp-lang is not installed on the GPU machine."""
+    from perceptrl.sim.mjwarp import warp_available
+    from perceptrl.vla.run import build_trainer
+    from perceptrl.wiring import load_config
+
+    if not warp_available():
+        pytest.skip("mujoco-warp / warp-lang not importable on this machine")
+    cfg = load_config(
+        CONFIGS / "vla_ppo_reach_warp.yaml",
+        ["train.steps=2", "train.eval_every=0", "env.num_envs=256", "env.steps_per_rollout=8",
+         "env.device=cuda", "env.eval_episodes=4", "checkpoint.every=0", *QUIET],
+    )  # fmt: skip
+    trainer = build_trainer(cfg, tmp_path)
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    trainer.fit()
+    images = trainer.source.runner.batch.images
+    assert all(v.device.type == "cuda" and v.shape[0] == 256 for v in images.values())
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+    trainer.source.close()
+
+
+@pytest.mark.gpu
+@cuda_only
 def test_shared_prefix_matches_plain_forward_on_cuda(tmp_path):
     from perceptrl.datasets.clevr import generate
     from perceptrl.datasets.loader import load_samples
