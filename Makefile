@@ -49,6 +49,7 @@ test-zero: setup
 # Long: a few minutes (sim, demo) + 30 min (VLA pixel PPO) + about 30 min (VLM GRPO vs SFT) on 2 cores.
 bench: setup
 	$(BIN)/python bench/bench_sim.py
+	$(BIN)/python bench/bench_sim_warp.py
 	$(BIN)/python bench/bench_demo.py
 	$(BIN)/python bench/bench_vla.py
 	$(BIN)/python bench/bench_vlm_grpo.py
