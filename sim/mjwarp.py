@@ -128,13 +128,11 @@ def _world_arrays(d) -> list:
     ``Data`` (leading dimension ``nworld``). The constraint block (``d.efc``, the largest) is
     left out: every step rebuilds it from the state before anything reads it."""
     out = []
-    for obj in (d,):
-        for f in dataclasses.fields(obj):
-            shape = getattr(f.type, "shape", None)
-            arr = getattr(obj, f.name, None)
-            if shape and shape[0] == "nworld" and arr is not None and arr.ndim >= 1:
-                if arr.shape[0] == d.nworld and arr.size > 0:
-                    out.append(arr)
+    for f in dataclasses.fields(d):
+        shape, arr = getattr(f.type, "shape", None), getattr(d, f.name, None)
+        if shape and shape[0] == "nworld" and arr is not None and arr.ndim >= 1:
+            if arr.shape[0] == d.nworld and arr.size > 0:
+                out.append(arr)
     return out
 
 
@@ -288,17 +286,19 @@ class WarpEnv:
         return [WorldView(self, i) for i in range(self.n)]
 
     def host_state(self) -> dict:
-        """Host copies of the current state (``qpos``, ``site_xpos``, ``site_xmat``, the
-        batched `World`, the controller targets), taken once per step or reset."""
+        """Host copies (float64 numpy) of the small per-world state, taken once per step or
+        reset and shared by scoring, the observations and the experts' views: ``qpos``,
+        ``qvel``, ``site_xpos``, ``site_xmat`` [N, nsite, 9], ``mocap_pos``, ``mocap_quat``,
+        ``target_pos``, ``target_yaw`` and the batched `World` (``world``)."""
         if self._host is None:
-            self._host = {
-                "qpos": self.t_qpos.double().cpu().numpy(),
-                "site_xpos": self.t_site_xpos.double().cpu().numpy(),
-                "site_xmat": self.t_site_xmat.double().cpu().numpy().reshape(self.n, -1, 9),
-                "world": self._world(),
-                "target_pos": self.target_pos.cpu().numpy(),
-                "target_yaw": self.target_yaw.cpu().numpy(),
-            }
+            n = self.n
+            hs = {k: getattr(self, "t_" + k).double().cpu().numpy()
+                  for k in ("qpos", "qvel", "site_xpos", "mocap_pos", "mocap_quat")}  # fmt: skip
+            hs["site_xmat"] = self.t_site_xmat.double().cpu().numpy().reshape(n, -1, 9)
+            hs["target_pos"] = self.target_pos.cpu().numpy()
+            hs["target_yaw"] = self.target_yaw.cpu().numpy()
+            hs["world"] = self._world(hs)
+            self._host = hs
         return self._host
 
     # ------------------------------------------------------------------ masked ops
@@ -367,8 +367,7 @@ class WarpEnv:
         self.elapsed[idx] = 0
         self._stepped[idx] = False
         self._restart(mask, states)
-        world = self._world()
-        success, terms = self._score(world)
+        success, terms = self._score(self.host_state()["world"])
         info = self._infos(success, terms, np.zeros(self.n, bool))
         info["instruction"] = np.array([lay.instruction if lay else "" for lay in self.layouts])
         return self._observe(), info
@@ -445,8 +444,7 @@ class WarpEnv:
         unstable = self._unstable()
         if unstable.any():
             self._blow_up(unstable)
-        world = self._world()
-        success, terms = self._score(world)
+        success, terms = self._score(self.host_state()["world"])
         success &= ~unstable
         reward = success.astype(np.float32)
         if self.cfg.reward_mode == "dense" and terms:
@@ -535,13 +533,12 @@ class WarpEnv:
         self._stepped[mask] = False
 
     # ------------------------------------------------------------------ observation
-    def _world(self) -> World:
-        """The task state of every world as one batched `World` (host numpy, float64)."""
+    def _world(self, hs: dict) -> World:
+        """The task state of every world as one batched `World` (host numpy, float64), from
+        the host copies ``hs`` and the contact list."""
         h, r = self.host, self.host.robot
-        qpos = self.t_qpos.double().cpu().numpy()
-        qvel = self.t_qvel.double().cpu().numpy()
-        site = self.t_site_xpos[:, r.tcp].double().cpu().numpy()
-        mocap = self.t_mocap_pos.double().cpu().numpy()
+        qpos, qvel, mocap = hs["qpos"], hs["qvel"], hs["mocap_pos"]
+        site = hs["site_xpos"][:, r.tcp]
         blocks = qpos[:, h.block_qadr[:, None] + np.arange(3)]  # (N, nb, 3)
         vel = np.linalg.norm(qvel[:, h.block_dadr[:, None] + np.arange(3)], axis=-1)
         nb = self.task.n_blocks
@@ -586,16 +583,15 @@ class WarpEnv:
                 px = self.t_rgb[:, sl]  # (N, H*W) packed ARGB
                 rgb = torch.stack([(px >> 16) & 0xFF, (px >> 8) & 0xFF, px & 0xFF], -1)
                 images[cam] = rgb.to(torch.uint8).reshape(self.n, cfg.height, cfg.width, 3)
-        qpos = self.t_qpos.double().cpu().numpy()
-        tcp = self.t_site_xpos[:, r.tcp].double().cpu().numpy()
-        quat = mat_to_quat(self.t_site_xmat[:, r.tcp].double().cpu().numpy())
+        hs = self.host_state()
+        qpos, tcp = hs["qpos"], hs["site_xpos"][:, r.tcp]
+        quat = mat_to_quat(hs["site_xmat"][:, r.tcp].reshape(-1, 3, 3))
         width = qpos[:, r.finger_qadr].sum(-1, keepdims=True)
         proprio = np.concatenate([tcp, quat, width], -1).astype(np.float32)
         objects = None
         if cfg.obs_mode == "state" or cfg.privileged_state:
             blocks = qpos[:, h.block_qadr[:, None] + np.arange(7)]  # (N, nb, 7)
-            mp = self.t_mocap_pos.double().cpu().numpy()
-            mq = self.t_mocap_quat.double().cpu().numpy()
+            mp, mq = hs["mocap_pos"], hs["mocap_quat"]
             poses = [blocks] + [
                 np.concatenate([mp[:, h.mocap[k]], mq[:, h.mocap[k]]], -1)
                 for k in ("bowl", "zone", "target")
@@ -608,9 +604,9 @@ class WarpEnv:
     # ------------------------------------------------------------------ snapshots
     @_on_device
     def get_state(self) -> list[dict]:
-        """Per world ``{"env": state, "elapsed_steps": t}``, with ``state`` in `ManipEnv.get_state`'s
-        format (physics in MuJoCo's integration layout, float64), so a snapshot moves between
-        backends; None for a world never reset."""
+        """Per world ``{"env": state, "elapsed_steps": t}``, with ``state`` in
+        `ManipEnv.get_state`'s format (physics in MuJoCo's integration layout, as float64);
+        ``state`` None for a world never reset."""
         now = self._physics()
         before = self._before.double().cpu().numpy()
         targets = torch.cat([self.target_pos, self.target_yaw[:, None]], 1).cpu().numpy()
@@ -630,7 +626,6 @@ class WarpEnv:
                 "target_pos": targets[i, :3].copy(), "target_yaw": float(targets[i, 3]),
                 "np_random": self._rngs[i].bit_generator.state,
                 "unstable_count": int(self.unstable_count[i]), "focus": None,
-                "initial": self._initial[i].copy(),
             }  # fmt: skip
             out.append({"env": state, "elapsed_steps": int(self.elapsed[i])})
         return out
@@ -670,8 +665,8 @@ class WarpEnv:
             self._rngs[i] = rng
             self.unstable_count[i] = int(e["unstable_count"])
             self.elapsed[i] = int(s["elapsed_steps"] or 0)
-            if "initial" in e:
-                self._initial[i] = e["initial"]
+            self.host._apply_layout(self.layouts[i])  # the episode's initial state
+            self._initial[i] = self.host._physics_state()
             targets[i] = (*np.asarray(e["target_pos"]), float(e["target_yaw"]))
             now[i] = e["physics"]
             if e["before_last_substep"] is None:

@@ -190,6 +190,7 @@ def test_masked_reset_and_restore_leave_the_other_worlds_alone():
     a_env, b_env = (WarpEnv(ENV_IDS["pick"], 2, device="cpu", **kw) for _ in range(2))
     for e in (a_env, b_env):
         e.reset(options=_indexed(2))
+    initial = a_env.get_state()[1]["env"]["physics"]  # world 1's episode-initial state
     act = np.tile([[0.4, -0.2, -0.6, 0.2, -1.0]], (2, 1)).astype(np.float32)
     for e in (a_env, b_env):
         e.step(act)
@@ -209,7 +210,6 @@ def test_masked_reset_and_restore_leave_the_other_worlds_alone():
     np.testing.assert_array_equal(bc.proprio, bb.proprio)
     assert c_env.layouts[0].instruction == b_env.layouts[0].instruction
 
-    initial = a_env.get_state()[1]["env"]["initial"]
     a_env.t_qvel[1, 0] = float("nan")
     out, rew, term, trunc, info = a_env.step(act)
     assert info["sim_unstable"].tolist() == [False, True] and trunc[1] and not trunc[0]
