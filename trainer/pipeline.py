@@ -43,8 +43,13 @@ COUNT_METRICS = frozenset({"rollout/env_steps", "rollout/episodes"})
 means)"""
 
 
+MAX_WORKER_FAILURES = 3
+"""failed chunks in a row from one worker (it died each time: e.g. its policy or source cannot
+be built in its process) before the pipeline stops with that worker's error"""
+
+
 class PipelineError(RuntimeError):
-    """The rollout workers produced nothing usable in time."""
+    """The rollout workers produced nothing usable in time, or one fails every time it runs."""
 
 
 class RolloutWorker:
@@ -129,6 +134,7 @@ class PipelineSource:
         self.buffer: deque[Chunk] = deque()
         self.counters: Counter = Counter()
         self.idle_s = [0.0] * workers  # async: time each worker waited for buffer room
+        self.failures = [0] * workers  # failed chunks in a row, per worker
         self._idle_since: dict[int, float] = {}
         self._lock, self._stop = threading.RLock(), threading.Event()
         self._thread: threading.Thread | None = None
@@ -171,8 +177,18 @@ class PipelineSource:
                 self.counters["worker_restarts"] += 1
                 self.counters["dropped_chunks"] += 1
                 self.counters[f"worker_error/{type(e).__name__}"] += 1
+                self.failures[w] += 1
+                if self.failures[w] >= MAX_WORKER_FAILURES:
+                    last = "\n".join(str(e).strip().splitlines()[-6:])
+                    raise PipelineError(
+                        f"rollout worker {w} failed {self.failures[w]} times in a row without "
+                        f"producing a chunk (a restart does not help: it fails as it starts or "
+                        f"collects); fix the error below, or run train.pipeline=sync to see it "
+                        f"in this process. Last error ({type(e).__name__}):\n{last}"
+                    ) from e
                 self._launch(w)
                 continue
+            self.failures[w] = 0
             out.append(Chunk(batch, metrics, version, w, seconds))
         self._kill_hung()
         return out

@@ -409,7 +409,16 @@ def build_trainer(cfg, run_dir):
     from ..vlm import run as vlm_run
 
     _check(cfg)
-    return vlm_run.build_trainer(cfg, run_dir)
+    return vlm_run.build_trainer(cfg, run_dir, worker=rollout_worker)
+
+
+def rollout_worker(*args, **kwargs):
+    """A pipeline worker of the plan side (``train.pipeline=one_step_off|async``): the VLM side's
+    worker, run from this module so that the worker process imports it and finds the ``plan``
+    episode environment it registers."""
+    from ..vlm import run as vlm_run
+
+    return vlm_run.rollout_worker(*args, **kwargs)
 
 
 def run_sft(cfg, run_dir):

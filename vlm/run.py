@@ -412,8 +412,10 @@ def process_reward(cfg, policy):
     return steps
 
 
-def build_trainer(cfg, run_dir: Path) -> Trainer:
-    """GRPO (or any registered estimator/loss) on the VLM side."""
+def build_trainer(cfg, run_dir: Path, worker: Callable | None = None) -> Trainer:
+    """GRPO (or any registered estimator/loss) on the VLM side. ``worker``: what a pipeline
+    worker runs (default `rollout_worker`; a side that registers its own episode environment
+    passes a function of its module, so that the worker process imports it)."""
     from ..rewards import build_reward
     from .source import VLMRolloutSource
 
@@ -433,7 +435,7 @@ def build_trainer(cfg, run_dir: Path) -> Trainer:
             raise ConfigError(
                 "rollout.process_reward runs in the trainer's process; use train.pipeline=sync"
             )
-        source = pipeline_source(cfg, run_dir, train, engine.world_size)
+        source = pipeline_source(cfg, run_dir, train, engine.world_size, worker)
     else:
         source = VLMRolloutSource(
             train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict,
@@ -445,9 +447,12 @@ def build_trainer(cfg, run_dir: Path) -> Trainer:
     )  # fmt: skip
 
 
-def pipeline_source(cfg, run_dir: Path, train: list[dict], world_size: int):
+def pipeline_source(
+    cfg, run_dir: Path, train: list[dict], world_size: int, worker: Callable | None = None
+):
     """``train.pipeline = one_step_off | async``: rollouts on ``rollout.workers`` Ray actors,
-    each with a policy copy and its shard of the samples (see trainer/pipeline.py)."""
+    each with a policy copy and its shard of the samples (see trainer/pipeline.py), built by
+    ``worker`` (default `rollout_worker`)."""
     from ..trainer.pipeline import PipelineSource
 
     if world_size > 1:
@@ -460,7 +465,7 @@ def pipeline_source(cfg, run_dir: Path, train: list[dict], world_size: int):
     model = cfg.model.path or str(run_dir / "init_model")  # built once, by the trainer
     r, t = cfg.rollout, cfg.train
     return PipelineSource(
-        t.pipeline, rollout_worker, (cfg, str(run_dir), model, train),
+        t.pipeline, worker or rollout_worker, (cfg, str(run_dir), model, train),
         workers=r.workers, cpus=r.worker_cpus,
         gpus=r.worker_gpus, max_staleness=t.max_staleness, buffer_chunks=t.pipeline_buffer,
         worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,

@@ -22,6 +22,8 @@ ray = pytest.importorskip("ray")
 def toy_worker(slow_from: int, index: int):
     """A pipeline worker's (policy, source): the toy ones of conftest.py (passed by value)."""
     policy_cls, source_cls = toy_worker.classes
+    if slow_from == -2:  # a worker that cannot be built (e.g. a recipe its process rejects)
+        raise ValueError("this worker's recipe names an environment its process lacks")
     source = source_cls(groups=2, group_size=4)
     if slow_from >= 0:  # every call from the slow_from-th on hangs (a stuck worker)
         inner = source.collect
@@ -135,3 +137,14 @@ def test_no_data_in_time_is_an_error_naming_the_workers(make):
     with pytest.raises(PipelineError, match="no rollout chunk within .*restarts so far"):
         trainer.train_step()
     assert source.counters["worker_hangs"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_a_worker_that_fails_every_time_stops_the_run_with_its_error(make, mode):
+    """A worker whose policy or source cannot be built dies at every restart: after
+    `MAX_WORKER_FAILURES` in a row the trainer gets its error, not a wait until the timeout."""
+    trainer, source = make(mode, slow_from=-2, timeout_s=600.0)
+    t0 = time.monotonic()
+    with pytest.raises(PipelineError, match=r"(?s)failed 3 times in a row.*lacks"):
+        trainer.train_step()
+    assert time.monotonic() - t0 < 120 and source.counters["worker_restarts"] == 3

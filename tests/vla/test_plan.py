@@ -288,3 +288,25 @@ def test_pass_k_of_a_planner_counts_completed_tasks(tmp_path, monkeypatch):
     side(cfg).run_pass_k({"oracle": cfg}, tmp_path, [1, 2], 2)
     saved = json.loads((tmp_path / "passk.json").read_text())["oracle"]
     assert saved["overall"] == {"1": 0.5, "2": 1.0} and saved["questions"] == 2
+
+
+@pytest.mark.slow
+def test_the_plan_side_trains_through_the_ray_pipeline(tmp_path):
+    """`train.pipeline=one_step_off` on the plan side: the Ray worker process runs the plan
+    side's worker function, so it imports `vla.plan` and finds the planner's environment."""
+    pytest.importorskip("ray")
+    import ray
+
+    cfg = load_config("configs/plan_grpo.yaml", [
+        *TINY, "train.steps=2", "train.eval_every=0", "train.pipeline=one_step_off",
+        "rollout.workers=1", "train.device=cpu",
+    ])  # fmt: skip
+    trainer = side(cfg).build_trainer(cfg, tmp_path)
+    try:
+        trainer.fit()
+    finally:
+        trainer.source.close()
+        ray.shutdown()
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "pipeline/staleness_max" in r]
+    assert len(rows) == 2 and all(r["rollout/samples"] == 4.0 for r in rows)
+    assert all("reward/plan_success" in r for r in rows)
