@@ -345,8 +345,10 @@ class VecRunner:
             ) from e
         b = state["batch"]
         if b is not None:
+            device = getattr(self.env, "torch_device", None)  # the warp backend's images
             self.batch = Batch(
-                {k: np.asarray(v) for k, v in b["images"].items()}, _array(b["proprio"]),
+                {k: np.asarray(v) if device is None else torch.as_tensor(v, device=device)
+                 for k, v in b["images"].items()}, _array(b["proprio"]),
                 _array(b["objects"]), [str(s) for s in b["instructions"]],
             )  # fmt: skip
         self.last[:] = np.asarray(state["last"], np.float32)
@@ -376,8 +378,9 @@ def _merge(old: Batch, new: Batch, live: np.ndarray) -> Batch:
         if a is None:
             return None
         sel = live.reshape(-1, *([1] * (a.ndim - 1)))
-        if isinstance(a, torch.Tensor):  # images of the warp backend, on its device
-            return torch.where(torch.as_tensor(sel, device=a.device), b, a)
+        if isinstance(b, torch.Tensor):  # images of the warp backend, on its device
+            a = torch.as_tensor(a, device=b.device)
+            return torch.where(torch.as_tensor(sel, device=b.device), b, a)
         return np.where(sel, b, a)
 
     return Batch(
