@@ -50,6 +50,7 @@ test-zero: setup
 bench: setup
 	$(BIN)/python bench/bench_sim.py
 	$(BIN)/python bench/bench_sim_warp.py
+	$(BIN)/python bench/bench_vla_warp.py
 	$(BIN)/python bench/bench_demo.py
 	$(BIN)/python bench/bench_vla.py
 	$(BIN)/python bench/bench_vlm_grpo.py
