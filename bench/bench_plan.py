@@ -2,10 +2,12 @@
 
 Task: the long-horizon composites of ``sim/composite.py`` (put_two, put_then_stack,
 push_then_put, put_three; 2-3 subgoals each), samples from ``datasets/plan.py``. The planner is
-the shipped tiny VLM (assets/vlm_base) under ``configs/plan_grpo.yaml``; the executor is the
+the planner base (assets/vlm_plan_base: the shipped tiny VLM after a text-only drill on planner
+dialogues, bench/make_plan_base.py) under ``configs/plan_grpo.yaml``; the executor is the
 scripted oracle (``plan.executor=oracle``) unless ``--executor-args`` says otherwise. Arms, each
 in its own process:
 
+* base: the planner base as it is (it has read dialogues, never an image);
 * sft: the warm start on the oracle plans (``--sft-steps``), every trace's subgoals executed;
 * grpo: GRPO from the sft checkpoint for ``--grpo-minutes`` with the simulator's rewards.
 
@@ -14,7 +16,7 @@ or validation sample uses, trial seed ``1000 + --seed``): the share of episodes 
 the task (``planner/success``), progress, valid subgoals, turns; and the oracle plan with the
 same executor on the same states (the upper bound of planning).
 
-    python bench/bench_plan.py [--sft-steps 400] [--grpo-minutes 20] [--n-test 100]
+    python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 12] [--n-test 100]
 
 Writes bench/results/plan.{json,md}.
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 from common import arm_runner, machine, metrics, write_results
 
 RESULT = Path(__file__).resolve().parent / "results" / "plan.json"
-SFT_ARGS = ["train.lr=1.0e-3", "rollout.prompts_per_step=8"]
+SFT_ARGS = ["train.lr=3.0e-4", "rollout.prompts_per_step=8"]
 GOALS = {"grpo_minus_sft": 0.20}
 KEYS = ("planner/success", "planner/progress", "planner/valid", "planner/invalid",
         "planner/subgoals", "planner/executed", "episode/turns_mean")  # fmt: skip
@@ -72,11 +74,11 @@ def oracle(samples: list[dict], extra: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sft-steps", type=int, default=400)
-    ap.add_argument("--grpo-minutes", type=float, default=20.0)
+    ap.add_argument("--sft-steps", type=int, default=100)
+    ap.add_argument("--grpo-minutes", type=float, default=12.0)
     ap.add_argument("--n-train", type=int, default=400)
     ap.add_argument("--n-test", type=int, default=100)
-    ap.add_argument("--base", default="assets/vlm_base")
+    ap.add_argument("--base", default="assets/vlm_plan_base")
     ap.add_argument("--out", default="runs/bench_plan")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--executor-args", nargs="*", default=[], help="plan.* overrides")
@@ -119,7 +121,7 @@ def main() -> None:
                         "checkpoint.every=0", *args.grpo_args])  # fmt: skip
     results = {
         name: score(path, test, out / "eval" / name, args.executor_args)
-        for name, path in (("sft", sft), ("grpo", grpo))
+        for name, path in (("base", base), ("sft", sft), ("grpo", grpo))
     }
     results["oracle_plan"] = oracle(test, args.executor_args)
     data = report_data(args, results, wall, out, len(test))

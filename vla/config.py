@@ -144,3 +144,6 @@ class PlanConfig:
     """what the executor observes: state (entity poses) | rgb (cameras)"""
     cameras: list[str] = field(default_factory=lambda: ["agentview"])
     """cameras of a pixel executor"""
+    memo: int = 4096
+    """subgoal outcomes a run remembers and replays instead of simulating again (0: none); exact
+    for the deterministic executors (see `vla.plan.PlanSettings.memo`)"""

@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import re
 import textwrap
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,12 @@ class PlanSettings:
     """cameras of a pixel executor (the planner always sees the agent view)"""
     record: int = 0
     """side of the video frames recorded per row while subgoals run (0: none; `replay_video`)"""
+    memo: int = 4096
+    """subgoal outcomes remembered (0: none). A deterministic executor (the oracle's scripted
+    experts; a frozen VLA acting deterministically) run on the same subgoal from the same state
+    does the same thing again, so an outcome is kept under (initial state, subgoals executed
+    before it, subgoal) and replayed instead of simulated: SFT epochs over the same traces and
+    group members that agree on a plan simulate it once. Not used while recording frames."""
 
 
 @dataclass
@@ -159,6 +166,20 @@ class _Row:
     task: str
     state: dict
     record: dict = field(default_factory=dict)
+    path: tuple = ()
+    """the row's initial state's key, then every subgoal executed on it (the `PlanSettings.memo`
+    key of its state)"""
+
+
+@dataclass
+class _Outcome:
+    """A subgoal's execution, as `PlanSettings.memo` keeps it."""
+
+    state: dict
+    ok: bool
+    unstable: bool
+    steps: int
+    image: np.ndarray
 
 
 def _record() -> dict:
@@ -178,7 +199,9 @@ def _record() -> dict:
 class PlanEnv:
     """`EpisodeEnv` of a planner; see the module docstring."""
 
-    def __init__(self, settings: PlanSettings):
+    def __init__(self, settings: PlanSettings, memo: OrderedDict | None = None):
+        """``memo``: the `PlanSettings.memo` store, shared by the environments of one run (the
+        rollout builds one per call); a new one when None."""
         self.settings = settings
         self._envs: dict[str, object] = {}
         self._starts: dict[tuple, dict] = {}
@@ -186,6 +209,9 @@ class PlanEnv:
         self.counters = {"bad_actions": 0}
         self.frames: list[list[np.ndarray]] = []
         """per row, the annotated agent-view frames of its subgoals (``settings.record``)"""
+        self._memo: OrderedDict[tuple, _Outcome] = OrderedDict() if memo is None else memo
+        self.memo_hits = 0
+        """subgoals replayed from `PlanSettings.memo` instead of simulated"""
 
     def _env(self, task: str):
         if task not in self._envs:
@@ -214,7 +240,7 @@ class PlanEnv:
                 env = self._env(scene["task"])
                 env.reset(options={"task_id": scene["task_id"], "trial_id": scene["trial_id"]})
                 self._starts[key] = env.get_state()
-            self.rows.append(_Row(scene["task"], self._starts[key], _record()))
+            self.rows.append(_Row(scene["task"], self._starts[key], _record(), (key,)))
         self.frames = [[] for _ in samples]
 
     def fork(self, src: int, dst: int) -> None:
@@ -222,7 +248,7 @@ class PlanEnv:
         while len(self.rows) <= dst:
             self.rows.append(self.rows[src])
         r = self.rows[src]
-        self.rows[dst] = _Row(r.task, r.state, dict(r.record))
+        self.rows[dst] = _Row(r.task, r.state, dict(r.record), r.path)
 
     def respond(self, row: int, text: str) -> Observation | None:
         r = self.rows[row]
@@ -247,16 +273,35 @@ class PlanEnv:
         if why is not None:
             return self._invalid(row, f"cannot do that now: {why}", counted=True)
         rec["planner/valid"] += 1
-        ok, unstable, steps = self._execute(env, sub, row)
-        rec["planner/executed"] += ok
-        rec["planner/unstable"] += unstable
-        rec["planner/env_steps"] += steps
-        r.state = env.get_state()
+        out = self._outcome_of(env, sub, row)
+        rec["planner/executed"] += out.ok
+        rec["planner/unstable"] += out.unstable
+        rec["planner/env_steps"] += out.steps
+        r.state, r.path = out.state, (*r.path, sub)
         done, n = env.subgoals_done(), len(env.task.subgoals)
         rec["planner/progress"] = done / n
         rec["planner/success"] = float(done == n)
-        outcome = _outcome(sub.text(env.layout.colours), ok, unstable, steps)
-        return Observation(outcome, [Image.fromarray(env.render())], info=dict(rec))
+        said = _outcome(sub.text(env.layout.colours), out.ok, out.unstable, out.steps)
+        return Observation(said, [Image.fromarray(out.image)], info=dict(rec))
+
+    def _outcome_of(self, env, sub, row: int) -> _Outcome:
+        """Execute ``sub`` from the row's state (in ``env``, which is left at the state after
+        it), or replay it from the memo."""
+        size = 0 if self.settings.record else self.settings.memo
+        key = (*self.rows[row].path, sub)
+        hit = self._memo.get(key) if size else None
+        if hit is not None:
+            self._memo.move_to_end(key)
+            self.memo_hits += 1
+            env.set_state(hit.state)
+            return hit
+        ok, unstable, steps = self._execute(env, sub, row)
+        out = _Outcome(env.get_state(), ok, unstable, steps, env.render())
+        if size:
+            self._memo[key] = out
+            while len(self._memo) > size:
+                self._memo.popitem(last=False)
+        return out
 
     def _invalid(self, row: int, message: str, counted: bool = False) -> Observation:
         r = self.rows[row]
@@ -385,13 +430,13 @@ def plan_settings(cfg) -> PlanSettings:
         raise ConfigError(f"plan.executor: {e}") from e
     return PlanSettings(
         executor, subgoal_steps=p.subgoal_steps, image_size=p.image_size, obs_mode=p.obs_mode,
-        cameras=tuple(p.cameras),
+        cameras=tuple(p.cameras), memo=p.memo,
     )  # fmt: skip
 
 
 def _plan_env(cfg) -> Callable[[], PlanEnv]:
-    settings = plan_settings(cfg)
-    return lambda: PlanEnv(settings)
+    settings, memo = plan_settings(cfg), OrderedDict()
+    return lambda: PlanEnv(settings, memo)
 
 
 def _check(cfg) -> None:

@@ -86,6 +86,35 @@ def test_rows_of_a_group_and_forks_are_independent_episodes():
     assert env.rows[0].record["planner/progress"] == 0.5
 
 
+def test_a_remembered_subgoal_replays_exactly_what_simulating_it_did():
+    import numpy as np
+
+    def episode(env, row, turns):
+        return [env.respond(row, t) for t in turns]
+
+    s = _sample("put_then_stack", 7)
+    plain = PlanEnv(PlanSettings(OracleExecutor(), memo=0))
+    plain.reset([s])
+    first, second = _plan(plain, 0)
+    turns = [f"<subgoal>{first}</subgoal>", f"<subgoal> {second}</subgoal>"]
+    want = episode(plain, 0, turns)
+    env = PlanEnv(PlanSettings(OracleExecutor()))
+    env.reset([s, s, s])
+    for row in range(3):  # the group agrees on the plan: simulated once, replayed twice
+        got = episode(env, row, turns)
+        for a, b in zip(got, want, strict=True):
+            assert a.text == b.text and a.info == b.info
+            np.testing.assert_array_equal(np.asarray(a.images[0]), np.asarray(b.images[0]))
+    assert env.memo_hits == 4 and plain.memo_hits == 0
+    e = env._env("put_then_stack")
+    e.set_state(env.rows[2].state)
+    assert e.subgoals_done() == 2
+    # the same subgoal after another history is a new path: simulated
+    env.reset([s])
+    assert env.respond(0, f"<subgoal>{second}</subgoal>").error is None
+    assert env.memo_hits == 4
+
+
 def test_a_blow_up_fails_the_subgoal_and_restores_the_scene():
     env = PlanEnv(PlanSettings(OracleExecutor(), subgoal_steps=30))
     env.reset([_sample("put_two", 1)])
@@ -191,7 +220,7 @@ def test_the_plan_side_trains_and_scores_with_the_simulator(tmp_path):
     trainer.fit()
     rows = read_metrics(tmp_path / "metrics.jsonl")
     train = next(r for r in rows if "reward/plan_success" in r)
-    # the random tiny planner never closes a turn: its episodes end at the turn limit, with no
+    # 8 new tokens cannot close a <subgoal> turn: the episodes end at the turn limit, with no
     # subgoal run (what the planner records look like is in the tests above)
     assert train["episode/stop/turn_length"] == 1.0 and train["reward/plan_success"] == 0.0
     assert {"reward/plan_progress", "reward/plan_validity", "reward/subgoal_cost"} <= set(train)
@@ -310,3 +339,46 @@ def test_the_plan_side_trains_through_the_ray_pipeline(tmp_path):
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "pipeline/staleness_max" in r]
     assert len(rows) == 2 and all(r["rollout/samples"] == 4.0 for r in rows)
     assert all("reward/plan_success" in r for r in rows)
+
+
+def test_the_shipped_planner_base_copies_the_first_clause_of_an_instruction(tmp_path):
+    """assets/vlm_plan_base (bench/make_plan_base.py) has learnt to name a subgoal in the
+    instruction's words: greedy, from a text prompt, its first turn is the first subgoal of
+    unseen layouts (the shipped tiny VLM it was made from writes none)."""
+    import numpy as np
+
+    from perceptrl.sim.composite import SubgoalError, parse_subgoal
+    from perceptrl.sim.tasks import get_task, layout
+    from perceptrl.vla.plan import SUBGOAL
+    from perceptrl.vlm.prompts import build_messages
+    from perceptrl.vlm.run import build_policy
+
+    cfg = load_config("configs/plan_grpo.yaml", ["log.tensorboard=false"])
+    side(cfg)
+
+    def first_turns(model_path: str) -> int:
+        cfg2 = load_config("configs/plan_grpo.yaml", [f"model.path={model_path}"])
+        policy = build_policy(cfg2, tmp_path)
+        rng, right = np.random.default_rng(7), 0
+        for k in range(8):
+            task = get_task(("put_two", "put_then_stack", "push_then_put", "put_three")[k % 4])
+            lay = layout(task, rng, rng)
+            text = policy.processor.apply_chat_template(
+                build_messages({"question": lay.instruction}, cfg.rollout.system_prompt),
+                tokenize=False, add_generation_prompt=True,
+            )  # fmt: skip
+            ids = policy.processor.tokenizer(text, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                out = policy.model.generate(ids, max_new_tokens=24, do_sample=False)
+            said = policy.processor.tokenizer.decode(out[0, ids.shape[1] :])
+            m = SUBGOAL.search(said)
+            try:
+                right += (
+                    m is not None and parse_subgoal(m.group(1), lay.colours) == task.subgoals[0]
+                )
+            except SubgoalError:
+                pass
+        return right
+
+    assert first_turns("assets/vlm_plan_base") >= 6
+    assert first_turns("assets/vlm_base") == 0
