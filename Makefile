@@ -57,6 +57,7 @@ bench: setup
 	$(BIN)/python bench/bench_vlm_spatial.py
 	$(BIN)/python bench/bench_rl_vs_sft.py
 	$(BIN)/python bench/bench_vla_token.py
+	$(BIN)/python bench/bench_plan.py
 	$(BIN)/pip install -q -e '.[bench]'  # TRL, the baseline of the next script
 	$(BIN)/python bench/bench_trl_grpo.py
 

@@ -16,7 +16,7 @@ or validation sample uses, trial seed ``1000 + --seed``): the share of episodes 
 the task (``planner/success``), progress, valid subgoals, turns; and the oracle plan with the
 same executor on the same states (the upper bound of planning).
 
-    python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 12] [--n-test 100]
+    python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 10] [--n-test 100]
 
 Writes bench/results/plan.{json,md}.
 """
@@ -75,7 +75,7 @@ def oracle(samples: list[dict], extra: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sft-steps", type=int, default=100)
-    ap.add_argument("--grpo-minutes", type=float, default=12.0)
+    ap.add_argument("--grpo-minutes", type=float, default=10.0)
     ap.add_argument("--n-train", type=int, default=400)
     ap.add_argument("--n-test", type=int, default=100)
     ap.add_argument("--base", default="assets/vlm_plan_base")

@@ -68,16 +68,26 @@ def run_arm(cmd: list[str], run_dir: Path) -> float:
 def arm_runner(out: Path, reuse: bool, previous: dict, wall: dict):
     """``arm(name, cmd) -> model``: ``perceptrl <cmd>`` run into ``out/name`` (`run_arm`; its
     wall seconds go into ``wall[name]``), or with ``reuse`` an arm already there kept as it is
-    (its wall time taken from the ``previous`` results). Returns the arm's last model."""
+    (its wall time taken from the ``previous`` results, else `logged_seconds`). Returns the
+    arm's last model."""
 
     def arm(name: str, cmd: list[str]) -> Path:
         if reuse and (out / name / "checkpoints").exists():
-            wall[name] = previous.get("wall_s", {}).get(name, float("nan"))
+            seconds = previous.get("wall_s", {}).get(name)
+            known = seconds is not None and seconds == seconds  # NaN: not measured
+            wall[name] = seconds if known else logged_seconds(out / name)
         else:
             wall[name] = run_arm(cmd, out / name)
         return last_model(out / name)
 
     return arm
+
+
+def logged_seconds(run_dir: Path) -> float:
+    """The seconds a run's metrics account for (its steps' and evaluations' ``time/*``): the
+    wall time of a reused arm whose earlier result file is gone, without start-up."""
+    rows = metrics(run_dir)
+    return sum(r.get("time/step", 0.0) + r.get("time/eval", 0.0) for r in rows)
 
 
 def last_model(run_dir: Path) -> Path:

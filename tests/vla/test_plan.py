@@ -369,7 +369,7 @@ def test_the_shipped_planner_base_copies_the_first_clause_of_an_instruction(tmp_
             )  # fmt: skip
             ids = policy.processor.tokenizer(text, return_tensors="pt")["input_ids"]
             with torch.no_grad():
-                out = policy.model.generate(ids, max_new_tokens=24, do_sample=False)
+                out = policy.model.generate(ids, max_new_tokens=40, do_sample=False)
             said = policy.processor.tokenizer.decode(out[0, ids.shape[1] :])
             m = SUBGOAL.search(said)
             try:
