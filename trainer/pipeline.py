@@ -46,6 +46,8 @@ means)"""
 MAX_WORKER_FAILURES = 3
 """failed chunks in a row from one worker (it died each time: e.g. its policy or source cannot
 be built in its process) before the pipeline stops with that worker's error"""
+RESTART_POLL_S = 0.5
+"""seconds between asking a restarting worker (Ray's ActorUnavailableError) for a chunk again"""
 
 
 class PipelineError(RuntimeError):
@@ -135,6 +137,7 @@ class PipelineSource:
         self.counters: Counter = Counter()
         self.idle_s = [0.0] * workers  # async: time each worker waited for buffer room
         self.failures = [0] * workers  # failed chunks in a row, per worker
+        self.restarting: set[int] = set()  # workers Ray reports as restarting (counted once)
         self._idle_since: dict[int, float] = {}
         self._lock, self._stop = threading.RLock(), threading.Event()
         self._thread: threading.Thread | None = None
@@ -174,9 +177,19 @@ class PipelineSource:
             try:
                 batch, metrics, version, seconds = ray.get(ref)
             except ray.exceptions.RayError as e:  # the worker died (Ray restarts it)
-                self.counters["worker_restarts"] += 1
                 self.counters["dropped_chunks"] += 1
                 self.counters[f"worker_error/{type(e).__name__}"] += 1
+                if isinstance(e, ray.exceptions.ActorUnavailableError):
+                    # it died and Ray is restarting it: one restart however long that takes, and
+                    # not a failure of the worker's own (a slow restart is not a broken worker)
+                    if w not in self.restarting:
+                        self.restarting.add(w)
+                        self.counters["worker_restarts"] += 1
+                    time.sleep(RESTART_POLL_S)
+                    self._launch(w)
+                    continue
+                self.restarting.discard(w)
+                self.counters["worker_restarts"] += 1
                 self.failures[w] += 1
                 if self.failures[w] >= MAX_WORKER_FAILURES:
                     last = "\n".join(str(e).strip().splitlines()[-6:])
@@ -189,6 +202,7 @@ class PipelineSource:
                 self._launch(w)
                 continue
             self.failures[w] = 0
+            self.restarting.discard(w)
             out.append(Chunk(batch, metrics, version, w, seconds))
         self._kill_hung()
         return out
