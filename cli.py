@@ -150,7 +150,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a saved model on the recipe's held-out data (vlm) or tasks (vla); with
-    ``--pass-k``, pass@k of one or more models (vlm); several VLA models side by side."""
+    ``--pass-k``, pass@k of one or more models (vlm); several VLA models or planners side by
+    side."""
     more = [a for a in args.overrides if "=" not in a]  # further recipes: more task sets (vlm)
     recipe, overrides = split_recipe(args.recipe, [a for a in args.overrides if "=" in a])
     models = _named_models(args.model)
@@ -169,10 +170,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfgs = {name: load_config(recipe, [*overrides, f"model.path={path}"])
                 for name, path in models.items()}  # fmt: skip
         first = next(iter(cfgs.values()))
-        if first.side != "vla" or more:
+        if first.side not in ("vla", "plan") or more:
             raise ConfigError(
-                "several --model values compare VLA policies (success table and side-by-side "
-                "videos) or, with --pass-k, VLM models"
+                "several --model values compare VLA policies or planners (success table, chart "
+                "and videos) or, with --pass-k, VLM models"
             )
         result = wiring.side(first).run_compare(cfgs, out)
     else:

@@ -4,21 +4,28 @@ Task: the long-horizon composites of ``sim/composite.py`` (put_two, put_then_sta
 push_then_put, put_three; 2-3 subgoals each), samples from ``datasets/plan.py``. The planner is
 the planner base (assets/vlm_plan_base: the shipped tiny VLM after a text-only drill on planner
 dialogues, bench/make_plan_base.py) under ``configs/plan_grpo.yaml``; the executor is the
-scripted oracle (``plan.executor=oracle``) unless ``--executor-args`` says otherwise. Arms, each
-in its own process:
+scripted oracle (``plan.executor=oracle``), or with ``--executor policy`` frozen VLAs trained
+by this run (``configs/plan_exec_bc.yaml``: behaviour cloning of each primitive's scripted expert
+from entity poses, ``--exec-steps`` steps per family; the planner arms then train and score with
+them). Arms, each in its own process:
 
 * base: the planner base as it is (it has read dialogues, never an image);
 * sft: the warm start on the oracle plans (``--sft-steps``), every trace's subgoals executed;
-* grpo: GRPO from the sft checkpoint for ``--grpo-minutes`` with the simulator's rewards.
+* grpo: GRPO from the sft checkpoint for ``--grpo-minutes`` with the simulator's rewards;
+* sft_more (``--sft-control``, on by default): the equal-time control, SFT continued from the
+  sft checkpoint for ``--grpo-minutes`` on the same traces;
+* exec_<family> (``--executor policy``): the executors.
 
 Scored greedily on held-out initial states (the generator's test split: task ids no training
 or validation sample uses, trial seed ``1000 + --seed``): the share of episodes that complete
 the task (``planner/success``), progress, valid subgoals, turns; and the oracle plan with the
-same executor on the same states (the upper bound of planning).
+same executor on the same states (the upper bound of planning), with the executor's success per
+subgoal family on that plan, so that planning and execution errors can be told apart.
 
     python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 10] [--n-test 100]
+    python bench/bench_plan.py --executor policy [--exec-steps 1500]
 
-Writes bench/results/plan.{json,md}.
+Writes bench/results/plan.{json,md} (plan_policy.{json,md} with ``--executor policy``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ from pathlib import Path
 
 from common import arm_runner, machine, metrics, write_results
 
-RESULT = Path(__file__).resolve().parent / "results" / "plan.json"
+RESULTS = Path(__file__).resolve().parent / "results"
+EXEC_ENVS = {"put": "perceptrl/Put-v0", "stack": "perceptrl/Stack-v0", "push": "perceptrl/Push-v0"}
+"""primitive family -> the env its executor is cloned on"""
 SFT_ARGS = ["train.lr=3.0e-4", "rollout.prompts_per_step=8"]
 GOALS = {"grpo_minus_sft": 0.20}
 KEYS = ("planner/success", "planner/progress", "planner/valid", "planner/invalid",
@@ -52,24 +61,25 @@ def score(model: Path, samples: list[dict], out: Path, extra: list[str]) -> dict
     return build_evaluator(cfg, samples)(policy)
 
 
-def oracle(samples: list[dict], extra: list[str]) -> dict:
-    """The oracle plan (the generator's traces) with the recipe's executor on ``samples``."""
+def oracle(samples: list[dict], extra: list[str]) -> tuple[dict, dict]:
+    """The oracle plan (the generator's traces) with the recipe's executor on ``samples``: its
+    success per task, and the executor's per subgoal family ({family: [finished, tried]})."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.datasets.plan import reasoning_trace
-    from perceptrl.vla.plan import PlanEnv, plan_settings
+    from perceptrl.vla.plan import plan_settings
+    from perceptrl.vla.plan_eval import oracle_plan
     from perceptrl.wiring import load_config
 
-    env = PlanEnv(plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra)))
-    by_task: dict[str, list[float]] = {}
-    for s in samples:
-        env.reset([s])
-        for turn in reasoning_trace(s):
-            if env.respond(0, turn) is None:
-                break
-        by_task.setdefault(s["family"], []).append(env.rows[0].record["planner/success"])
-    every = [v for vs in by_task.values() for v in vs]
-    return {"accuracy": sum(every) / len(every),
-            **{f"accuracy/{k}": sum(v) / len(v) for k, v in sorted(by_task.items())}}  # fmt: skip
+    scores, _ = oracle_plan(plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra)), samples)
+    families = [k.split("/", 1)[1] for k in scores if k.startswith("executor/")]
+    tallies = {f: [round(scores[f"executor/{f}"] * scores[f"count/executor/{f}"]),
+                   int(scores[f"count/executor/{f}"])] for f in families}  # fmt: skip
+    return scores, tallies
+
+
+def own_success(run_dir: Path) -> float | None:
+    """An executor's held-out success on its own primitive task (its run's last evaluation)."""
+    rows = [r for r in metrics(run_dir) if "eval/success_rate" in r]
+    return rows[-1]["eval/success_rate"] if rows else None
 
 
 def main() -> None:
@@ -81,8 +91,16 @@ def main() -> None:
     ap.add_argument("--base", default="assets/vlm_plan_base")
     ap.add_argument("--out", default="runs/bench_plan")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--executor-args", nargs="*", default=[], help="plan.* overrides")
+    ap.add_argument("--executor", choices=("oracle", "policy"), default="oracle")
+    ap.add_argument("--exec-steps", type=int, default=1500, help="BC steps per executor")
+    ap.add_argument("--executor-args", nargs="*", default=[], help="more plan.* overrides")
     ap.add_argument("--grpo-args", nargs="*", default=[], help="overrides of the GRPO arm")
+    ap.add_argument(
+        "--sft-control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="an arm that continues SFT from the sft checkpoint for GRPO's minutes",
+    )
     ap.add_argument("--reuse", action="store_true", help="rescore the arms already under --out")
     ap.add_argument(
         "--sft-model",
@@ -98,18 +116,27 @@ def main() -> None:
     from perceptrl.trainer.runtime import resolve_path
 
     out, base = Path(args.out), resolve_path(args.base)
-    previous = json.loads(RESULT.read_text()) if args.reuse and RESULT.exists() else {}
+    name = "plan" if args.executor == "oracle" else f"plan_{args.executor}"
+    result = RESULTS / f"{name}.json"
+    previous = json.loads(result.read_text()) if args.reuse and result.exists() else {}
     train, test_path = out / "data" / "train.jsonl", out / "eval_data" / "test.jsonl"
     if not (args.reuse and train.exists() and test_path.exists()):
         generate(out / "data", splits={"train": args.n_train}, seed=args.seed)
         generate(out / "eval_data", splits={"test": args.n_test}, seed=1000 + args.seed)
     test = load_samples(test_path)[0]
+    wall: dict[str, float] = {}
+    arm = arm_runner(out, args.reuse, previous, wall)
+    executors: dict[str, Path] = {}
+    if args.executor == "policy":
+        for family, env_id in EXEC_ENVS.items():
+            executors[family] = arm(f"exec_{family}", [
+                "sft", "plan_exec_bc", f"env.id={env_id}", f"train.steps={args.exec_steps}",
+                f"train.seed={args.seed}", "log.progress=false"])  # fmt: skip
+    executor_args = [f"plan.executor={args.executor}", *args.executor_args]
+    executor_args += [f"plan.policies.{f}={p}" for f, p in executors.items()]
     common = [f"train.seed={args.seed}", "log.progress=false", "train.eval_every=0",
               "train.eval_samples=0", f"data.train={train.resolve()}", "data.val=",
-              *args.executor_args]  # fmt: skip
-    wall: dict[str, float] = {}
-
-    arm = arm_runner(out, args.reuse, previous, wall)
+              *executor_args]  # fmt: skip
 
     if args.sft_model:
         sft = resolve_path(args.sft_model)
@@ -119,13 +146,23 @@ def main() -> None:
     grpo = arm("grpo", ["train", "plan_grpo", "train.steps=100000", *common,
                         f"train.time_limit_min={args.grpo_minutes}", f"model.path={sft}",
                         "checkpoint.every=0", *args.grpo_args])  # fmt: skip
-    results = {
-        name: score(path, test, out / "eval" / name, args.executor_args)
-        for name, path in (("base", base), ("sft", sft), ("grpo", grpo))
-    }
-    results["oracle_plan"] = oracle(test, args.executor_args)
+    arms = {"base": base, "sft": sft, "grpo": grpo}
+    if args.sft_control:
+        arms["sft_more"] = arm("sft_more", [
+            "sft", "plan_grpo", "train.steps=100000", *common, *SFT_ARGS,
+            f"train.time_limit_min={args.grpo_minutes}", f"model.path={sft}",
+            "checkpoint.every=0"])  # fmt: skip
+    results = {a: score(p, test, out / "eval" / a, executor_args) for a, p in arms.items()}
+    results["oracle_plan"], per_family = oracle(test, executor_args)
     data = report_data(args, results, wall, out, len(test))
-    js, mdp = write_results("plan", data, markdown(data))
+    data["settings"].update(executor=args.executor, exec_steps=args.exec_steps,
+                            executor_args=executor_args)  # fmt: skip
+    data["executor"] = {
+        f: {"in_composites": ok / tried, "subgoals": tried,
+            "own_task": own_success(executors[f]) if f in executors else None}
+        for f, (ok, tried) in sorted(per_family.items())
+    }  # fmt: skip
+    js, mdp = write_results(name, data, markdown(data))
     print(markdown(data))
     print(f"\nwrote {js} and {mdp}")
 
@@ -176,11 +213,23 @@ def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict
         },
         "gaps": {
             "grpo_minus_sft": gap,
+            "grpo_minus_sft_more": (
+                success["grpo"]["all"] - success["sft_more"]["all"]
+                if "sft_more" in success
+                else None
+            ),
             "oracle_minus_grpo": success["oracle_plan"]["all"] - success["grpo"]["all"],
         },
         "goals": {k: {"goal": v, "met": gap >= v} for k, v in GOALS.items()},
         "grpo": grpo_summary(metrics(out / "grpo")),
     }
+
+
+def executor_text(s: dict) -> str:
+    if s.get("executor") == "policy":
+        return (f"frozen state VLAs cloned from the scripted experts (configs/plan_exec_bc.yaml, "
+                f"{s['exec_steps']} steps per family), for both training and scoring")  # fmt: skip
+    return "plan.executor=oracle (the scripted experts)"
 
 
 def markdown(d: dict) -> str:
@@ -189,7 +238,7 @@ def markdown(d: dict) -> str:
         "# Reason, then act: planner success on held-out initial states",
         "",
         f"Machine: {d['machine']['cpu']} ({d['machine']['cores']} cores). Planner: tiny VLM "
-        f"({s['base']}); executor: {' '.join(s['executor_args']) or 'plan.executor=oracle'}. "
+        f"({s['base']}); executor: {executor_text(s)}. "
         f"SFT: {s['sft_model']}, then GRPO for {s['grpo_minutes']} min "
         f"({d['grpo']['steps']} steps, {d['grpo']['step_s'] or 0:.1f} s each). Greedy episodes on "
         f"{s['n_test']} held-out states (test split, trial seed {s['test_trial_seed']}).",
@@ -212,10 +261,28 @@ def markdown(d: dict) -> str:
         "",
         f"GRPO minus SFT: {g['grpo_minus_sft']:+.3f} (goal +{GOALS['grpo_minus_sft']:.2f}: "
         f"{'met' if d['goals']['grpo_minus_sft']['met'] else 'not met'}); oracle plan minus GRPO: "
-        f"{g['oracle_minus_grpo']:+.3f}. Wall time: "
+        f"{g['oracle_minus_grpo']:+.3f}"
+        + (
+            f"; GRPO minus the equal-time SFT control (sft_more): {g['grpo_minus_sft_more']:+.3f}"
+            if g.get("grpo_minus_sft_more") is not None
+            else ""
+        )
+        + ". Wall time: "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in d["wall_s"].items())
         + ".",
     ]
+    if d.get("executor"):
+        lines += [
+            "",
+            "The executor on the oracle plan's subgoals (finished / tried, composite scenes), and "
+            "on its own primitive task (its training run's last held-out evaluation):",
+            "",
+            "| subgoal family | in composites | subgoals | own task |",
+            "|---|---|---|---|",
+        ]
+        for f, e in d["executor"].items():
+            own = "-" if e["own_task"] is None else f"{e['own_task']:.3f}"
+            lines.append(f"| {f} | {e['in_composites']:.3f} | {e['subgoals']} | {own} |")
     return "\n".join(lines) + "\n"
 
 

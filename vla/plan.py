@@ -481,6 +481,16 @@ def run_eval(cfg, out_dir, more=()):
     return vlm_run.run_eval(cfg, out_dir, more)
 
 
+def run_compare(cfgs, out_dir):
+    """Several planners side by side with the oracle plan on the same held-out states (table,
+    bar chart, videos; `vla.plan_eval`)."""
+    from .plan_eval import compare
+
+    for cfg in cfgs.values():
+        _check(cfg)
+    return compare(cfgs, out_dir)
+
+
 def run_pass_k(cfgs, out_dir, ks, n):
     """pass@k of planners: ``n`` sampled planner episodes per held-out state, scored by task
     success (`PLAN_EVAL`)."""

@@ -548,7 +548,7 @@ def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
 
     policy, rows, sets = None, [], []
     for i, c in enumerate([cfg, *more]):
-        data = _eval_data(c, out_dir if i == 0 else out_dir / f"taskset_{i}")
+        data = eval_data(c, out_dir if i == 0 else out_dir / f"taskset_{i}")
         policy = policy or build_policy(cfg, out_dir)
         val = fit_prompts(c, policy.processor, data, splits=("val",)).val
         metrics = build_evaluator(c, val)(policy, prompt=prompt_config(c))
@@ -595,7 +595,7 @@ def held_out_gain(cfg, before, after, out_dir: Path, n: int) -> dict:
     return out
 
 
-def _eval_data(c, out_dir: Path):
+def eval_data(c, out_dir: Path):
     """The recipe's data for an evaluation (only the validation split is generated)."""
     if not c.data.train:
         c.data.n_train = 1
@@ -618,7 +618,7 @@ def run_pass_k(cfgs: dict, out_dir: Path, ks: Sequence[int], n: int) -> dict:
 
     results = {}
     for name, c in cfgs.items():
-        data = _eval_data(c, out_dir)
+        data = eval_data(c, out_dir)
         policy = build_policy(c, out_dir / f"model_{len(results)}")
         val = fit_prompts(c, policy.processor, data, splits=("val",)).val[: c.train.eval_samples]
         reward = build_reward(eval_reward(c), timeout_s=c.rollout.reward_timeout_s)

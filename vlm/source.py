@@ -373,12 +373,14 @@ def evaluate_accuracy(
     strict: bool = True,
     token_budget: int = 16384,
     scores: dict[str, float] | None = None,
+    records: dict[str, dict] | None = None,
 ) -> dict[str, float]:
     """Greedy-decode every sample and score it: accuracy is the mean reward total, so pass a
     correctness reward (e.g. numeric / mcq / iou without the format bonus). ``scores``, when
     given, receives each scored sample's total under its ``id`` (``#<position among the scored
     samples>`` when it has none), so two models can be compared question by question
-    (``report.paired_gain``).
+    (``report.paired_gain``). ``records``, likewise, receives each scored episode's record
+    (``meta["episode"]``: its turn texts, observations and environment info).
 
     A policy with ``episode`` settings answers in greedy episodes (tools called as in training;
     the answer is the last turn).
@@ -407,8 +409,11 @@ def evaluate_accuracy(
         totals, comps, _ = _check_reward(reward(completions, done, **context), len(b))
         for j, (s, t) in enumerate(zip(done, totals)):
             by_family[str(s.get("family", "all"))].append(float(t))
-            if scores is not None:  # without an id: the position among the scored samples
-                scores[str(s["id"]) if "id" in s else f"#{scored + j}"] = float(t)
+            key = str(s["id"]) if "id" in s else f"#{scored + j}"  # else: position among scored
+            if scores is not None:
+                scores[key] = float(t)
+            if records is not None and "episode" in b.meta[j]:
+                records[key] = b.meta[j]["episode"]
         scored += len(done)
         for k, v in comps.items():
             comp_vals[k] += [float(x) for x in v]

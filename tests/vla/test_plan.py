@@ -382,3 +382,37 @@ def test_the_shipped_planner_base_copies_the_first_clause_of_an_instruction(tmp_
 
     assert first_turns("assets/vlm_plan_base") >= 6
     assert first_turns("assets/vlm_base") == 0
+
+
+def test_planners_are_compared_with_the_oracle_plan_on_the_same_states(tmp_path, monkeypatch):
+    """`perceptrl eval plan_grpo --model a=.. --model b=..`: greedy decoding replaced by the
+    oracle traces for the first planner and by an empty plan (done at once) for the second, all
+    executed for real; the table, chart, JSON and videos show each next to the oracle plan."""
+    from perceptrl.sim.demos import read_video
+    from perceptrl.vlm import source
+    from perceptrl.vlm.episode import forced_batch
+
+    calls = []
+
+    def first_oracle_then_nothing(policy, prompts, *_):
+        calls.append(len(prompts))
+        samples = [p.sample for p in prompts]
+        plans = [reasoning_trace(s) if len(calls) == 1 else ["<done/>"] for s in samples]
+        return forced_batch(policy, samples, plans)
+
+    monkeypatch.setattr(source, "_greedy", first_oracle_then_nothing)
+    cfgs = {n: load_config("configs/plan_grpo.yaml", [*TINY, "plan.eval_videos=1"])
+            for n in ("follows", "quits")}  # fmt: skip
+    result = side(cfgs["follows"]).run_compare(cfgs, tmp_path)
+    assert calls == [2, 2]  # one batch of the same two held-out states per planner
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    m = saved["metrics"]
+    assert m["follows"]["accuracy"] == 1.0 and m["quits"]["accuracy"] == 0.0
+    assert m["oracle_plan"]["accuracy"] == 1.0 and m["oracle_plan"]["count"] == 2
+    tried = sum(v for k, v in m["oracle_plan"].items() if k.startswith("count/executor/"))
+    assert tried == m["follows"]["planner/executed"] * 2  # every oracle subgoal, executed
+    assert all(v == 1.0 for k, v in m["oracle_plan"].items() if k.startswith("executor/"))
+    assert "| quits | 0.000 |" in result["table"] and "| oracle_plan | 1.000 |" in result["table"]
+    names = {p.name for p in result["files"]}
+    assert {"compare.md", "compare.png", "follows_0.mp4", "quits_0.mp4"} <= names
+    assert read_video(tmp_path / "follows_0.mp4").shape[1:] == (256, 256, 3)
