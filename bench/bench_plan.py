@@ -23,7 +23,7 @@ same executor on the same states (the upper bound of planning), with the executo
 subgoal family on that plan, so that planning and execution errors can be told apart.
 
     python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 10] [--n-test 100]
-    python bench/bench_plan.py --executor policy [--exec-steps 1500]
+    python bench/bench_plan.py --executor policy [--exec-steps 1000]
 
 Writes bench/results/plan.{json,md} (plan_policy.{json,md} with ``--executor policy``).
 """
@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_plan")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--executor", choices=("oracle", "policy"), default="oracle")
-    ap.add_argument("--exec-steps", type=int, default=1500, help="BC steps per executor")
+    ap.add_argument("--exec-steps", type=int, default=1000, help="BC steps per executor")
     ap.add_argument("--executor-args", nargs="*", default=[], help="more plan.* overrides")
     ap.add_argument("--grpo-args", nargs="*", default=[], help="overrides of the GRPO arm")
     ap.add_argument(

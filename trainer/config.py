@@ -148,6 +148,11 @@ class TrainConfig:
     """AdamW weight decay"""
     warmup_steps: int = 0
     """linear learning-rate warm-up steps"""
+    lr_schedule: str = choice("constant", ("constant", "cosine"))
+    """learning rate after the warm-up: constant | cosine (decays to ``lr * min_lr_ratio`` at
+    ``train.steps``; the checkpoint a run ends on is then not one of a still-noisy stretch)"""
+    min_lr_ratio: float = 0.0
+    """the cosine schedule's final learning rate as a fraction of ``train.lr``"""
     grad_clip: float = 1.0
     """max global gradient norm (0 disables clipping)"""
     ppo_epochs: int = 1

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import TrainConfig
+from .engine import lr_factor
 
 ZERO_DIR = "zero"
 """sub-directory of a checkpoint with DeepSpeed's own per-rank files (optimizer and, under
@@ -226,10 +227,7 @@ class DeepSpeedEngine:
         on_gpu = next(module.parameters()).device.type == "cuda"
         self.bf16 = on_gpu
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        warmup = max(cfg.warmup_steps, 0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=scheduler,
             config=ds_config(cfg, bf16=self.bf16),

@@ -1,6 +1,7 @@
 """Optimisation engines behind the loop: gradients in, a parameter update out.
 
-`TorchEngine` is the single-process engine (AdamW, warm-up, global-norm clipping).
+`TorchEngine` is the single-process engine (AdamW, warm-up and `lr_factor`'s schedule,
+global-norm clipping).
 `DeepSpeedEngine` (deepspeed_engine.py, ZeRO-2/3, data parallel) exposes the same methods, so
 the loop never knows which one it drives: ``backward``, ``step``, ``zero_grad``, ``lr``,
 ``state_dict``/``restore``, plus the data-parallel seam (``world_size``, ``is_main``,
@@ -12,12 +13,29 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from .config import TrainConfig
+
+
+def lr_factor(cfg: TrainConfig) -> Callable[[int], float]:
+    """The learning-rate multiplier at optimizer step ``s`` (``LambdaLR``): a linear warm-up over
+    ``warmup_steps``, then constant or a cosine decay to ``min_lr_ratio`` at ``steps``."""
+    warmup, total, floor = max(cfg.warmup_steps, 0), max(cfg.steps, 1), cfg.min_lr_ratio
+
+    def factor(s: int) -> float:
+        if warmup and s < warmup:
+            return (s + 1) / warmup
+        if cfg.lr_schedule != "cosine":
+            return 1.0
+        done = min(1.0, (s - warmup) / max(1, total - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * done))
+
+    return factor
 
 
 class TorchEngine:
@@ -29,10 +47,7 @@ class TorchEngine:
             raise ValueError("the policy has no trainable parameters (all requires_grad=False)")
         self.cfg = cfg
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        warmup = max(cfg.warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()

@@ -396,3 +396,27 @@ def test_substep_tokens_clip_each_sub_step():
     )
     assert m["clipfrac"] == pytest.approx(0.25)
     assert float(loss) == pytest.approx((-1 - 1 - 2 - 2 * 1.2) / 4, rel=1e-5)
+
+
+def test_the_cosine_schedule_warms_up_then_decays_to_its_floor():
+    """train.lr_schedule=cosine: the optimizer's learning rate over a run of 10 steps with 2
+    warm-up steps: linear up to lr, lr at the end of the warm-up, halfway down at the middle of
+    the decay, lr * min_lr_ratio at the last step; constant stays at lr after the warm-up."""
+    from perceptrl.trainer.config import TrainConfig
+
+    def lrs(**kw) -> list[float]:
+        cfg = TrainConfig(steps=10, lr=1.0, warmup_steps=2, **kw)
+        engine = TorchEngine([torch.nn.Parameter(torch.zeros(1))], cfg)
+        out = []
+        for _ in range(11):
+            out.append(engine.optimizer.param_groups[0]["lr"])
+            engine.step()
+        return out
+
+    cosine = lrs(lr_schedule="cosine", min_lr_ratio=0.1)
+    assert cosine[:3] == pytest.approx([0.5, 1.0, 1.0])
+    assert cosine[6] == pytest.approx(0.1 + 0.9 * 0.5)  # 4 of 8 decay steps done
+    assert cosine[10] == pytest.approx(0.1) and cosine == sorted(cosine[:3]) + sorted(
+        cosine[3:], reverse=True
+    )
+    assert lrs()[:3] == pytest.approx([0.5, 1.0, 1.0]) and set(lrs()[1:]) == {1.0}
