@@ -43,6 +43,8 @@ from .tasks import (
     task_counts,
 )
 
+POSE_SIZE = 7
+"""numbers per entity in a state observation's ``objects`` (position 3, quaternion 4)"""
 PRIMITIVES = ("put", "stack", "push")
 """primitive families a composite is made of (their success persists after the release)"""
 KIND_OF_GOAL = {"put": "bowls", "stack": "blocks", "push": "zones"}
@@ -125,7 +127,7 @@ def view_objects(objects: np.ndarray, counts: dict[str, int], prim: dict[str, in
     """A focused env's state-mode ``objects`` [n * 7] (entities of ``counts`` per kind, in the
     view's order) cut to the first ``prim[kind]`` of each kind: the observation of the
     primitive's own scene, for an executor trained on it."""
-    poses, keep, at = np.asarray(objects).reshape(-1, 7), [], 0
+    poses, keep, at = np.asarray(objects).reshape(-1, POSE_SIZE), [], 0
     for kind in ("blocks", "bowls", "zones", "targets"):
         keep.extend(range(at, at + prim[kind]))
         at += counts[kind]

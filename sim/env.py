@@ -38,7 +38,7 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
-from .composite import Subgoal, focus_world, progress, view_order
+from .composite import POSE_SIZE, Subgoal, focus_world, progress, view_order
 from .render import make_renderer
 from .robot import ControlConfig, Robot
 from .scene import COLOURS, SceneSpec, build_model
@@ -201,7 +201,9 @@ class ManipEnv(gym.Env):
             for cam in cfg.cameras:
                 obs[cam] = spaces.Box(0, 255, (cfg.height, cfg.width, 3), np.uint8)
         if cfg.obs_mode == "state" or cfg.privileged_state:
-            obs["objects"] = spaces.Box(-OBJ_BOUND, OBJ_BOUND, (self.n_entities * 7,), np.float32)
+            obs["objects"] = spaces.Box(
+                -OBJ_BOUND, OBJ_BOUND, (self.n_entities * POSE_SIZE,), np.float32
+            )
         obs["proprio"] = spaces.Box(PROPRIO_LOW, PROPRIO_HIGH, (8,), np.float32)
         obs["instruction"] = InstructionText(MAX_INSTRUCTION, min_length=1, charset=CHARSET)
         return spaces.Dict(obs)

@@ -45,7 +45,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..sim.composite import SubgoalError, check_subgoal, parse_subgoal, view_objects
+from ..sim.composite import (
+    POSE_SIZE,
+    PRIMITIVES,
+    SubgoalError,
+    check_subgoal,
+    parse_subgoal,
+    view_objects,
+)
 from ..sim.expert import CLEAR_HEIGHT, EXPERTS, ScriptedExpert, clear_action
 from ..sim.tasks import get_task, task_counts
 from ..sim.vector import Batch
@@ -129,7 +136,23 @@ def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
         raise ValueError("plan.executor=policy needs plan.policies: {put: <dir>, ...}")
     from .run import load_policy
 
-    return PolicyExecutor({f: load_policy(Path(p), device) for f, p in policies.items()})
+    loaded = {}
+    for family, path in policies.items():
+        if family not in PRIMITIVES:
+            raise ValueError(
+                f"plan.policies.{family}: not a subgoal family; valid: {', '.join(PRIMITIVES)}"
+            )
+        loaded[family] = policy = load_policy(Path(path), device)
+        got = getattr(getattr(policy, "spec", None), "objects_dim", 0)
+        want = POSE_SIZE * sum(task_counts(get_task(family)).values())
+        if got and got != want:
+            raise ValueError(
+                f"plan.policies.{family}={path} reads {got // POSE_SIZE} entity poses, but the "
+                f"{family} task's scene has {want // POSE_SIZE}: it was trained on another task. "
+                f"Clone each family's executor on its own env (configs/plan_exec_bc.yaml "
+                f"env.id=perceptrl/{family.capitalize()}-v0)"
+            )
+    return PolicyExecutor(loaded)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -416,3 +416,20 @@ def test_planners_are_compared_with_the_oracle_plan_on_the_same_states(tmp_path,
     names = {p.name for p in result["files"]}
     assert {"compare.md", "compare.png", "follows_0.mp4", "quits_0.mp4"} <= names
     assert read_video(tmp_path / "follows_0.mp4").shape[1:] == (256, 256, 3)
+
+
+def test_an_executor_cloned_on_another_task_is_refused_at_load(tmp_path):
+    """A put-sized policy (4 entity poses) given as the stack executor (3 blocks): a clear
+    error when the recipe loads, not a shape error in the middle of a rollout."""
+    put = gym.make(sim.env_id("put"), obs_mode="state")
+    spaces = {"action": put.action_space, "observation": put.observation_space}
+    vla = dataclasses.replace(VLAConfig(), encoder="state", hidden=32)
+    build_compact(spec_from_config(vla, spaces, 1, 64)).save(tmp_path / "put")
+    with pytest.raises(ValueError, match="reads 4 entity poses, but the stack task's scene has 3"):
+        load_executor("policy", {"stack": str(tmp_path / "put")})
+    with pytest.raises(ValueError, match="not a subgoal family"):
+        load_executor("policy", {"pick": str(tmp_path / "put")})
+    cfg = load_config("configs/plan_grpo.yaml", [*TINY, "plan.executor=policy",
+                                                 f"plan.policies.stack={tmp_path / 'put'}"])  # fmt: skip
+    with pytest.raises(ConfigError, match="trained on another task"):
+        side(cfg).build_trainer(cfg, tmp_path / "run")
