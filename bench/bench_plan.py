@@ -159,7 +159,7 @@ def main() -> None:
                             executor_args=executor_args)  # fmt: skip
     data["executor"] = {
         f: {"in_composites": ok / tried, "subgoals": tried,
-            "own_task": own_success(executors[f]) if f in executors else None}
+            "own_task": own_success(out / f"exec_{f}") if f in executors else None}
         for f, (ok, tried) in sorted(per_family.items())
     }  # fmt: skip
     js, mdp = write_results(name, data, markdown(data))
@@ -184,7 +184,7 @@ def grpo_summary(rows: list[dict]) -> dict:
 
 
 def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict:
-    tasks = sorted(k.split("/", 1)[1] for k in results["oracle_plan"] if "/" in k)
+    tasks = sorted(k.split("/", 1)[1] for k in results["oracle_plan"] if k.startswith("accuracy/"))
     success = {
         a: {"all": r["accuracy"], **{t: r.get(f"accuracy/{t}") for t in tasks}}
         for a, r in results.items()
