@@ -14,7 +14,10 @@ them). Arms, each in its own process:
 * grpo: GRPO from the sft checkpoint for ``--grpo-minutes`` with the simulator's rewards;
 * sft_more (``--sft-control``, on by default): the equal-time control, SFT continued from the
   sft checkpoint for ``--grpo-minutes`` on the same traces;
-* exec_<family> (``--executor policy``): the executors.
+* exec_<family>_s<seed> (``--executor policy``): the executors, one run per ``--exec-seeds``
+  seed; the planner arms use each family's run with the best success on its own primitive task
+  (the run's last evaluation, on the primitive's evaluation seeds, none of the held-out
+  composite states): BC of a placing expert is seed-sensitive at this size.
 
 Scored greedily on held-out initial states (the generator's test split: task ids no training
 or validation sample uses, trial seed ``1000 + --seed``): the share of episodes that complete
@@ -23,7 +26,7 @@ same executor on the same states (the upper bound of planning), with the executo
 subgoal family on that plan, so that planning and execution errors can be told apart.
 
     python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 10] [--n-test 100]
-    python bench/bench_plan.py --executor policy [--exec-steps 1000]
+    python bench/bench_plan.py --executor policy [--exec-steps 1000] [--exec-seeds 0 1 2]
 
 Writes bench/results/plan.{json,md} (plan_policy.{json,md} with ``--executor policy``).
 """
@@ -93,6 +96,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--executor", choices=("oracle", "policy"), default="oracle")
     ap.add_argument("--exec-steps", type=int, default=1000, help="BC steps per executor")
+    ap.add_argument(
+        "--exec-seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2],
+        help="train each executor with these seeds and keep the best on its own task",
+    )
     ap.add_argument("--executor-args", nargs="*", default=[], help="more plan.* overrides")
     ap.add_argument("--grpo-args", nargs="*", default=[], help="overrides of the GRPO arm")
     ap.add_argument(
@@ -127,11 +137,16 @@ def main() -> None:
     wall: dict[str, float] = {}
     arm = arm_runner(out, args.reuse, previous, wall)
     executors: dict[str, Path] = {}
+    candidates: dict[str, dict[int, float | None]] = {}  # family: {seed: own-task success}
+    chosen: dict[str, int] = {}
     if args.executor == "policy":
         for family, env_id in EXEC_ENVS.items():
-            executors[family] = arm(f"exec_{family}", [
+            models = {seed: arm(f"exec_{family}_s{seed}", [
                 "sft", "plan_exec_bc", f"env.id={env_id}", f"train.steps={args.exec_steps}",
-                f"train.seed={args.seed}", "log.progress=false"])  # fmt: skip
+                f"train.seed={seed}", "log.progress=false"]) for seed in args.exec_seeds}  # fmt: skip
+            candidates[family] = {s: own_success(out / f"exec_{family}_s{s}") for s in models}
+            chosen[family] = max(models, key=lambda s: candidates[family][s] or 0.0)
+            executors[family] = models[chosen[family]]
     executor_args = [f"plan.executor={args.executor}", *args.executor_args]
     executor_args += [f"plan.policies.{f}={p}" for f, p in executors.items()]
     common = [f"train.seed={args.seed}", "log.progress=false", "train.eval_every=0",
@@ -156,12 +171,14 @@ def main() -> None:
     results["oracle_plan"], per_family = oracle(test, executor_args)
     data = report_data(args, results, wall, out, len(test))
     data["settings"].update(executor=args.executor, exec_steps=args.exec_steps,
-                            executor_args=executor_args)  # fmt: skip
-    data["executor"] = {
-        f: {"in_composites": ok / tried, "subgoals": tried,
-            "own_task": own_success(out / f"exec_{f}") if f in executors else None}
-        for f, (ok, tried) in sorted(per_family.items())
-    }  # fmt: skip
+                            exec_seeds=args.exec_seeds, executor_args=executor_args)  # fmt: skip
+    data["executor"] = {}
+    for f, (ok, tried) in sorted(per_family.items()):
+        row: dict = {"in_composites": ok / tried, "subgoals": tried}
+        if f in candidates:
+            row.update(seed=chosen[f], own_task=candidates[f][chosen[f]],
+                       own_task_per_seed={str(s): v for s, v in candidates[f].items()})  # fmt: skip
+        data["executor"][f] = row
     js, mdp = write_results(name, data, markdown(data))
     print(markdown(data))
     print(f"\nwrote {js} and {mdp}")
@@ -228,7 +245,8 @@ def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict
 def executor_text(s: dict) -> str:
     if s.get("executor") == "policy":
         return (f"frozen state VLAs cloned from the scripted experts (configs/plan_exec_bc.yaml, "
-                f"{s['exec_steps']} steps per family), for both training and scoring")  # fmt: skip
+                f"{s['exec_steps']} steps per family, best of seeds {s['exec_seeds']}), for both "
+                f"training and scoring")  # fmt: skip
     return "plan.executor=oracle (the scripted experts)"
 
 
@@ -275,14 +293,21 @@ def markdown(d: dict) -> str:
         lines += [
             "",
             "The executor on the oracle plan's subgoals (finished / tried, composite scenes), and "
-            "on its own primitive task (its training run's last held-out evaluation):",
+            "on its own primitive task (its training run's last evaluation, per BC seed; the "
+            "planner arms use the best seed's run, chosen by that evaluation):",
             "",
-            "| subgoal family | in composites | subgoals | own task |",
-            "|---|---|---|---|",
+            "| subgoal family | in composites | subgoals | seed used | own task, per seed |",
+            "|---|---|---|---|---|",
         ]
         for f, e in d["executor"].items():
-            own = "-" if e["own_task"] is None else f"{e['own_task']:.3f}"
-            lines.append(f"| {f} | {e['in_composites']:.3f} | {e['subgoals']} | {own} |")
+            per_seed = ", ".join(
+                f"s{k}: " + ("-" if v is None else f"{v:.3f}")
+                for k, v in e.get("own_task_per_seed", {}).items()
+            )
+            lines.append(
+                f"| {f} | {e['in_composites']:.3f} | {e['subgoals']} | {e.get('seed', '-')} | "
+                f"{per_seed or '-'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
