@@ -236,6 +236,13 @@ class PlanEnv:
         self.memo_hits = 0
         """subgoals replayed from `PlanSettings.memo` instead of simulated"""
 
+    def scene(self, row: int):
+        """Episode ``row``'s simulator (the `ManipEnv` of its task, shared by the rows of that
+        task) set to the row's current state."""
+        env = self._env(self.rows[row].task)
+        env.set_state(self.rows[row].state)
+        return env
+
     def _env(self, task: str):
         if task not in self._envs:
             import gymnasium as gym
@@ -400,8 +407,7 @@ def replay_video(settings: PlanSettings, sample: dict, turns: list[str], path, s
 
     env = PlanEnv(dataclasses.replace(settings, record=size))
     env.reset([sample])
-    e = env._env(env.rows[0].task)
-    e.set_state(env.rows[0].state)
+    e = env.scene(0)
     frames = [env._frame(e, 0, "start")] * INVALID_FRAMES
     for text in turns:
         if env.respond(0, text) is None:

@@ -41,7 +41,7 @@ def oracle_plan(settings, samples: list[dict]) -> tuple[dict, dict]:
     records: dict[str, dict] = {}
     for i, s in enumerate(samples):
         env.reset([s])
-        colours = env._env(env.rows[0].task).layout.colours
+        colours = env.scene(0).layout.colours
         texts = []
         for turn in reasoning_trace(s):
             texts.append(turn)

@@ -37,8 +37,7 @@ def _sample(task="put_then_stack", tid=3, trial=0) -> dict:
 
 def _plan(env: PlanEnv, row: int) -> list[str]:
     """The oracle plan of episode ``row``'s task, as subgoal texts."""
-    e = env._env(env.rows[row].task)
-    e.set_state(env.rows[row].state)
+    e = env.scene(row)
     return [s.text(e.layout.colours) for s in e.task.subgoals]
 
 
@@ -106,8 +105,7 @@ def test_a_remembered_subgoal_replays_exactly_what_simulating_it_did():
             assert a.text == b.text and a.info == b.info
             np.testing.assert_array_equal(np.asarray(a.images[0]), np.asarray(b.images[0]))
     assert env.memo_hits == 4 and plain.memo_hits == 0
-    e = env._env("put_then_stack")
-    e.set_state(env.rows[2].state)
+    e = env.scene(2)
     assert e.subgoals_done() == 2
     # the same subgoal after another history is a new path: simulated
     env.reset([s])
@@ -119,9 +117,8 @@ def test_a_blow_up_fails_the_subgoal_and_restores_the_scene():
     env = PlanEnv(PlanSettings(OracleExecutor(), subgoal_steps=30))
     env.reset([_sample("put_two", 1)])
     first, _ = _plan(env, 0)
-    e = env._env("put_two")
+    e = env.scene(0)
     e.cfg = dataclasses.replace(e.cfg, max_qvel=1e-4)  # any motion counts as a blow-up
-    e.set_state(env.rows[0].state)
     blocks = e.scene_world().blocks.copy()
     obs = env.respond(0, f"<subgoal>{first}</subgoal>")
     assert "simulation failed" in obs.text and obs.info["planner/unstable"] == 1
