@@ -64,9 +64,9 @@ log = logging.getLogger(__name__)
 SUBGOAL = re.compile(r"<subgoal>(.*?)</subgoal>", re.DOTALL)
 DONE = re.compile(r"<done\s*/?>")
 INVALID = "planner/invalid"
+"""error counter of turns that name no executable subgoal"""
 INVALID_FRAMES = 10
 """video frames an invalid turn is shown for (half a second at 20 fps)"""
-"""error counter of turns that name no executable subgoal"""
 CLEAR_STEPS = 20
 """most env steps the gripper takes to rise clear after a subgoal"""
 
@@ -399,19 +399,28 @@ def _outcome(said: str, ok: bool, unstable: bool, steps: int) -> str:
     return f"The robot tried to {said} for {steps} steps and did not finish."
 
 
-def replay_video(settings: PlanSettings, sample: dict, turns: list[str], path, size: int = 256):
+def replay_video(
+    settings: PlanSettings, sample: dict, turns: list[str], path, size: int = 256,
+    sheet: str | Path | None = None,
+):  # fmt: skip
     """Re-run a planner episode (its turn texts, e.g. ``meta["episode"]["texts"]``) and write
     the executor's view as an mp4 at ``size`` px, the current subgoal drawn on each frame (a
-    deterministic executor replays the same trajectory). Returns the episode's record."""
+    deterministic executor replays the same trajectory). With ``sheet``, also a PNG strip of
+    the episode's key frames: the start, the end of every turn, the outcome. Returns the
+    episode's record."""
     from ..sim.demos import write_video
 
     env = PlanEnv(dataclasses.replace(settings, record=size))
     env.reset([sample])
     e = env.scene(0)
     frames = [env._frame(e, 0, "start")] * INVALID_FRAMES
+    keys = [frames[0]]
     for text in turns:
+        before = len(env.frames[0])
         if env.respond(0, text) is None:
             break
+        if len(env.frames[0]) > before:
+            keys.append(env.frames[0][-1])
     frames += env.frames[0]
     e.set_state(env.rows[0].state)
     ok = bool(env.rows[0].record["planner/success"])
@@ -419,7 +428,22 @@ def replay_video(settings: PlanSettings, sample: dict, turns: list[str], path, s
                       (90, 255, 90) if ok else (255, 200, 90))  # fmt: skip
     frames += [last] * 20
     write_video(path, frames, fps=20)
+    if sheet is not None:
+        write_strip(sheet, [*keys, last])
     return env.rows[0].record
+
+
+def write_strip(path: str | Path, frames: list[np.ndarray], most: int = 6) -> Path:
+    """Frames side by side in one PNG (at most ``most``, evenly chosen, first and last kept)."""
+    import cv2
+
+    if len(frames) > most:
+        frames = [frames[round(i * (len(frames) - 1) / (most - 1))] for i in range(most)]
+    gap = np.full((frames[0].shape[0], 4, 3), 255, np.uint8)
+    row = np.concatenate([x for f in frames for x in (f, gap)][:-1], axis=1)
+    if not cv2.imwrite(str(path), cv2.cvtColor(row, cv2.COLOR_RGB2BGR)):
+        raise RuntimeError(f"OpenCV could not write the PNG {path}; check the folder exists")
+    return Path(path)
 
 
 def scene_of(sample: dict) -> dict:

@@ -100,8 +100,9 @@ def compare(cfgs: dict, out_dir: Path) -> dict:
             key = str(s.get("id", f"#{k}"))
             if key in recs:
                 path = out_dir / f"{name}_{k}.mp4"
-                replay_video(settings, s, recs[key]["texts"], path)
-                files.append(path)
+                strip = path.with_suffix(".png")
+                replay_video(settings, s, recs[key]["texts"], path, sheet=strip)
+                files += [path, strip]
     return {"table": table, "files": files}
 
 

@@ -10,6 +10,7 @@ import json
 import gymnasium as gym
 import pytest
 import torch
+from PIL import Image
 
 import perceptrl.sim as sim
 from perceptrl.datasets.plan import SPLIT_BASE, generate, reasoning_trace
@@ -413,6 +414,10 @@ def test_planners_are_compared_with_the_oracle_plan_on_the_same_states(tmp_path,
     names = {p.name for p in result["files"]}
     assert {"compare.md", "compare.png", "follows_0.mp4", "quits_0.mp4"} <= names
     assert read_video(tmp_path / "follows_0.mp4").shape[1:] == (256, 256, 3)
+    # key frames: the start, the end of each executed subgoal, the outcome
+    h, w = Image.open(tmp_path / "follows_0.png").size[::-1]
+    assert h == 256 and (w + 4) % 260 == 0 and (w + 4) // 260 in (4, 5)  # 2-3 subgoals
+    assert Image.open(tmp_path / "quits_0.png").size == (2 * 256 + 4, 256)  # start, outcome
 
 
 def test_an_executor_cloned_on_another_task_is_refused_at_load(tmp_path):
