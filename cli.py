@@ -363,6 +363,7 @@ def cmd_sim_demo(args: argparse.Namespace) -> int:
 
 def print_summary(run_dir: Path) -> None:
     """Before/after evaluation table and where the logs are."""
+    from .trainer.checkpoint import BEST, best_record
     from .trainer.metrics import read_metrics
 
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
@@ -382,6 +383,10 @@ def print_summary(run_dir: Path) -> None:
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
     if ckpts:
         print(f"model:         {ckpts[-1] / 'model'}")
+    best = best_record(run_dir)
+    if best is not None:
+        print(f"best model:    {run_dir / BEST / 'model'} "
+              f"(step {best['step']}, {best['metric']} {best['value']:.3f})")  # fmt: skip
 
 
 def _print_skips(rows: list[dict]) -> None:

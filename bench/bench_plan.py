@@ -16,8 +16,9 @@ them). Arms, each in its own process:
   sft checkpoint for ``--grpo-minutes`` on the same traces;
 * exec_<family>_s<seed> (``--executor policy``): the executors, one run per ``--exec-seeds``
   seed; the planner arms use each family's run with the best success on its own primitive task
-  (the run's last evaluation, on the primitive's evaluation seeds, none of the held-out
-  composite states): BC of a placing expert is seed-sensitive at this size.
+  (the evaluation on the primitive's evaluation seeds, none of the held-out composite states;
+  the run's best evaluation where it kept one, ``checkpoint.best``, else its last): BC of a
+  placing expert is seed-sensitive at this size.
 
 Scored greedily on held-out initial states (the generator's test split: task ids no training
 or validation sample uses, trial seed ``1000 + --seed``): the share of episodes that complete
@@ -80,9 +81,21 @@ def oracle(samples: list[dict], extra: list[str]) -> tuple[dict, dict]:
 
 
 def own_success(run_dir: Path) -> float | None:
-    """An executor's held-out success on its own primitive task (its run's last evaluation)."""
+    """An executor's success on its own primitive task: its best evaluation's where the run
+    kept one (``checkpoint.best``), else its last evaluation's."""
+    from perceptrl.trainer.checkpoint import best_record
+
+    best = best_record(run_dir)
+    if best is not None:
+        return best["value"]
     rows = [r for r in metrics(run_dir) if "eval/success_rate" in r]
     return rows[-1]["eval/success_rate"] if rows else None
+
+
+def executor_model(run_dir: Path, last: Path) -> Path:
+    """The weights an executor run offers: its best evaluation's, else its last checkpoint's."""
+    best = run_dir / "best" / "model"
+    return best if best.is_dir() else last
 
 
 def main() -> None:
@@ -141,9 +154,10 @@ def main() -> None:
     chosen: dict[str, int] = {}
     if args.executor == "policy":
         for family, env_id in EXEC_ENVS.items():
-            models = {seed: arm(f"exec_{family}_s{seed}", [
-                "sft", "plan_exec_bc", f"env.id={env_id}", f"train.steps={args.exec_steps}",
-                f"train.seed={seed}", "log.progress=false"]) for seed in args.exec_seeds}  # fmt: skip
+            models = {seed: executor_model(out / f"exec_{family}_s{seed}", arm(
+                f"exec_{family}_s{seed}", ["sft", "plan_exec_bc", f"env.id={env_id}",
+                f"train.steps={args.exec_steps}", f"train.seed={seed}", "log.progress=false"]))
+                for seed in args.exec_seeds}  # fmt: skip
             candidates[family] = {s: own_success(out / f"exec_{family}_s{s}") for s in models}
             chosen[family] = max(models, key=lambda s: candidates[family][s] or 0.0)
             executors[family] = models[chosen[family]]
@@ -293,7 +307,7 @@ def markdown(d: dict) -> str:
         lines += [
             "",
             "The executor on the oracle plan's subgoals (finished / tried, composite scenes), and "
-            "on its own primitive task (its training run's last evaluation, per BC seed; the "
+            "on its own primitive task (its training run's kept evaluation, per BC seed; the "
             "planner arms use the best seed's run, chosen by that evaluation):",
             "",
             "| subgoal family | in composites | subgoals | seed used | own task, per seed |",

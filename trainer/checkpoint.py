@@ -13,6 +13,9 @@ Layout::
                              partitions, what a resume loads; DeepSpeed's ``zero_to_fp32.py``
                              in it rebuilds fp32 weights offline
         state.json           step, counters (human-readable)
+    <run>/best/              ``checkpoint.best``: the weights of the best evaluation so far
+        model/               as above
+        best.json            step, metric, value
 
 Under data parallelism every rank calls ``save_checkpoint`` (the gathers and DeepSpeed's save are
 collective); rank 0 owns the directory, the rename and the pruning. Multi-node runs need the run
@@ -33,6 +36,8 @@ import numpy as np
 import torch
 
 STEP_PREFIX = "step_"
+BEST = "best"
+"""the run directory's folder of the best evaluation's weights (``checkpoint.best``)"""
 PAUSE_ENV = "PERCEPTRL_TEST_CHECKPOINT_PAUSE_S"
 """fault-injection tests: seconds to sleep after a checkpoint's files are written, before the
 rename that makes it visible (so a kill can land inside the write)"""
@@ -122,6 +127,59 @@ def save_checkpoint(
     if distributed:
         engine.barrier()
     return final
+
+
+def save_best(run_dir: Path, step: int, policy, record: dict, engine=None) -> Path:
+    """Write the policy's weights to ``run_dir/best`` with ``best.json`` = ``record`` (the
+    step, metric and value), replacing the previous best atomically. Every rank calls it (the
+    export gathers ZeRO-3 partitions); rank 0 writes. Returns the directory."""
+    rank = engine.rank if engine is not None else 0
+    final = run_dir / BEST
+    distributed = engine is not None and engine.world_size > 1
+    tmp = run_dir / f".tmp-{BEST}-{'dist' if distributed else os.getpid()}"
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    if engine is not None:
+        engine.barrier()
+        engine.export(policy, tmp / "model")
+        engine.barrier()
+    else:
+        policy.save(tmp / "model")
+    if rank == 0:
+        (tmp / "best.json").write_text(json.dumps({"step": step, **record}, indent=2))
+        _fsync_tree(tmp)
+        old = run_dir / f".old-{BEST}"
+        if final.exists():  # two renames: a crash between them leaves .old-best, never half a best
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(run_dir)
+    if engine is not None:
+        engine.barrier()
+    return final
+
+
+def tidy_best(run_dir: Path, reset: bool) -> None:
+    """Before a run: remove unfinished writes of the best weights, put back a best that a kill
+    between `save_best`'s two renames left as ``.old-best``, and with ``reset`` (a run that
+    starts over) remove the best of the earlier run."""
+    for p in run_dir.glob(f".tmp-{BEST}-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    old, final = run_dir / f".old-{BEST}", run_dir / BEST
+    if old.is_dir() and not final.exists():
+        os.replace(old, final)
+    shutil.rmtree(old, ignore_errors=True)
+    if reset:
+        shutil.rmtree(final, ignore_errors=True)
+
+
+def best_record(run_dir: Path) -> dict | None:
+    """``best.json`` of the run's best weights (step, metric, value), or None."""
+    path = run_dir / BEST / "best.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def remove_stale_temporaries(root: Path) -> list[Path]:

@@ -211,6 +211,12 @@ class CheckpointConfig:
     """write a checkpoint every N steps (0: only at the end)"""
     keep_last: int = 2
     """checkpoints kept on disk (older ones are deleted)"""
+    best: str = ""
+    """an evaluation metric (``eval/success_rate``, ``eval/accuracy``): after every evaluation
+    that beats the best so far, the policy's weights are also written to ``<run>/best/model``
+    with ``best/best.json`` (step, metric, value), kept whatever ``keep_last`` prunes"""
+    best_mode: str = choice("max", ("max", "min"))
+    """whether a higher (max) or lower (min) ``best`` metric is better"""
 
 
 class TrainerConfig(Protocol):

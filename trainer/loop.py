@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -28,12 +29,15 @@ from torch import Tensor
 from . import algos
 from .batch import RolloutBatch
 from .checkpoint import (
+    best_record,
     list_checkpoints,
     load_trainer_state,
     remove_stale_temporaries,
     rng_state,
+    save_best,
     save_checkpoint,
     set_rng_state,
+    tidy_best,
 )
 from .config import TrainerConfig
 from .corrections import apply_correction
@@ -123,6 +127,14 @@ class Trainer:
         self.bad_streak = 0
         self.counters: dict[str, int] = defaultdict(int)
         self.last_eval: dict[str, float] = {}
+        best = cfg.checkpoint.best
+        self.best_key = best if not best or best.startswith("eval/") else f"eval/{best}"
+        self.best_value: float | None = None
+        if best and evaluator is None:
+            raise ValueError(
+                f"checkpoint.best={best} keeps the weights of the best evaluation, but this run "
+                "has no evaluation: give it evaluation data or episodes, or unset checkpoint.best"
+            )
 
     # ------------------------------------------------------------------ run
     def fit(self, resume: bool = False) -> dict[str, float]:
@@ -130,10 +142,14 @@ class Trainer:
         ``resume``); returns the last evaluation metrics."""
         if self.engine.is_main:  # writes killed mid-way leave .tmp-step_* behind
             remove_stale_temporaries(self.run_dir / "checkpoints")
+            tidy_best(self.run_dir, reset=False)
         self.engine.barrier()
         if not (resume and self._resume()):
             if resume:  # killed before its first checkpoint: start over without its rows
                 self.logger.truncate_after(-1)
+            if self.engine.is_main:  # starting over: the earlier run's best is not this one's
+                tidy_best(self.run_dir, reset=True)
+            self.engine.barrier()
             seed_everything(self.cfg.train.seed)
             self._evaluate(0)
         total = self.cfg.train.steps
@@ -509,6 +525,25 @@ class Trainer:
         metrics["time/eval"] = time.perf_counter() - t
         self.last_eval = metrics
         self.logger.log(step, metrics)
+        if self.best_key:
+            self._keep_if_best(step, metrics)
+
+    def _keep_if_best(self, step: int, metrics: dict[str, float]) -> None:
+        """``checkpoint.best``: write the weights to ``<run>/best`` when this evaluation's metric
+        beats the best so far (every rank decides alike: the export is collective)."""
+        key = self.best_key
+        if key not in metrics:
+            raise ValueError(
+                f"checkpoint.best={self.cfg.checkpoint.best}: the evaluation has no {key}; it "
+                f"logs {', '.join(sorted(k for k in metrics if k != 'time/eval'))}"
+            )
+        value, best = float(metrics[key]), self.best_value
+        sign = 1.0 if self.cfg.checkpoint.best_mode == "max" else -1.0
+        better = math.isfinite(value) and (best is None or sign * (value - best) > 0)
+        if self.engine.all_true(better):
+            self.best_value = value
+            record = {"metric": key, "value": value, "mode": self.cfg.checkpoint.best_mode}
+            save_best(self.run_dir, step, self.policy, record, engine=self.engine)
 
     def save(self) -> Path:
         state = {
@@ -539,6 +574,9 @@ class Trainer:
         set_rng_state(state["rng"])
         self.step = counters["step"]
         self.bad_streak = counters.get("bad_streak", 0)
+        kept = best_record(self.run_dir)
+        if kept is not None and kept.get("metric") == self.best_key:
+            self.best_value = kept["value"]
         self.counters.update(counters.get("counters", {}))
         self.logger.truncate_after(self.step)
         self.logger.log(self.step, {"resumed_from_step": float(self.step)})

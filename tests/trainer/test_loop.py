@@ -420,3 +420,53 @@ def test_the_cosine_schedule_warms_up_then_decays_to_its_floor():
         cosine[3:], reverse=True
     )
     assert lrs()[:3] == pytest.approx([0.5, 1.0, 1.0]) and set(lrs()[1:]) == {1.0}
+
+
+def test_the_best_evaluation_s_weights_are_kept_whatever_checkpoints_prune(toy, tmp_path):
+    """checkpoint.best: the weights of the evaluation with the highest metric (here at step 3
+    of 0-5) stay in <run>/best with its record; keep_last prunes the step checkpoints only; a
+    resumed run keeps comparing with the kept best, a run started over drops it."""
+    from perceptrl.trainer.checkpoint import best_record
+
+    Policy, _, config = toy
+    scores = iter([0.2, 0.5, 0.3, 0.7, 0.6, 0.65, 0.68])
+    seen = {}
+
+    def evaluator(policy):
+        seen[len(seen)] = _params(policy)  # the weights evaluated at step len(seen)
+        return {"success_rate": next(scores)}
+
+    cfg = config(steps=5, lr=0.2, eval_every=1)
+    cfg.checkpoint.every, cfg.checkpoint.keep_last = 1, 1
+    cfg.checkpoint.best = "success_rate"
+    policy = Policy()
+    Trainer(cfg, policy, ToySFTSource(), tmp_path, evaluator=evaluator, objective="sft").fit()
+    assert best_record(tmp_path) == {"step": 3, "metric": "eval/success_rate", "value": 0.7,
+                                     "mode": "max"}  # fmt: skip
+    kept = Policy()
+    kept.load(tmp_path / "best" / "model")
+    torch.testing.assert_close(kept.state_dict()["logits"], seen[3]["logits"], rtol=0, atol=0)
+    assert not torch.equal(seen[3]["logits"], seen[5]["logits"])
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step_000005"]
+
+    more = copy.deepcopy(cfg)
+    more.train.steps = 6  # resumed: 0.68 at step 6 is below the kept 0.7
+    Trainer(more, Policy(), ToySFTSource(), tmp_path, evaluator=evaluator,
+            objective="sft").fit(resume=True)  # fmt: skip
+    assert best_record(tmp_path)["step"] == 3
+    (tmp_path / ".tmp-best-123").mkdir()  # a write killed mid-way
+    again = copy.deepcopy(cfg)
+    again.train.steps = 1  # started over: 0.4 at steps 0 and 1 (a tie keeps the first)
+    Trainer(again, Policy(), ToySFTSource(), tmp_path, evaluator=lambda p: {"success_rate": 0.4},
+            objective="sft").fit()  # fmt: skip
+    assert best_record(tmp_path) == {"step": 0, "metric": "eval/success_rate", "value": 0.4,
+                                     "mode": "max"}  # fmt: skip
+    assert not list(tmp_path.glob(".tmp-best-*"))
+
+    with pytest.raises(ValueError, match="has no evaluation"):
+        Trainer(cfg, Policy(), ToySFTSource(), tmp_path / "x", objective="sft")
+    cfg.checkpoint.best = "eval/accuracy"
+    with pytest.raises(ValueError, match="the evaluation has no eval/accuracy; it logs "
+                                         "eval/success_rate"):  # fmt: skip
+        Trainer(cfg, Policy(), ToySFTSource(), tmp_path / "y", evaluator=lambda p: {
+            "success_rate": 1.0}, objective="sft").fit()  # fmt: skip
