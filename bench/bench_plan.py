@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from common import arm_runner, machine, metrics, write_results
@@ -49,8 +50,9 @@ KEYS = ("planner/success", "planner/progress", "planner/valid", "planner/invalid
         "planner/subgoals", "planner/executed", "episode/turns_mean")  # fmt: skip
 
 
-def score(model: Path, samples: list[dict], out: Path, extra: list[str]) -> dict:
-    """Greedy planner episodes on ``samples``: success per task and the episode records."""
+def score(model: Path, samples: list[dict], out: Path, extra: list[str]) -> tuple[dict, dict, dict]:
+    """Greedy planner episodes on ``samples``: (success per task and the episode means, success
+    per sample id, episode record per sample id)."""
     from perceptrl.cli import CONFIGS
     from perceptrl.wiring import load_config, side
 
@@ -62,22 +64,47 @@ def score(model: Path, samples: list[dict], out: Path, extra: list[str]) -> dict
     from perceptrl.vlm.run import build_evaluator, build_policy
 
     policy = build_policy(cfg, out)
-    return build_evaluator(cfg, samples)(policy)
+    per_sample: dict[str, float] = {}
+    records: dict[str, dict] = {}
+    metrics = build_evaluator(cfg, samples)(policy, scores=per_sample, records=records)
+    return metrics, per_sample, records
 
 
-def oracle(samples: list[dict], extra: list[str]) -> tuple[dict, dict]:
+def oracle(samples: list[dict], extra: list[str]) -> tuple[dict, dict, dict]:
     """The oracle plan (the generator's traces) with the recipe's executor on ``samples``: its
-    success per task, and the executor's per subgoal family ({family: [finished, tried]})."""
+    success per task, the executor's per subgoal family ({family: [finished, tried]}), and its
+    success per sample id."""
     from perceptrl.cli import CONFIGS
     from perceptrl.vla.plan import plan_settings
     from perceptrl.vla.plan_eval import oracle_plan
     from perceptrl.wiring import load_config
 
-    scores, _ = oracle_plan(plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra)), samples)
+    scores, records = oracle_plan(plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra)),
+                                  samples)  # fmt: skip
     families = [k.split("/", 1)[1] for k in scores if k.startswith("executor/")]
     tallies = {f: [round(scores[f"executor/{f}"] * scores[f"count/executor/{f}"]),
                    int(scores[f"count/executor/{f}"])] for f in families}  # fmt: skip
-    return scores, tallies
+    per_sample = {k: float(r["info"]["planner/success"]) for k, r in records.items()}
+    return scores, tallies, per_sample
+
+
+def episode_strip(samples: list[dict], records: dict, extra: list[str], out: Path) -> dict:
+    """A PNG strip (and mp4 under ``out``) of a planner's first held-out episode that completed
+    its task (the first episode when none did), replayed from its turns with the executor."""
+    from perceptrl.cli import CONFIGS
+    from perceptrl.vla.plan import plan_settings, replay_video
+    from perceptrl.wiring import load_config
+
+    done = [s for s in samples if (records.get(str(s["id"])) or {}).get("info", {})
+            .get("planner/success")]  # fmt: skip
+    sample = (done or samples)[0]
+    settings = plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra))
+    texts = records[str(sample["id"])]["texts"]
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "episode.png"
+    record = replay_video(settings, sample, texts, out / "episode.mp4", sheet=png)
+    return {"id": str(sample["id"]), "task": sample.get("family"), "turns": texts,
+            "success": record["planner/success"], "first_success": bool(done), "png": png}  # fmt: skip
 
 
 def own_success(run_dir: Path) -> float | None:
@@ -137,6 +164,8 @@ def main() -> None:
     from perceptrl.datasets.loader import load_samples
     from perceptrl.datasets.plan import generate
     from perceptrl.trainer.runtime import resolve_path
+    from perceptrl.vla.plan_eval import bar_chart
+    from perceptrl.vlm.report import paired_gain
 
     out, base = Path(args.out), resolve_path(args.base)
     name = "plan" if args.executor == "oracle" else f"plan_{args.executor}"
@@ -181,9 +210,16 @@ def main() -> None:
             "sft", "plan_grpo", "train.steps=100000", *common, *SFT_ARGS,
             f"train.time_limit_min={args.grpo_minutes}", f"model.path={sft}",
             "checkpoint.every=0"])  # fmt: skip
-    results = {a: score(p, test, out / "eval" / a, executor_args) for a, p in arms.items()}
-    results["oracle_plan"], per_family = oracle(test, executor_args)
+    results, per_sample, records = {}, {}, {}
+    for a, p in arms.items():
+        results[a], per_sample[a], records[a] = score(p, test, out / "eval" / a, executor_args)
+    results["oracle_plan"], per_family, per_sample["oracle_plan"] = oracle(test, executor_args)
     data = report_data(args, results, wall, out, len(test))
+    data["paired"] = {
+        f"{b}_minus_{a}": paired_gain(per_sample[a], per_sample[b])
+        for a, b in (("sft", "grpo"), ("sft_more", "grpo"), ("sft", "sft_more"))
+        if a in per_sample and b in per_sample
+    }
     data["settings"].update(executor=args.executor, exec_steps=args.exec_steps,
                             exec_seeds=args.exec_seeds, executor_args=executor_args)  # fmt: skip
     data["executor"] = {}
@@ -193,9 +229,15 @@ def main() -> None:
             row.update(seed=chosen[f], own_task=candidates[f][chosen[f]],
                        own_task_per_seed={str(s): v for s, v in candidates[f].items()})  # fmt: skip
         data["executor"][f] = row
+    strip = episode_strip(test, records["grpo"], executor_args, out / "episode")
+    shutil.copy(strip.pop("png"), RESULTS / f"{name}_episode.png")
+    data["episode_picture"] = strip
+    tasks = [t for t in data["success"]["oracle_plan"] if t != "all"]
+    bar_chart(results, tasks, RESULTS / f"{name}.png",
+              title=f"held-out task success ({len(test)} states)")  # fmt: skip
     js, mdp = write_results(name, data, markdown(data))
     print(markdown(data))
-    print(f"\nwrote {js} and {mdp}")
+    print(f"\nwrote {js}, {mdp}, {name}.png and {name}_episode.png")
 
 
 def grpo_summary(rows: list[dict]) -> dict:
@@ -303,6 +345,18 @@ def markdown(d: dict) -> str:
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in d["wall_s"].items())
         + ".",
     ]
+    if d.get("paired"):
+        lines += ["", "Paired on the same held-out states (difference, standard error, states "
+                  "only the second arm / only the first completed):", ""]  # fmt: skip
+        for k, g in d["paired"].items():
+            lines.append(f"- {k}: {g['gain']:+.3f} ± {g['se']:.3f} (z {g['z']:.1f}; "
+                         f"{int(g['improved'])} / {int(g['regressed'])})")  # fmt: skip
+    if d.get("episode_picture"):
+        e = d["episode_picture"]
+        which = "its first held-out episode that completed the task" if e["first_success"] else (
+            "its first held-out episode (none completed the task)")  # fmt: skip
+        lines += ["", f"The GRPO planner's {which} ({e['task']}, `{e['id']}`): the picture beside "
+                  "this file (`*_episode.png`), the chart of the table above (`*.png`)."]  # fmt: skip
     if d.get("executor"):
         lines += [
             "",
