@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .composite import Subgoal, focus_world, holds, view_order
+from .robot import FINGER_OPEN
 from .scene import BLOCK_HALF
 from .tasks import World, task_counts
 
@@ -238,6 +239,27 @@ def clear_action(env) -> np.ndarray:
     tcp = robot.tcp_pos(env.data)
     goal = np.array([tcp[0], tcp[1], CLEAR_HEIGHT + 0.02])
     return _move(robot, goal, robot.target_yaw, OPEN).astype(np.float32)
+
+
+HOME_TOLERANCE = 0.01
+"""metres (and radians of yaw) within which the tcp counts as back at the home pose"""
+
+
+def home_action(env) -> np.ndarray | None:
+    """Action (5,) that carries the tcp back to its pose at the home posture, gripper open, or
+    None once it is there (within `HOME_TOLERANCE`, fingers open): where every episode of a
+    primitive task starts."""
+    env, robot = env.unwrapped, env.unwrapped.robot
+    pos, yaw = robot.home_pose()
+    off = np.linalg.norm(robot.tcp_pos(env.data) - pos)
+    turned = abs(robot.yaw(env.data) - yaw)
+    if (
+        off < HOME_TOLERANCE
+        and turned < HOME_TOLERANCE
+        and robot.gripper_width(env.data) > 2 * FINGER_OPEN - HOME_TOLERANCE
+    ):
+        return None
+    return _move(robot, pos, yaw, OPEN).astype(np.float32)
 
 
 @register_expert("composite")

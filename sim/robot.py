@@ -76,8 +76,18 @@ class Robot:
         self._jacr = np.zeros((3, model.nv))
         self.target_pos = np.zeros(3)
         self.target_yaw = 0.0
+        self._home: tuple[np.ndarray, float] | None = None
 
     # ---------------------------------------------------------------- state
+    def home_pose(self) -> tuple[np.ndarray, float]:
+        """(tcp position (3,), yaw) at the home posture, by forward kinematics (cached)."""
+        if self._home is None:
+            data = mujoco.MjData(self.model)
+            data.qpos[self.qadr] = HOME_Q
+            mujoco.mj_kinematics(self.model, data)
+            self._home = (data.site_xpos[self.tcp].copy(), self.yaw(data))
+        return self._home[0].copy(), self._home[1]
+
     def reset(self, data: mujoco.MjData, q: np.ndarray = HOME_Q) -> None:
         """Put the arm at posture ``q`` (7,), fingers open, targets on the current tcp pose."""
         data.qpos[self.qadr] = q

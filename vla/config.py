@@ -138,6 +138,9 @@ class PlanConfig:
     """primitive family (put, stack, push) -> directory of a VLA saved by a VLA recipe"""
     subgoal_steps: int = 0
     """env steps the executor gets per subgoal (0: the primitive task's time limit)"""
+    home: str = choice("auto", ("auto", "always", "never"))
+    """the arm returns to the home pose after each subgoal (having risen clear): auto = for a
+    policy executor (every episode it was cloned from started there), not the oracle's"""
     image_size: int = 128
     """side of the camera images, the planner's and a pixel executor's"""
     obs_mode: str = choice("state", OBS_MODES)

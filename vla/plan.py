@@ -18,7 +18,10 @@ Executors: ``oracle`` (the scripted experts on the focused subgoal: the upper bo
 VLA policies saved by the VLA recipes, one per primitive family (`PolicyExecutor`). A
 non-finite action becomes a no-op and is counted; a physics blow-up ends the subgoal as failed
 and puts the scene back as it was before it (``planner/unstable``). After each subgoal the
-gripper rises clear (the scripted `sim.expert.clear_action`) so the next starts from free space.
+gripper rises clear (the scripted `sim.expert.clear_action`) so the next starts from free space;
+a policy executor's arm then returns to the home pose (`sim.expert.home_action`), where every
+episode it was cloned from began (the next subgoal started above the last bowl before, a state
+no primitive episode shows).
 
 Each row of a rollout is a snapshot of one env per task (``ManipEnv.get_state``): ``respond``
 restores it, executes, and snapshots again, so the G rows of a group are G independent episodes
@@ -53,7 +56,7 @@ from ..sim.composite import (
     parse_subgoal,
     view_objects,
 )
-from ..sim.expert import CLEAR_HEIGHT, EXPERTS, ScriptedExpert, clear_action
+from ..sim.expert import CLEAR_HEIGHT, EXPERTS, ScriptedExpert, clear_action, home_action
 from ..sim.tasks import get_task, task_counts
 from ..sim.vector import Batch
 from ..vlm.tools import Observation
@@ -69,6 +72,9 @@ INVALID_FRAMES = 10
 """video frames an invalid turn is shown for (half a second at 20 fps)"""
 CLEAR_STEPS = 20
 """most env steps the gripper takes to rise clear after a subgoal"""
+HOME_STEPS = 60
+"""most env steps the arm takes to return to the home pose after rising clear (executors
+with ``from_home``)"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,6 +86,8 @@ class OracleExecutor:
     """The scripted expert of the focused subgoal (privileged state): the upper bound."""
 
     name = "oracle"
+    from_home = False
+    """its subgoals start where the last one ended (the scripted experts start anywhere)"""
 
     def can(self, family: str) -> bool:
         return family in EXPERTS
@@ -96,6 +104,9 @@ class PolicyExecutor:
     primitive's own scene (`sim.composite.view_objects`)."""
 
     name = "policy"
+    from_home = True
+    """each subgoal starts with the arm back at the home pose, where every episode the policies
+    were cloned from started (after rising clear, the arm returns there)"""
 
     def __init__(self, policies: dict):
         self.policies = policies
@@ -168,6 +179,8 @@ class PlanSettings:
     -> actions [K, A]`` for the subgoal the env is focused on"""
     subgoal_steps: int = 0
     """env steps the executor gets per subgoal (0: the primitive task's time limit)"""
+    home: bool | None = None
+    """the arm returns to the home pose after each subgoal (None: the executor's ``from_home``)"""
     image_size: int = 128
     """side of the camera images (the planner's and a pixel executor's)"""
     obs_mode: str = "state"
@@ -359,7 +372,8 @@ class PlanEnv:
         return annotate(img, [*lines, done], bottom, colour)
 
     def _execute(self, env, sub, row: int) -> tuple[bool, bool, int]:
-        """Run the executor on ``sub`` in ``env`` (at the row's state), then rise clear.
+        """Run the executor on ``sub`` in ``env`` (at the row's state), then rise clear (and go
+        home when the executor starts there).
         Returns (finished, blew up, env steps)."""
         before = copy.deepcopy(env.get_state())
         obs = env.focus(sub)
@@ -387,6 +401,14 @@ class PlanEnv:
             if env.scene_world().tcp[2] >= CLEAR_HEIGHT:
                 break
             env.step(clear_action(env))
+        home = self.settings.home
+        if home is None:
+            home = getattr(self.settings.executor, "from_home", False)
+        for _ in range(HOME_STEPS if home else 0):
+            action = home_action(env)
+            if action is None:
+                break
+            env.step(action)
         return ok, unstable, steps
 
 
@@ -482,7 +504,8 @@ def plan_settings(cfg) -> PlanSettings:
     except (ValueError, OSError) as e:
         raise ConfigError(f"plan.executor: {e}") from e
     return PlanSettings(
-        executor, subgoal_steps=p.subgoal_steps, image_size=p.image_size, obs_mode=p.obs_mode,
+        executor, subgoal_steps=p.subgoal_steps, home={"always": True, "never": False}.get(p.home),
+        image_size=p.image_size, obs_mode=p.obs_mode,
         cameras=tuple(p.cameras), memo=p.memo,
     )  # fmt: skip
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -15,6 +16,7 @@ from PIL import Image
 import perceptrl.sim as sim
 from perceptrl.datasets.plan import SPLIT_BASE, generate, reasoning_trace
 from perceptrl.rewards import build_reward
+from perceptrl.sim.expert import HOME_TOLERANCE
 from perceptrl.trainer.config import ConfigError
 from perceptrl.trainer.metrics import read_metrics
 from perceptrl.vla.compact import build_compact, spec_from_config
@@ -24,7 +26,9 @@ from perceptrl.vla.plan import (
     OracleExecutor,
     PlanEnv,
     PlanSettings,
+    PolicyExecutor,
     load_executor,
+    plan_settings,
 )
 from perceptrl.wiring import load_config, side
 
@@ -68,6 +72,28 @@ def test_the_oracle_plan_completes_the_task_and_invalid_turns_change_nothing():
     assert rec["planner/invalid"] == 4 and rec["planner/executed"] == 2
     assert rec["planner/env_steps"] > 0 and rec["planner/unstable"] == 0
     assert env.respond(0, "<done/>") is None
+
+
+def test_a_policy_executor_s_subgoals_start_at_the_home_pose():
+    """A cloned policy only saw episodes that start at home: after a subgoal the arm returns
+    there (the scripted experts' subgoals start where the last one ended)."""
+    assert PolicyExecutor.from_home and not OracleExecutor.from_home
+    after = {}
+    for home in (None, True):  # the oracle's default; sent home as a policy executor's arm
+        env = PlanEnv(PlanSettings(OracleExecutor(), home=home))
+        env.reset([_sample()])
+        first, second = _plan(env, 0)
+        assert env.respond(0, f"<subgoal>{first}</subgoal>").info["planner/progress"] == 0.5
+        robot = env.scene(0).robot
+        at = robot.home_pose()[0]
+        after[home] = float(np.linalg.norm(robot.tcp_pos(env.scene(0).data) - at))
+        obs = env.respond(0, f"<subgoal>{second}</subgoal>")
+        assert obs.info["planner/success"] == 1.0  # going home disturbs nothing
+    assert after[True] < HOME_TOLERANCE < 0.1 < after[None]
+    recipe = "configs/plan_grpo.yaml"
+    assert plan_settings(load_config(recipe, [])).home is None  # the executor's own default
+    assert plan_settings(load_config(recipe, ["plan.home=always"])).home is True
+    assert plan_settings(load_config(recipe, ["plan.home=never"])).home is False
 
 
 def test_rows_of_a_group_and_forks_are_independent_episodes():
