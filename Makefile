@@ -58,6 +58,8 @@ bench: setup
 	$(BIN)/python bench/bench_rl_vs_sft.py
 	$(BIN)/python bench/bench_vla_token.py
 	$(BIN)/python bench/bench_plan.py
+	$(BIN)/python bench/bench_plan.py --executor policy --exec-seeds 0 1 --out runs/bench_plan_policy
+	$(BIN)/python bench/bench_plan_home.py --runs runs/bench_plan_policy
 	$(BIN)/pip install -q -e '.[bench]'  # TRL, the baseline of the next script
 	$(BIN)/python bench/bench_trl_grpo.py
 

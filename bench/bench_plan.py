@@ -29,7 +29,8 @@ subgoal family on that plan, so that planning and execution errors can be told a
     python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 10] [--n-test 100]
     python bench/bench_plan.py --executor policy [--exec-steps 1000] [--exec-seeds 0 1 2]
 
-Writes bench/results/plan.{json,md} (plan_policy.{json,md} with ``--executor policy``).
+Writes bench/results/plan.{json,md,png} and plan_episode.png (a key-frame strip of the best
+planner arm's first completed held-out episode); plan_policy.* with ``--executor policy``.
 """
 
 from __future__ import annotations
@@ -229,7 +230,12 @@ def main() -> None:
             row.update(seed=chosen[f], own_task=candidates[f][chosen[f]],
                        own_task_per_seed={str(s): v for s, v in candidates[f].items()})  # fmt: skip
         data["executor"][f] = row
-    strip = episode_strip(test, records["grpo"], executor_args, out / "episode")
+    shown = max(
+        ("grpo", "sft", "sft_more"), key=lambda a: results[a]["accuracy"] if a in results else -1
+    )
+    # the README's picture of the loop: the best planner arm's first completed episode
+    strip = episode_strip(test, records[shown], executor_args, out / "episode")
+    strip["planner"] = shown
     shutil.copy(strip.pop("png"), RESULTS / f"{name}_episode.png")
     data["episode_picture"] = strip
     tasks = [t for t in data["success"]["oracle_plan"] if t != "all"]
@@ -353,10 +359,10 @@ def markdown(d: dict) -> str:
                          f"{int(g['improved'])} / {int(g['regressed'])})")  # fmt: skip
     if d.get("episode_picture"):
         e = d["episode_picture"]
-        which = "its first held-out episode that completed the task" if e["first_success"] else (
-            "its first held-out episode (none completed the task)")  # fmt: skip
-        lines += ["", f"The GRPO planner's {which} ({e['task']}, `{e['id']}`): the picture beside "
-                  "this file (`*_episode.png`), the chart of the table above (`*.png`)."]  # fmt: skip
+        which = "first held-out episode that completed the task" if e["first_success"] else (
+            "first held-out episode (none completed the task)")  # fmt: skip
+        lines += ["", f"The {e.get('planner', 'grpo')} planner's (the best arm's) {which} ({e['task']}, `{e['id']}`): the picture beside "
+                  "this file (`*_episode.png`); the chart of the table above: `*.png`."]  # fmt: skip
     if d.get("executor"):
         lines += [
             "",
