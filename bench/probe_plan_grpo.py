@@ -1,0 +1,87 @@
+"""Why GRPO collapsed with trained executors, probed on validation states: GRPO recipes from the
+same SFT planner, each for a few minutes, scored greedily on the generator's val split (never the
+test states bench_plan.py reports).
+
+With the policy executors GRPO drove the planner to one subgoal then ``<done/>``
+(bench/results/plan_policy.md). The probe varies what could reward stopping early: the validity
+and per-subgoal cost terms, and the sampling temperature.
+
+Usage (after ``bench_plan.py --executor policy --out runs/bench_plan_policy``):
+    python bench/probe_plan_grpo.py --runs runs/bench_plan_policy [--minutes 5] [--n-val 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench_plan import score
+from common import machine, run_arm, write_results
+
+VARIANTS = {
+    "recipe": [],
+    "outcome_only": ["rollout.reward.plan_validity=0.0", "rollout.reward.subgoal_cost=0.0"],
+    "temperature_0.7": ["rollout.temperature=0.7"],
+}
+"""probe arm -> overrides of configs/plan_grpo.yaml"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default="runs/bench_plan_policy")
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--n-val", type=int, default=60)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    args = ap.parse_args()
+
+    from perceptrl.datasets.loader import load_samples
+    from perceptrl.datasets.plan import generate
+
+    runs = Path(args.runs)
+    settings = json.loads((Path(__file__).parent / "results" / "plan_policy.json").read_text())
+    executor_args = settings["settings"]["executor_args"]
+    generate(runs / "val_data", splits={"val": args.n_val}, seed=0)
+    val = load_samples(runs / "val_data" / "val.jsonl")[0]
+    sft = sorted((runs / "sft" / "checkpoints").glob("step_*"))[-1] / "model"
+    common = ["train.seed=0", "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
+              f"data.train={(runs / 'data' / 'train.jsonl').resolve()}", "data.val=",
+              *executor_args]  # fmt: skip
+    rows = {}
+    for name in args.variants:
+        out = runs / f"probe_{name}"
+        wall = run_arm(["train", "plan_grpo", "train.steps=100000", *common,
+                        f"train.time_limit_min={args.minutes}", f"model.path={sft}",
+                        "checkpoint.every=0", *VARIANTS[name]], out)  # fmt: skip
+        model = sorted((out / "checkpoints").glob("step_*"))[-1] / "model"
+        metrics, _, _ = score(model, val, out / "val_eval", executor_args)
+        rows[name] = {"overrides": VARIANTS[name], "wall_s": wall, "steps": int(model.parent.name[5:]),
+                      **{k: metrics[k] for k in ("accuracy", "planner/subgoals", "planner/progress")
+                         if k in metrics}}  # fmt: skip
+    sft_metrics, _, _ = score(sft, val, runs / "probe_sft_val", executor_args)
+    rows["sft (start)"] = {"overrides": [], "wall_s": 0.0, "steps": 0,
+                           **{k: sft_metrics[k] for k in ("accuracy", "planner/subgoals",
+                              "planner/progress") if k in sft_metrics}}  # fmt: skip
+    data = {"machine": machine(note="2 CPU cores"), "n_val": len(val), "minutes": args.minutes,
+            "executor_args": executor_args, "arms": rows}  # fmt: skip
+    lines = [
+        "# GRPO recipes with trained executors, on validation states",
+        "",
+        f"{d['cpu'] if (d := data['machine']) else ''} ({d['cores']} cores). Each arm: GRPO "
+        f"from the same SFT planner for {args.minutes} min; greedy episodes on {len(val)} "
+        "states of the val split (not the test states).",
+        "",
+        "| arm | overrides | steps | val success | subgoals / episode | progress |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {' '.join(r['overrides']) or '-'} | {r['steps']} | "
+                     f"{r.get('accuracy', 0):.3f} | {r.get('planner/subgoals', 0):.2f} | "
+                     f"{r.get('planner/progress', 0):.3f} |")  # fmt: skip
+    js, md = write_results("plan_grpo_probe", data, "\n".join(lines))
+    print("\n".join(lines))
+    print(f"\nwrote {js} and {md}")
+
+
+if __name__ == "__main__":
+    main()
