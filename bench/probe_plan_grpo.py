@@ -8,6 +8,7 @@ and per-subgoal cost terms, and the sampling temperature.
 
 Usage (after ``bench_plan.py --executor policy --out runs/bench_plan_policy``):
     python bench/probe_plan_grpo.py --runs runs/bench_plan_policy [--minutes 5] [--n-val 60]
+    python bench/probe_plan_grpo.py --split test --variants outcome_only --minutes 10
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--n-val", type=int, default=60)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--split", choices=("val", "test"), default="val",
+                    help="test: the chosen variant on bench_plan.py's held-out test states")  # fmt: skip
     args = ap.parse_args()
 
     from perceptrl.datasets.loader import load_samples
@@ -41,44 +44,52 @@ def main() -> None:
     runs = Path(args.runs)
     settings = json.loads((Path(__file__).parent / "results" / "plan_policy.json").read_text())
     executor_args = settings["settings"]["executor_args"]
-    generate(runs / "val_data", splits={"val": args.n_val}, seed=0)
-    val = load_samples(runs / "val_data" / "val.jsonl")[0]
+    if args.split == "val":
+        generate(runs / "val_data", splits={"val": args.n_val}, seed=0)
+        val = load_samples(runs / "val_data" / "val.jsonl")[0]
+    else:  # the states bench_plan.py scores its arms on
+        val = load_samples(runs / "eval_data" / "test.jsonl")[0]
+    tag = "" if args.split == "val" else "_test"
     sft = sorted((runs / "sft" / "checkpoints").glob("step_*"))[-1] / "model"
     common = ["train.seed=0", "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
               f"data.train={(runs / 'data' / 'train.jsonl').resolve()}", "data.val=",
               *executor_args]  # fmt: skip
     rows = {}
     for name in args.variants:
-        out = runs / f"probe_{name}"
+        out = runs / f"probe_{name}{tag}"
         wall = run_arm(["train", "plan_grpo", "train.steps=100000", *common,
                         f"train.time_limit_min={args.minutes}", f"model.path={sft}",
                         "checkpoint.every=0", *VARIANTS[name]], out)  # fmt: skip
         model = sorted((out / "checkpoints").glob("step_*"))[-1] / "model"
-        metrics, _, _ = score(model, val, out / "val_eval", executor_args)
+        metrics, _, _ = score(model, val, out / f"{args.split}_eval", executor_args)
         rows[name] = {"overrides": VARIANTS[name], "wall_s": wall, "steps": int(model.parent.name[5:]),
                       **{k: metrics[k] for k in ("accuracy", "planner/subgoals", "planner/progress")
                          if k in metrics}}  # fmt: skip
-    sft_metrics, _, _ = score(sft, val, runs / "probe_sft_val", executor_args)
+    sft_metrics, _, _ = score(sft, val, runs / f"probe_sft_{args.split}", executor_args)
     rows["sft (start)"] = {"overrides": [], "wall_s": 0.0, "steps": 0,
                            **{k: sft_metrics[k] for k in ("accuracy", "planner/subgoals",
                               "planner/progress") if k in sft_metrics}}  # fmt: skip
-    data = {"machine": machine(note="2 CPU cores"), "n_val": len(val), "minutes": args.minutes,
+    data = {"machine": machine(note="2 CPU cores"), "split": args.split, "n_states": len(val), "minutes": args.minutes,
             "executor_args": executor_args, "arms": rows}  # fmt: skip
     lines = [
-        "# GRPO recipes with trained executors, on validation states",
+        f"# GRPO recipes with trained executors, on {args.split} states",
         "",
         f"{d['cpu'] if (d := data['machine']) else ''} ({d['cores']} cores). Each arm: GRPO "
         f"from the same SFT planner for {args.minutes} min; greedy episodes on {len(val)} "
-        "states of the val split (not the test states).",
+        + (
+            "states of the val split (not the test states)."
+            if args.split == "val"
+            else "held-out test states (bench_plan.py's), for the variant chosen on validation."
+        ),
         "",
-        "| arm | overrides | steps | val success | subgoals / episode | progress |",
+        "| arm | overrides | steps | success | subgoals / episode | progress |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():
         lines.append(f"| {name} | {' '.join(r['overrides']) or '-'} | {r['steps']} | "
                      f"{r.get('accuracy', 0):.3f} | {r.get('planner/subgoals', 0):.2f} | "
                      f"{r.get('planner/progress', 0):.3f} |")  # fmt: skip
-    js, md = write_results("plan_grpo_probe", data, "\n".join(lines))
+    js, md = write_results(f"plan_grpo_probe{tag}", data, "\n".join(lines))
     print("\n".join(lines))
     print(f"\nwrote {js} and {md}")
 
