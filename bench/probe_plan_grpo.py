@@ -20,6 +20,8 @@ from pathlib import Path
 from bench_plan import score
 from common import machine, run_arm, write_results
 
+SHOWN = ("accuracy", "planner/subgoals", "planner/progress")
+"""the scores kept per arm"""
 VARIANTS = {
     "recipe": [],
     "outcome_only": ["rollout.reward.plan_validity=0.0", "rollout.reward.subgoal_cost=0.0"],
@@ -62,19 +64,18 @@ def main() -> None:
                         "checkpoint.every=0", *VARIANTS[name]], out)  # fmt: skip
         model = sorted((out / "checkpoints").glob("step_*"))[-1] / "model"
         metrics, _, _ = score(model, val, out / f"{args.split}_eval", executor_args)
-        rows[name] = {"overrides": VARIANTS[name], "wall_s": wall, "steps": int(model.parent.name[5:]),
-                      **{k: metrics[k] for k in ("accuracy", "planner/subgoals", "planner/progress")
-                         if k in metrics}}  # fmt: skip
+        rows[name] = {"overrides": VARIANTS[name], "wall_s": wall,
+                      "steps": int(model.parent.name[5:]), **{k: metrics[k] for k in SHOWN}}  # fmt: skip
     sft_metrics, _, _ = score(sft, val, runs / f"probe_sft_{args.split}", executor_args)
     rows["sft (start)"] = {"overrides": [], "wall_s": 0.0, "steps": 0,
-                           **{k: sft_metrics[k] for k in ("accuracy", "planner/subgoals",
-                              "planner/progress") if k in sft_metrics}}  # fmt: skip
-    data = {"machine": machine(note="2 CPU cores"), "split": args.split, "n_states": len(val), "minutes": args.minutes,
+                           **{k: sft_metrics[k] for k in SHOWN}}  # fmt: skip
+    cpu = machine(note="2 CPU cores")
+    data = {"machine": cpu, "split": args.split, "n_states": len(val), "minutes": args.minutes,
             "executor_args": executor_args, "arms": rows}  # fmt: skip
     lines = [
         f"# GRPO recipes with trained executors, on {args.split} states",
         "",
-        f"{d['cpu'] if (d := data['machine']) else ''} ({d['cores']} cores). Each arm: GRPO "
+        f"{cpu['cpu']} ({cpu['cores']} cores). Each arm: GRPO "
         f"from the same SFT planner for {args.minutes} min; greedy episodes on {len(val)} "
         + (
             "states of the val split (not the test states)."
@@ -87,8 +88,8 @@ def main() -> None:
     ]
     for name, r in rows.items():
         lines.append(f"| {name} | {' '.join(r['overrides']) or '-'} | {r['steps']} | "
-                     f"{r.get('accuracy', 0):.3f} | {r.get('planner/subgoals', 0):.2f} | "
-                     f"{r.get('planner/progress', 0):.3f} |")  # fmt: skip
+                     f"{r['accuracy']:.3f} | {r['planner/subgoals']:.2f} | "
+                     f"{r['planner/progress']:.3f} |")  # fmt: skip
     js, md = write_results(f"plan_grpo_probe{tag}", data, "\n".join(lines))
     print("\n".join(lines))
     print(f"\nwrote {js} and {md}")
