@@ -262,12 +262,17 @@ def grpo_summary(rows: list[dict]) -> dict:
     return out
 
 
-def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict:
-    tasks = sorted(k.split("/", 1)[1] for k in results["oracle_plan"] if k.startswith("accuracy/"))
-    success = {
+def success_table(results: dict, reference: str = "oracle_plan") -> dict:
+    """{arm: {"all": success, <task>: success}} of evaluator scores, tasks as ``reference``'s."""
+    tasks = sorted(k.split("/", 1)[1] for k in results[reference] if k.startswith("accuracy/"))
+    return {
         a: {"all": r["accuracy"], **{t: r.get(f"accuracy/{t}") for t in tasks}}
         for a, r in results.items()
     }
+
+
+def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict:
+    success = success_table(results)
     gap = success["grpo"]["all"] - success["sft"]["all"]
     return {
         "machine": machine(note="2 CPU cores"),
@@ -361,8 +366,9 @@ def markdown(d: dict) -> str:
         e = d["episode_picture"]
         which = "first held-out episode that completed the task" if e["first_success"] else (
             "first held-out episode (none completed the task)")  # fmt: skip
-        lines += ["", f"The {e.get('planner', 'grpo')} planner's (the best arm's) {which} ({e['task']}, `{e['id']}`): the picture beside "
-                  "this file (`*_episode.png`); the chart of the table above: `*.png`."]  # fmt: skip
+        lines += ["", f"The {e.get('planner', 'grpo')} planner's (the best arm's) {which} "
+                  f"({e['task']}, `{e['id']}`): the picture beside this file (`*_episode.png`); "
+                  "the chart of the table above: `*.png`."]  # fmt: skip
     if d.get("executor"):
         lines += [
             "",

@@ -21,7 +21,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench_plan import EXEC_ENVS, executor_model, oracle, own_success
+from bench_plan import EXEC_ENVS, executor_model, oracle, own_success, success_table
 from common import last_model, machine, write_results
 
 MODES = {"where_left": "plan.home=never", "home": "plan.home=always"}
@@ -65,14 +65,7 @@ def main() -> None:
                 f: {"seed": seeds[f], "own_task": own_success(d)} for f, d in dirs.items()
             },
         },  # fmt: skip
-        "success": {
-            m: {
-                k.split("/", 1)[-1] if "/" in k else "all": v
-                for k, v in r.items()
-                if k.startswith("accuracy")
-            }
-            for m, r in results.items()
-        },  # fmt: skip
+        "success": success_table(results, "home"),
         "subgoals": families,
         "paired": paired_gain(per_sample["where_left"], per_sample["home"]),
         "wall_s": wall,

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from bench_plan import score
-from common import machine, run_arm, write_results
+from common import last_model, machine, run_arm, write_results
 
 SHOWN = ("accuracy", "planner/subgoals", "planner/progress")
 """the scores kept per arm"""
@@ -52,7 +52,7 @@ def main() -> None:
     else:  # the states bench_plan.py scores its arms on
         val = load_samples(runs / "eval_data" / "test.jsonl")[0]
     tag = "" if args.split == "val" else "_test"
-    sft = sorted((runs / "sft" / "checkpoints").glob("step_*"))[-1] / "model"
+    sft = last_model(runs / "sft")
     common = ["train.seed=0", "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
               f"data.train={(runs / 'data' / 'train.jsonl').resolve()}", "data.val=",
               *executor_args]  # fmt: skip
@@ -62,7 +62,7 @@ def main() -> None:
         wall = run_arm(["train", "plan_grpo", "train.steps=100000", *common,
                         f"train.time_limit_min={args.minutes}", f"model.path={sft}",
                         "checkpoint.every=0", *VARIANTS[name]], out)  # fmt: skip
-        model = sorted((out / "checkpoints").glob("step_*"))[-1] / "model"
+        model = last_model(out)
         metrics, _, _ = score(model, val, out / f"{args.split}_eval", executor_args)
         rows[name] = {"overrides": VARIANTS[name], "wall_s": wall,
                       "steps": int(model.parent.name[5:]), **{k: metrics[k] for k in SHOWN}}  # fmt: skip
