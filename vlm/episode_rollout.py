@@ -30,13 +30,20 @@ import torch
 from torch import Tensor
 
 from ..trainer.batch import RolloutBatch
-from .episode import EncodedObservation, EpisodeSettings, ObservationTemplate, Tape
+from .episode import (
+    EncodedObservation,
+    EpisodeSettings,
+    ObservationTemplate,
+    Tape,
+    answer_turn,
+)
 from .prompts import EncodedPrompt
 from .rollout import BANNED_LOGIT, SamplingParams, collate, generation_mode, prompt_table
 
 ROPE_GRID_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 """Vision inputs the 3-D position index reads."""
 _STOP, _TURN_LENGTH, _MAX_TOKENS = 0, 1, 2
+_REASONS = {_TURN_LENGTH: "turn_length", _MAX_TOKENS: "max_tokens"}
 
 
 def rope_module(model):
@@ -291,36 +298,13 @@ class EpisodeSampler(KVSampler):
     ) -> list[EncodedObservation]:
         """Decode each live row's turn, ask the environment, apply the budgets; rows that stop
         leave ``live``. Returns the encoded observations of the rows that go on."""
-        s = self.settings
         texts = self._turn_texts(live, tape)
         keep, encs = [], []
         for i, (row, text) in enumerate(zip(live.rows.tolist(), texts)):
-            log = tape.logs[row]
-            log.texts.append(text)
-            log.turns += 1
-            if reasons[i] != _STOP:
-                log.stop = "turn_length" if reasons[i] == _TURN_LENGTH else "max_tokens"
-                continue
-            obs = env.respond(row, text)
-            if obs is None:
-                log.stop = "answer"
-                continue
-            enc = None
-            if log.turns < s.max_turns and log.images + len(obs.images) <= s.max_images:
-                enc, obs = self.template.encode_or_error(obs, self.banned)
-            log.observe(obs)
-            log.observations.append(obs.text)
-            if log.turns >= s.max_turns:
-                log.stop = "max_turns"
-                continue
-            if enc is None:
-                log.stop = "max_images"
-                continue
-            if log.vision_tokens + enc.num_vision_tokens > s.max_vision_tokens:
-                log.stop = "max_vision_tokens"
-            elif int(tape.cursor[row]) + enc.ids.numel() + 1 > s.max_tokens:
-                log.stop = "max_tokens"
-            else:
+            stopped = None if reasons[i] == _STOP else _REASONS[int(reasons[i])]
+            enc = answer_turn(self.settings, self.template, env, tape, row, text, stopped,
+                              self.banned)  # fmt: skip
+            if enc is not None:
                 keep.append(i)
                 encs.append(enc)
         live.keep(torch.tensor(keep, dtype=torch.long))

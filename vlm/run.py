@@ -95,6 +95,11 @@ def multi_turn(cfg) -> bool:
     return bool(e.tools) or e.env != "tools"
 
 
+def completion_length(cfg) -> int:
+    """Most tokens after a prompt: one completion, or a whole episode (turns and observations)."""
+    return cfg.rollout.episode.max_tokens if multi_turn(cfg) else cfg.rollout.max_new_tokens
+
+
 def episode_env_type(cfg):
     """The registered environment of ``rollout.episode.env`` (not ``tools``)."""
     name = cfg.rollout.episode.env
@@ -364,11 +369,6 @@ def vllm_policy(cfg, policy, run_dir: Path):
         raise ConfigError(
             "rollout.engine=vllm does not sync LoRA adapters yet; use model.lora_rank=0"
         )
-    if multi_turn(cfg):
-        raise ConfigError(
-            "rollout.engine=vllm does not run multi-turn episodes yet; use rollout.engine=hf "
-            "with rollout.episode.tools"
-        )
     if cfg.train.backend == "deepspeed" and cfg.train.zero_stage == 3:
         raise ConfigError(
             "rollout.engine=vllm pushes each rank's full weights to its engine, but ZeRO-3 "
@@ -380,7 +380,7 @@ def vllm_policy(cfg, policy, run_dir: Path):
     pixels = {"min_pixels": m.min_pixels, "max_pixels": m.max_pixels}
     engine = VLLMEngine(
         init, policy.processor, r.vllm, dtype=m.dtype, stop_ids=policy.stop_ids,
-        max_model_len=r.vllm.max_model_len or r.max_prompt_length + r.max_new_tokens,
+        max_model_len=r.vllm.max_model_len or r.max_prompt_length + completion_length(cfg),
         mm_processor_kwargs={k: v for k, v in pixels.items() if v} or None,
     )  # fmt: skip
     return VLLMRolloutPolicy.colocate(policy, engine)

