@@ -11,7 +11,7 @@ export PYOPENGL_PLATFORM ?= egl
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm bench-vllm-episodes test-zero gpu-lane
+.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm bench-vllm-episodes bench-vllm-trees test-zero gpu-lane
 
 setup: $(VENV)/.installed
 
@@ -85,6 +85,11 @@ bench-vllm: setup-vllm
 # The same for multi-turn episodes (4 turns), at vLLM's CPU KV block size and at 32 tokens.
 bench-vllm-episodes: setup-vllm
 	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python bench/bench_rollout_vllm.py --turns 4 --block-size 0,32
+
+# Flat groups of 8 against [2, 2, 2] trees of 32-token segments, on both engines.
+bench-vllm-trees: setup-vllm
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python bench/bench_rollout_vllm.py --tree 2,2,2 \
+		--segment-tokens 32 --max-new-tokens 96 --block-size 32
 
 # GPU lane (one CUDA device, about 5 min on an H200): the gpu-marked tests, then the real-size
 # Qwen2.5-VL-3B throughput benchmark (random weights) into bench/results/gpu_scale.{json,md}.

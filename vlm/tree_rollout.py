@@ -75,7 +75,7 @@ class TreeShape:
         return cls((n,))
 
 
-class _Rows:
+class LeafRows:
     """Fixed buffers of a chunk's completions (one row per leaf), written at per-row cursors."""
 
     def __init__(self, rows: int, width: int, pad_id: int):
@@ -132,7 +132,7 @@ class TreeSampler(KVSampler):
 
     def _sample_chunk(self, prompts: list[EncodedPrompt], shape: TreeShape, sp: SamplingParams):
         U, first = len(prompts), shape.branches[0]
-        buf = _Rows(U * shape.leaves, sp.max_new_tokens, self.pad_id)
+        buf = LeafRows(U * shape.leaves, sp.max_new_tokens, self.pad_id)
         rows = buf.take(U * first)
         buf.prompt[rows] = torch.arange(U).repeat_interleave(first)
         next_node = torch.ones(U, dtype=torch.long)  # next node id of each prompt's tree
@@ -153,9 +153,9 @@ class TreeSampler(KVSampler):
                 if final or not len(live.rows):
                     break
                 self._fork(live, buf, shape, d + 1, U)
-        return self._batch(prompts, buf, sp, segments=depth > 1)
+        return leaves_batch(self.processor, prompts, buf, sp.return_logprobs, depth > 1)
 
-    def _segment(self, live: LiveRows, buf: _Rows, node: Tensor, length: int,
+    def _segment(self, live: LiveRows, buf: LeafRows, node: Tensor, length: int,
                  sp: SamplingParams, final: bool) -> None:  # fmt: skip
         """Up to ``length`` tokens of every live row; rows that stop are marked and dropped.
         The last token of the ``final`` segment is not fed (nothing follows it)."""
@@ -179,36 +179,39 @@ class TreeSampler(KVSampler):
         keep = gen.nonzero().squeeze(1)
         live.keep(keep)
 
-    def _fork(self, live: LiveRows, buf: _Rows, shape: TreeShape, depth: int, U: int) -> None:
+    def _fork(self, live: LiveRows, buf: LeafRows, shape: TreeShape, depth: int, U: int) -> None:
         """Each prompt's live branches get children (`fork_plan`, `LiveRows.fork`); a child
         after the first gets a fresh buffer row holding a copy of its parent's."""
         done = torch.arange(buf.used)[buf.stopped[: buf.used]]
         idx = fork_plan(buf.prompt[live.rows], buf.prompt[done], U, shape, depth, live.logits)
         live.fork(idx, buf.clone)
 
-    def _batch(self, prompts, buf: _Rows, sp: SamplingParams, segments: bool) -> RolloutBatch:
-        """The leaves as a `RolloutBatch`, grouped by prompt."""
-        rows = torch.arange(buf.used)
-        order = rows[torch.argsort(buf.prompt[rows] * (buf.used + 1) + rows)]
-        cursor = buf.cursor[order]
-        T = max(int(cursor.max()), 1) if len(order) else 1
-        tokens = buf.tokens[order, :T].clone()
-        mask = (torch.arange(T)[None] < cursor[:, None]).float()
-        texts = self.processor.batch_decode(
-            [r[:c] for r, c in zip(tokens.tolist(), cursor.tolist())], skip_special_tokens=True
-        )
-        index = buf.prompt[order].clone()
-        stopped = buf.stopped[order].tolist()
-        meta = [
-            {"sample": prompts[u].sample, "completion": t, "truncated": not s}
-            for u, t, s in zip(index.tolist(), texts, stopped)
-        ]
-        return RolloutBatch(
-            tokens=tokens, mask=mask, group_id=index.clone(),
-            logp_rollout=buf.logp[order, :T] * mask if sp.return_logprobs else None,
-            segments=buf.node[order, :T].clone() if segments else None,
-            prompts=prompt_table(prompts), prompt_index=index, meta=meta,
-        )  # fmt: skip
+
+def leaves_batch(processor, prompts: list[EncodedPrompt], buf: LeafRows, with_logp: bool,
+                 segments: bool) -> RolloutBatch:  # fmt: skip
+    """The leaves recorded in ``buf`` as a `RolloutBatch`, grouped by prompt (``segments`` from
+    the tree nodes when asked)."""
+    rows = torch.arange(buf.used)
+    order = rows[torch.argsort(buf.prompt[rows] * (buf.used + 1) + rows)]
+    cursor = buf.cursor[order]
+    T = max(int(cursor.max()), 1) if len(order) else 1
+    tokens = buf.tokens[order, :T].clone()
+    mask = (torch.arange(T)[None] < cursor[:, None]).float()
+    texts = processor.batch_decode(
+        [r[:c] for r, c in zip(tokens.tolist(), cursor.tolist())], skip_special_tokens=True
+    )
+    index = buf.prompt[order].clone()
+    stopped = buf.stopped[order].tolist()
+    meta = [
+        {"sample": prompts[u].sample, "completion": t, "truncated": not s}
+        for u, t, s in zip(index.tolist(), texts, stopped)
+    ]
+    return RolloutBatch(
+        tokens=tokens, mask=mask, group_id=index.clone(),
+        logp_rollout=buf.logp[order, :T] * mask if with_logp else None,
+        segments=buf.node[order, :T].clone() if segments else None,
+        prompts=prompt_table(prompts), prompt_index=index, meta=meta,
+    )  # fmt: skip
 
 
 def sampled_tokens(batch: RolloutBatch) -> tuple[int, int]:

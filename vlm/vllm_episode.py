@@ -57,7 +57,7 @@ def sample_episodes(
     stop_text = engine.processor.tokenizer.convert_ids_to_tokens(engine.stop_ids[0])
     template = ObservationTemplate(engine.processor, stop_text, settings)
     tape = Tape(B, settings.max_tokens, engine.pad_id, template.keys())
-    images = _Images(prompts, engine.vision_ids)
+    images = RowImages(prompts, engine.vision_ids)
     base = int(torch.randint(0, 2**30, ()))
     live, turn, stripped = list(range(B)), 0, 0
     while live:
@@ -114,7 +114,7 @@ def _why_not_stopped(ids: list[int], cut: bool, stop_ids: list[int], asked: int,
     return "turn_length" if cut or len(ids) >= asked else "max_tokens"
 
 
-class _Images:
+class RowImages:
     """The images each episode's requests carry: its prompt's, then its observations' in order
     (text-only sequences send none)."""
 

@@ -444,7 +444,8 @@ def _sampled_logprob(entry, token_id: int) -> float:
 class VLLMRolloutPolicy(VLMPolicy):
     """A ``VLMPolicy`` whose ``sample`` goes through a colocated ``VLLMEngine``: before each
     rollout the engine wakes up and receives the current weights, after it the engine sleeps.
-    With ``episode`` settings the rollouts are multi-turn episodes (``vlm/vllm_episode.py``).
+    With ``episode`` settings the rollouts are multi-turn episodes (``vlm/vllm_episode.py``),
+    with a ``tree`` of ``n`` leaves they are trees (``vlm/vllm_tree.py``).
     ``evaluate`` (training) and greedy evaluation stay on the HF model."""
 
     def __init__(self, model: nn.Module, processor, prompt, sampling, engine: VLLMEngine, **kwargs):
@@ -457,7 +458,7 @@ class VLLMRolloutPolicy(VLMPolicy):
         """Wrap an existing policy (same model, processor and prompt settings)."""
         return cls(
             policy.model, policy.processor, policy.prompt, policy.sampling, engine,
-            share_prefix=policy.share_prefix, episode=policy.episode,
+            share_prefix=policy.share_prefix, episode=policy.episode, tree=policy.tree,
         )  # fmt: skip
 
     def sample(self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams | None = None):
@@ -465,11 +466,18 @@ class VLLMRolloutPolicy(VLMPolicy):
         self.engine.wake_up(["weights"])
         self.sync_stats = self.engine.sync_weights(self.model)
         self.engine.wake_up(["kv_cache"])
+        shape = self.tree if self.tree is not None and self.tree.leaves == n else None
         try:
             if self.episode is not None:
                 from .vllm_episode import sample_episodes
 
+                if shape is not None and len(shape.branches) > 1:
+                    raise ValueError("trees of multi-turn episodes run on the HF engine only")
                 return sample_episodes(self.engine, prompts, n, sampling, self.episode)
+            if shape is not None and len(shape.branches) > 1:
+                from .vllm_tree import sample_tree
+
+                return sample_tree(self.engine, prompts, shape, sampling)
             return self.engine.sample(prompts, n, sampling)
         finally:
             self.engine.sleep()

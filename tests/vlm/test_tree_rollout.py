@@ -168,6 +168,10 @@ def test_recipe_checks_the_tree(tmp_path):
         tree_shape(cfg("rollout.tree.branches=[2,2]", "rollout.group_size=8"))
     with pytest.raises(ConfigError, match="rollout.sampler=fork"):
         tree_shape(cfg("rollout.tree.branches=[4]", "rollout.sampler=generate"))
+    vllm = ("rollout.engine=vllm", "rollout.tree.branches=[2,2]", "rollout.group_size=4")
+    assert tree_shape(cfg(*vllm)) == TreeShape((2, 2), 16)
+    with pytest.raises(ConfigError, match="allocate=uniform"):
+        tree_shape(cfg(*vllm, "rollout.tree.allocate=entropy"))
     with pytest.raises(ConfigError, match="nothing of rollout.max_new_tokens"):
         tree_shape(cfg("rollout.tree.branches=[2,2]", "rollout.group_size=4",
                        "rollout.max_new_tokens=16"))  # fmt: skip

@@ -195,20 +195,20 @@ class TextEnv:
 
 @contextlib.contextmanager
 def short_turns(policy, engine, bias: float = 6.0):
-    """Raise the stop token's logit by ``bias`` in both engines (a hook on the trainer's LM head,
-    a logit bias on vLLM's requests, which its processed log-probs include) so a random tiny
-    model closes its turns after a few tokens and episodes really take several turns."""
-    stop = policy.stop_ids[0]
-    handle = policy.model.lm_head.register_forward_hook(
-        lambda m, a, out: out.index_add(
-            -1, torch.tensor([stop]), torch.full((*out.shape[:-1], 1), bias)
-        )
-    )
+    """Add ``bias`` to the stop tokens' logits in both engines (a hook on the trainer's LM head,
+    a logit bias on vLLM's requests, which its processed log-probs include): > 0 so a random
+    tiny model closes its turns after a few tokens, -100 so that it never stops."""
+    stops = torch.tensor(policy.stop_ids)
+
+    def hook(module, args, out):
+        return out.index_add(-1, stops, torch.full((*out.shape[:-1], len(stops)), bias))
+
+    handle = policy.model.lm_head.register_forward_hook(hook)
     make = engine.sampling_params
 
     def biased(sp, n, seed):
         p = make(sp, n, seed)
-        p.logit_bias = {**(p.logit_bias or {}), stop: bias}
+        p.logit_bias = {**(p.logit_bias or {}), **dict.fromkeys(policy.stop_ids, bias)}
         return p
 
     engine.sampling_params = biased
@@ -339,6 +339,46 @@ def test_a_text_tool_runs_in_vllm_episodes(setup):
             assert e["observations"][0] == f"There are {3 + row // 2} objects."
             assert e["turns"] == 2 and e["stop"] == "answer"
     assert gap < 1e-4
+
+
+@pytest.mark.parametrize("bias", [-100.0, 3.0], ids=["full", "early_stops"])
+def test_trees_on_vllm_share_segments_and_score_like_the_trainer(setup, bias):
+    """[2, 2] trees of 6-token segments sampled by vLLM: siblings share their parent's segment
+    token for token, a full tree decodes fewer tokens than its leaves hold, branches that stop
+    hand their leaves to live ones, and the engine's log-probs equal the training forward's
+    (which scores shared segments once)."""
+    from perceptrl.vlm.tree_rollout import TreeShape, sampled_tokens
+
+    policy, engine, prompts = setup
+    policy.tree = TreeShape((2, 2), 6)
+    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
+    try:
+        with short_turns(policy, engine, bias):
+            torch.manual_seed(2)
+            b = vpolicy.sample(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=16))
+            gap = _gap(policy, b)
+    finally:
+        policy.tree = None
+    assert gap < 1e-4
+    assert b.group_id.tolist() == sorted(b.group_id.tolist())
+    for i, m in enumerate(b.meta):  # a leaf ends with a stop token unless truncated
+        n = int(b.mask[i].sum())
+        assert (int(b.tokens[i, n - 1]) in policy.stop_ids) != m["truncated"]
+    if bias < 0:  # nothing stops: 4 leaves of 16 tokens per prompt, first segments shared
+        assert len(b) == 12 and b.mask.sum() == 12 * 16
+        assert sampled_tokens(b) == (3 * (2 * 6 + 4 * 10), 12 * 16)
+        for g in range(3):
+            rows = (b.group_id == g).nonzero().squeeze(1)
+            seg = b.segments[rows]
+            assert seg[:, :6].unique().numel() == 2 and seg[:, 6:].unique().numel() == 4
+            for node in seg[:, 0].unique():
+                pair = rows[seg[:, 0] == node]
+                assert torch.equal(b.tokens[pair[0], :6], b.tokens[pair[1], :6])
+                assert not torch.equal(b.tokens[pair[0], 6:], b.tokens[pair[1], 6:])
+    else:  # some first segments end: leaves of depth one and two, never more than 4
+        short = b.mask.sum(1) <= 6
+        assert short.any() and (~short).any()
+        assert all(c <= 4 for c in torch.bincount(b.group_id).tolist())
 
 
 # Tests that start an engine of their own come last: when one is freed, vLLM tears down the
