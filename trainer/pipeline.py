@@ -23,6 +23,9 @@ dies or hangs past ``worker_timeout_s`` is restarted by Ray (counted); its chunk
 trainer never waits forever: no chunk within ``timeout_s`` is an error naming the workers' states.
 Resuming an asynchronous run continues from the checkpoint's version and drops what was in
 flight (the synchronous default stays exact).
+
+Under data parallelism (torchrun/DeepSpeed) rank 0 is the only Ray driver: its pipeline collects
+the global batch and `RankShards` scatters whole groups to the ranks, which train as in sync mode.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ RESTART_POLL_S = 0.5
 """seconds between asking a restarting worker (Ray's ActorUnavailableError) for a chunk again"""
 
 
+LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
+"""what torchrun sets for its ranks (a worker started from rank 0 inherits it)"""
+
+
 class PipelineError(RuntimeError):
     """The rollout workers produced nothing usable in time, or one fails every time it runs."""
 
@@ -65,7 +73,11 @@ class RolloutWorker:
     """
 
     def __init__(self, factory: Callable, args: tuple, index: int, threads: int):
+        import os
+
         torch.set_num_threads(max(1, threads))
+        for key in LAUNCHER_ENV:  # inherited from a torchrun rank 0; a worker is no rank
+            os.environ.pop(key, None)
         self.policy, self.source = factory(*args, index)
         self.version: int | None = None
 
@@ -349,6 +361,74 @@ class PipelineSource:
             self._thread.join(timeout=5)
         for w in self.workers:
             ray.kill(w, no_restart=True)
+
+
+class RankShards:
+    """The `RolloutSource` of every data-parallel rank when one pipeline feeds them: rank 0 is the
+    Ray driver (its `PipelineSource` collects each step's global batch from the workers), splits
+    it into whole groups, the same number for every rank (`shard_groups`; groups past a multiple
+    of the world size are dropped and counted), and scatters the shards; every other rank
+    receives its own. An error on rank 0 (a `PipelineError`) is sent to every rank and raised
+    there too, so no rank waits for a batch that will not come.
+
+    Args:
+        inner: rank 0's pipeline (None on the other ranks).
+        rank, world: this process's rank and the number of ranks.
+    """
+
+    def __init__(self, inner: PipelineSource | None, rank: int, world: int):
+        if (inner is None) != (rank != 0):
+            raise ValueError("rank 0, and only rank 0, drives the pipeline")
+        self.inner, self.rank, self.world = inner, rank, world
+        self.dropped_groups = 0
+
+    def collect(self, policy, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        import torch.distributed as dist
+
+        shards = None
+        if self.rank == 0:
+            try:
+                batch, metrics = self.inner.collect(policy, step)
+                parts, dropped = shard_groups(batch, self.world)
+                self.dropped_groups += dropped
+                metrics["pipeline/dropped_groups_uneven"] = float(self.dropped_groups)
+                shards = [(part, metrics) for part in parts]
+            except Exception as e:  # noqa: BLE001 - sent to every rank, raised below
+                shards = [e] * self.world
+        box = [None]
+        dist.scatter_object_list(box, shards, src=0)
+        if isinstance(box[0], Exception):
+            raise box[0]
+        return box[0]
+
+    def state_dict(self) -> dict:
+        return {} if self.inner is None else self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.inner is not None:
+            self.inner.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+
+def shard_groups(batch: RolloutBatch, world: int) -> tuple[list[RolloutBatch], int]:
+    """``batch`` split into ``world`` shards of whole groups, the same number of groups each (in
+    order: rank r gets the r-th run of groups). Returns the shards and how many groups were left
+    over (dropped: a rank with more groups would take more collective steps than the others)."""
+    ids = torch.unique(batch.group_id.cpu())
+    per = len(ids) // world
+    if per == 0:
+        raise PipelineError(
+            f"the step's batch has {len(ids)} group(s) for {world} ranks; collect at least one "
+            "group per rank (rollout.prompts_per_step >= the number of ranks)"
+        )
+    shards = []
+    for r in range(world):
+        mine = torch.isin(batch.group_id.cpu(), ids[r * per : (r + 1) * per])
+        shards.append(batch.select(mine.nonzero().squeeze(1)))
+    return shards, len(ids) - per * world
 
 
 def _join(batches: list[RolloutBatch], versions: list[int], step: int) -> RolloutBatch:

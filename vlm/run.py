@@ -324,7 +324,11 @@ def build_policy(cfg, run_dir: Path):
     if m.path:
         path = resolve_path(m.path)
     else:
-        path = build_tiny(m.tiny_arch, run_dir / "init_model", seed=cfg.train.seed)
+        # written once (by rank 0 under torchrun: ranks writing one directory at once raced)
+        make = functools.partial(
+            build_tiny, m.tiny_arch, run_dir / "init_model", seed=cfg.train.seed
+        )
+        path = on_rank0(make)
     policy = VLMPolicy.from_pretrained(
         path, prompt=prompt_config(cfg), sampling=sampling_params(cfg), dtype=m.dtype,
         device=resolve_device(cfg.train.device), gradient_checkpointing=m.gradient_checkpointing,
@@ -441,7 +445,8 @@ def build_trainer(cfg, run_dir: Path, worker: Callable | None = None) -> Trainer
             raise ConfigError(
                 "rollout.process_reward runs in the trainer's process; use train.pipeline=sync"
             )
-        source = pipeline_source(cfg, run_dir, train, engine.world_size, worker)
+        # every sample: the workers split them, and rank 0 the step's groups over the ranks
+        source = pipeline_source(cfg, run_dir, data.train, engine.rank, engine.world_size, worker)
     else:
         source = VLMRolloutSource(
             train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict,
@@ -454,29 +459,29 @@ def build_trainer(cfg, run_dir: Path, worker: Callable | None = None) -> Trainer
 
 
 def pipeline_source(
-    cfg, run_dir: Path, train: list[dict], world_size: int, worker: Callable | None = None
-):
+    cfg, run_dir: Path, train: list[dict], rank: int = 0, world_size: int = 1,
+    worker: Callable | None = None,
+):  # fmt: skip
     """``train.pipeline = one_step_off | async``: rollouts on ``rollout.workers`` Ray actors,
-    each with a policy copy and its shard of the samples (see trainer/pipeline.py), built by
-    ``worker`` (default `rollout_worker`)."""
-    from ..trainer.pipeline import PipelineSource
+    each with a policy copy and its shard of the samples ``train`` (all of them; see
+    trainer/pipeline.py), built by ``worker`` (default `rollout_worker`). With several ranks,
+    rank 0 drives the workers and scatters each step's groups to the ranks (`RankShards`)."""
+    from ..trainer.pipeline import PipelineSource, RankShards
 
-    if world_size > 1:
-        raise ConfigError(
-            f"train.pipeline={cfg.train.pipeline} runs in one training process; use "
-            "train.pipeline=sync under torchrun/deepspeed"
-        )
     if cfg.rollout.engine == "vllm" and cfg.rollout.workers > 1 and not cfg.rollout.worker_gpus:
         raise ConfigError("rollout.engine=vllm workers need rollout.worker_gpus > 0")
+    if rank != 0:
+        return RankShards(None, rank, world_size)
     model = cfg.model.path or str(run_dir / "init_model")  # built once, by the trainer
     r, t = cfg.rollout, cfg.train
-    return PipelineSource(
+    source = PipelineSource(
         t.pipeline, worker or rollout_worker, (cfg, str(run_dir), model, train),
         workers=r.workers, cpus=r.worker_cpus,
         gpus=r.worker_gpus, max_staleness=t.max_staleness, buffer_chunks=t.pipeline_buffer,
         worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,
         address=t.ray_address,
     )  # fmt: skip
+    return source if world_size == 1 else RankShards(source, rank, world_size)
 
 
 def rollout_worker(cfg, run_dir: str, model: str, train: list[dict], index: int):

@@ -14,7 +14,13 @@ import torch
 
 from perceptrl.trainer.batch import RolloutBatch
 from perceptrl.trainer.loop import Trainer
-from perceptrl.trainer.pipeline import PipelineError, PipelineSource, _join
+from perceptrl.trainer.pipeline import (
+    PipelineError,
+    PipelineSource,
+    RankShards,
+    _join,
+    shard_groups,
+)
 
 ray = pytest.importorskip("ray")
 
@@ -84,6 +90,26 @@ def test_join_numbers_groups_records_versions_and_hands_over_behaviour_logps():
     off = _join([chunk(2, [0, 0, 1, 1])], [2], step=3)
     assert off.logp_old is None and off.values_old is None  # the trainer scores the proximal
     assert torch.equal(off.logp_rollout, torch.full((4, 2), -1.0))  # the behaviour log-probs
+
+
+def test_rank_shards_are_whole_groups_the_same_number_per_rank():
+    """Rank 0 splits a step's batch over the ranks: whole groups, in order, the same number
+    each (one more rank's worth of groups would make that rank step more often); leftovers
+    dropped and counted; fewer groups than ranks is an error."""
+    gid = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3, 3, 4, 4])  # 5 groups (one of 3 rows)
+    batch = RolloutBatch(
+        tokens=torch.arange(11)[:, None], mask=torch.ones(11, 1), group_id=gid,
+        rewards=torch.arange(11.0),
+    )  # fmt: skip
+    shards, dropped = shard_groups(batch, 2)
+    assert dropped == 1
+    assert [s.group_id.tolist() for s in shards] == [[0, 0, 1, 1, 1], [2, 2, 3, 3]]
+    assert shards[1].tokens.squeeze(1).tolist() == [5, 6, 7, 8]  # rows travel with their group
+    assert shard_groups(batch, 5)[1] == 0
+    with pytest.raises(PipelineError, match="at least one group per rank"):
+        shard_groups(batch, 6)
+    with pytest.raises(ValueError, match="only rank 0"):
+        RankShards(None, 0, 2)
 
 
 def test_one_step_off_is_one_version_old_and_trains(make):
