@@ -1,8 +1,12 @@
 """Outcome-only rewards versus outcome + process rewards on a task of several steps (issue 15).
 
 Task: ``count_sum`` (datasets/clevr.py): "How many red and blue objects are there in total?
-Count each colour first"; the generator knows both sub-counts. One SFT warm start on templated
-traces (``--sft-minutes``, from assets/vlm_base), then three GRPO arms from it for the same
+Count each colour first"; the generator knows both sub-counts, and its trace lists each colour's
+objects, states the sub-count, then the sum. One SFT warm start (``--sft-steps`` from
+assets/vlm_base) on a *sloppy teacher's* traces (``--miscount``: in that share of them the
+teacher lists a colour's objects correctly but states its sub-count one short, and the total
+follows), the base that made the demo show learning: it imitates a habit the rewards penalise
+while its samples still hold the right sub-counts. Then three GRPO arms from it for the same
 wall time (``--minutes``), each in its own process, recipe ``configs/vlm_process.yaml``:
 
 * outcome: accuracy + format only, RLOO advantages (``rollout.process_reward=``);
@@ -18,7 +22,7 @@ accuracy in <= 0.7x the time. The recipes were fixed before the run (no tuning o
 questions). Also reported: the process reward of each arm and its correlation with the
 outcome over training (a process reward that rises while accuracy falls is hacked).
 
-    python bench/bench_vlm_process.py [--sft-minutes 5] [--minutes 8] [--n-test 100]
+    python bench/bench_vlm_process.py [--sft-steps 800] [--miscount 0.6] [--minutes 6]
 
 Writes bench/results/vlm_process.{json,md}.
 """
@@ -26,7 +30,11 @@ Writes bench/results/vlm_process.{json,md}.
 from __future__ import annotations
 
 import argparse
+import random
+import re
+import shutil
 import statistics
+import time
 from pathlib import Path
 
 from common import last_model, machine, metrics, run_arm, write_results
@@ -38,6 +46,49 @@ ARMS = {
 }
 SFT_ARGS = ["train.lr=1.0e-3", "train.warmup_steps=20"]
 GOAL_TIME_RATIO = 0.7
+MAX_NEW = 96
+"""tokens of a completion: the listing traces take up to about 75"""
+SUB = re.compile(r"(\w+): (\d+)\.")
+
+
+def sloppy_teacher(miscount: float, seed: int):
+    """``teacher(sample, trace)``: with probability ``miscount`` (drawn from the sample's id and
+    ``seed``) the largest sub-count is stated one short (the listing stays right) and the total
+    and answer follow it."""
+
+    def teacher(sample: dict, trace: str) -> str:
+        steps = sample["meta"]["steps"]
+        if random.Random(f"{seed}:{sample['id']}").random() >= miscount:
+            return trace
+        wrong = max(steps, key=lambda c: steps[c])
+        counts = {c: n - (c == wrong) for c, n in steps.items()}
+        out = SUB.sub(lambda m: f"{m[1]}: {counts[m[1]]}." if m[1] in counts else m[0], trace)
+        total = sum(counts.values())
+        out = re.sub(r"Total: .*? = \d+\.", "Total: " + " + ".join(map(str, counts.values()))
+                     + f" = {total}.", out)  # fmt: skip
+        return re.sub(r"<answer>\d+</answer>", f"<answer>{total}</answer>", out)
+
+    return teacher
+
+
+def sft_base(args, out: Path, base: Path, train: Path) -> tuple[Path, float]:
+    """The sloppy teacher's SFT of ``base``, in this process. Returns (model, seconds)."""
+    from perceptrl.cli import CONFIGS
+    from perceptrl.vlm.run import run_sft
+    from perceptrl.wiring import load_config
+
+    cfg = load_config(
+        CONFIGS / "vlm_process.yaml",
+        [f"model.path={base}", f"data.train={train.resolve()}", f"train.steps={args.sft_steps}",
+         *SFT_ARGS, "train.eval_every=0", "train.eval_samples=0", f"train.seed={args.seed}",
+         f"rollout.max_new_tokens={MAX_NEW}", "checkpoint.every=0", "log.progress=false"],
+    )  # fmt: skip
+    run = out / "sft"
+    if run.exists():
+        shutil.rmtree(run)
+    t0 = time.perf_counter()
+    run_sft(cfg, run, teacher=sloppy_teacher(args.miscount, args.seed))
+    return last_model(run), time.perf_counter() - t0
 
 
 def score(model: Path, samples: list[dict]) -> float:
@@ -47,7 +98,7 @@ def score(model: Path, samples: list[dict]) -> float:
 
     policy = VLMPolicy.from_pretrained(model)
     m = evaluate_accuracy(
-        policy, samples, build_reward({"accuracy": 1.0}), batch_size=50, max_new_tokens=64
+        policy, samples, build_reward({"accuracy": 1.0}), batch_size=50, max_new_tokens=MAX_NEW
     )
     return m["accuracy"]
 
@@ -70,6 +121,23 @@ def curve(run: Path, samples: list[dict]) -> list[dict]:
             }
         )
     return out
+
+
+def greedy_habits(model: Path, samples: list[dict]) -> dict:
+    """What a model writes greedily on ``samples``: how often each answer and each stated
+    sub-count appears (the diagnosis when accuracy sits at a constant-answer prior)."""
+    from collections import Counter
+
+    from perceptrl.vlm.policy import VLMPolicy
+    from perceptrl.vlm.rollout import SamplingParams
+
+    policy = VLMPolicy.from_pretrained(model)
+    prompts, _ = policy.encode(samples)
+    batch = policy.sample(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW))
+    texts = [m["completion"] for m in batch.meta]
+    answers = Counter((re.findall(r"<answer>(\d+)", t) or ["none"])[0] for t in texts)
+    subs = Counter(n for t in texts for _, n in SUB.findall(t.split("Total:")[0]))
+    return {"answers": dict(answers.most_common()), "sub_counts": dict(subs.most_common())}
 
 
 def summary(run: Path) -> dict:
@@ -101,8 +169,9 @@ def time_to_reach(points: list[dict], target: float) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sft-minutes", type=float, default=5.0)
-    ap.add_argument("--minutes", type=float, default=8.0)
+    ap.add_argument("--sft-steps", type=int, default=800)
+    ap.add_argument("--miscount", type=float, default=0.6, help="sloppy teacher's share")
+    ap.add_argument("--minutes", type=float, default=6.0)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--n-train", type=int, default=4000)
     ap.add_argument("--n-test", type=int, default=100)
@@ -110,7 +179,10 @@ def main() -> None:
     ap.add_argument("--base", default="assets/vlm_base")
     ap.add_argument("--out", default="runs/bench_vlm_process")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--report", action="store_true", help="rewrite the result from --out's runs")
     args = ap.parse_args()
+    if args.report:
+        return report(args)
 
     from perceptrl.datasets.clevr import generate
     from perceptrl.datasets.loader import load_samples
@@ -122,12 +194,10 @@ def main() -> None:
              seed=1000 + args.seed)  # fmt: skip
     test = load_samples(out / "eval_data" / "test.jsonl")[0]
     common = ["train.steps=100000", f"train.seed={args.seed}", "log.progress=false",
-              "train.eval_every=0", "train.eval_samples=0",
+              "train.eval_every=0", "train.eval_samples=0", f"rollout.max_new_tokens={MAX_NEW}",
               f"data.train={(out / 'data' / 'train.jsonl').resolve()}"]  # fmt: skip
-    wall = {"sft": run_arm(["sft", "vlm_process", *common, *SFT_ARGS, f"model.path={base}",
-                            f"train.time_limit_min={args.sft_minutes}", "checkpoint.every=0"],
-                           out / "sft")}  # fmt: skip
-    sft = last_model(out / "sft")
+    sft, sft_s = sft_base(args, out, base, out / "data" / "train.jsonl")
+    wall = {"sft": sft_s}
     start = {"step": 0, "seconds": 0.0, "accuracy": score(sft, test)}
     curves, runs = {}, {}
     for a in args.arms.split(","):
@@ -140,8 +210,10 @@ def main() -> None:
     data = {
         "machine": machine(note="2 CPU cores"),
         "settings": {
-            "sft_minutes": args.sft_minutes,
+            "sft_steps": args.sft_steps,
+            "miscount": args.miscount,
             "minutes": args.minutes,
+            "max_new_tokens": MAX_NEW,
             "n_train": args.n_train,
             "n_test": len(test),
             "train_data_seed": 1,
@@ -155,6 +227,7 @@ def main() -> None:
         "curves": curves,
         "runs": runs,
     }
+    data.update(diagnosis(out, test, list(curves)))
     if "outcome" in curves:
         target = curves["outcome"][-1]["accuracy"]
         total = curves["outcome"][-1]["seconds"]
@@ -168,11 +241,42 @@ def main() -> None:
     print(f"\nwrote {js} and {md}")
 
 
+def diagnosis(out: Path, test: list[dict], arms: list[str]) -> dict:
+    """The test set's constant-answer prior and each model's greedy habits."""
+    from collections import Counter
+
+    top = Counter(s["answer"] for s in test).most_common(1)[0]
+    models = {"sft": last_model(out / "sft"), **{a: last_model(out / a) for a in arms}}
+    return {
+        "prior": {"answer": top[0], "share": top[1] / len(test)},
+        "habits": {k: greedy_habits(m, test) for k, m in models.items()},
+    }
+
+
+def report(args) -> None:
+    """Add the diagnosis to an existing result (runs under ``--out``) and rewrite it."""
+    import json
+
+    from perceptrl.datasets.loader import load_samples
+
+    out = Path(args.out)
+    path = Path(__file__).resolve().parent / "results" / "vlm_process.json"
+    data = json.loads(path.read_text())
+    test = load_samples(out / "eval_data" / "test.jsonl")[0]
+    data.update(diagnosis(out, test, list(data["curves"])))
+    write_results("vlm_process", data, markdown(data))
+    print(markdown(data))
+
+
 def markdown(d: dict) -> str:
     s, m = d["settings"], d["machine"]
     md = [
-        f"# Outcome vs process rewards on count_sum: SFT {s['sft_minutes']:g} min, then "
-        f"{s['minutes']:g} min of GRPO per arm",
+        f"# Outcome vs process rewards on count_sum: {s['sft_steps']} SFT steps on a sloppy "
+        f"teacher, then {s['minutes']:g} min of GRPO per arm",
+        "",
+        f"The teacher states the largest sub-count one short in {s['miscount']:.0%} of its "
+        "traces (its listing of the objects stays right; the total follows the wrong "
+        f"sub-count); SFT took {d['wall_s']['sft'] / 60:.1f} min.",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}. Greedy accuracy on "
         f"{s['n_test']} held-out questions (data seed {s['eval_data_seed']}), checkpoints every "
@@ -192,6 +296,13 @@ def markdown(d: dict) -> str:
         )
     reach = d.get("time_to_outcome_final")
     start, final = d["curves"]["outcome"][0]["accuracy"], d["curves"]["outcome"][-1]["accuracy"]
+    prior = d.get("prior")
+    if reach and prior and final <= prior["share"]:
+        md += ["", f"Goal not assessable: the outcome arm's final accuracy ({final:.3f}) is the "
+               f"constant-answer prior of the test questions (answer {prior['answer']} is right "
+               f"on {prior['share']:.0%} of them), so reaching it says nothing about learning to "
+               "count; the ratios are not reported."]  # fmt: skip
+        reach = None
     if reach and final <= start:
         md += ["", f"Goal not assessable: the outcome arm ended where the SFT start was "
                f"({final:.3f} <= {start:.3f}), so reaching its final accuracy takes no training "
@@ -209,6 +320,13 @@ def markdown(d: dict) -> str:
             else:
                 met = "met" if v["ratio"] <= GOAL_TIME_RATIO else "not met"
                 md.append(f"- {a}: {v['seconds']:.0f} s, {v['ratio']:.2f}x ({met})")
+    if d.get("habits"):
+        md += ["", "What each model writes greedily on the test questions (answers; sub-counts "
+               "stated before the total):", ""]  # fmt: skip
+        for k, h in d["habits"].items():
+            top = ", ".join(f"{a}: {n}" for a, n in list(h["answers"].items())[:4])
+            sub = ", ".join(f"{a}: {n}" for a, n in list(h["sub_counts"].items())[:4])
+            md.append(f"- {k}: answers {top}; sub-counts {sub}")
     md += ["", "Curves (training seconds: held-out accuracy):", ""]
     for a, c in d["curves"].items():
         md.append(f"- {a}: " + ", ".join(f"{p['seconds']:.0f}: {p['accuracy']:.2f}" for p in c))

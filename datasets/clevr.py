@@ -525,8 +525,14 @@ def _name(o: dict) -> str:
 
 
 def _trace_sum(sample: dict, objs: list[dict]) -> tuple[str, str]:
+    """Each colour's objects listed as the count traces list them, its sub-count (the step a
+    process reward checks), then the sum."""
     steps = sample["meta"]["steps"]
-    parts = [f"{c}: {n}." for c, n in steps.items()]
+    parts = []
+    for c, n in steps.items():
+        hits = sorted((o for o in objs if o["color"] == c), key=lambda o: tuple(o["center"]))
+        listed = ", ".join(_name(o) for o in hits) or "none"
+        parts.append(f"{c.capitalize()} objects from left to right: {listed}. {c}: {n}.")
     total = " + ".join(str(n) for n in steps.values())
     return f"{' '.join(parts)} Total: {total} = {sample['answer']}.", sample["answer"]
 

@@ -101,6 +101,9 @@ def test_count_sum_knows_its_sub_counts():
     assert s["answer"] == str(sum(steps.values()))
     trace = reasoning_trace(s)
     assert [x.score for x in step_values([trace], [s])[0]] == [0.5, 0.5]
+    for c in steps:  # each colour's objects are listed before its sub-count, as counts list them
+        listed = trace.split(f"{c.capitalize()} objects from left to right: ")[1].split(".")[0]
+        assert listed.count(f" {c} ") == steps[c] or (steps[c] == 0 and listed == "none")
 
 
 def test_a_step_reward_that_raises_scores_zero_and_is_counted(pol, samples, caplog):
