@@ -16,6 +16,7 @@ return; it is refused at load (``vlm/run.py``). Trees of multi-turn episodes are
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -74,8 +75,6 @@ def _segment(engine: VLLMEngine, prompts: list[EncodedPrompt], buf: LeafRows, li
     """Up to ``length`` tokens of every row in ``live`` (its request seeded ``seed + row``);
     rows that end with the stop token are marked stopped (a segment cut before a vision
     placeholder is kept up to the cut and the branch goes on). Returns how many were cut."""
-    from dataclasses import replace
-
     rows = live.tolist()
     seqs = [prompts[int(buf.prompt[r])].input_ids.tolist() + _so_far(buf, r) for r in rows]
     reqs = [images.request(seq, int(buf.prompt[r]), r) for r, seq in zip(rows, seqs)]
