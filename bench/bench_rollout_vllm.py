@@ -221,13 +221,20 @@ def tree_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict:
     return row
 
 
-def tree_markdown(rows: list[dict], args, info: dict) -> str:
-    lines = [
-        "# Tree rollouts: HF engine vs vLLM engine (bench/bench_rollout_vllm.py --tree)",
+def _heading(what: str, flag: str, info: dict, args) -> list[str]:
+    """Title and machine line of the episode and tree results."""
+    return [
+        f"# {what}: HF engine vs vLLM engine (bench/bench_rollout_vllm.py {flag})",
         "",
         f"Machine: {info['cpu']}, {info['cores']} cores shared with other work, torch "
         f"{info['torch']}, {info['vllm']} (CPU build), {args.threads} thread(s) for each engine, "
         "float32. Tiny random-initialised text-only Qwen2 models (the tiny VLMs' tokenizer).",
+    ]
+
+
+def tree_markdown(rows: list[dict], args, info: dict) -> str:
+    lines = [
+        *_heading("Tree rollouts", "--tree", info, args),
         f"{args.prompts} chat prompts; flat groups of prod(branches) completions against trees "
         f"of branches [{args.tree}] with {args.segment_tokens}-token segments, up to "
         f"{args.max_new_tokens} new tokens, temperature {args.temperature}. Medians of "
@@ -257,11 +264,7 @@ def tree_markdown(rows: list[dict], args, info: dict) -> str:
 
 def episode_markdown(rows: list[dict], args, info: dict) -> str:
     lines = [
-        "# Multi-turn episodes: HF engine vs vLLM engine (bench/bench_rollout_vllm.py --turns)",
-        "",
-        f"Machine: {info['cpu']}, {info['cores']} cores shared with other work, torch "
-        f"{info['torch']}, {info['vllm']} (CPU build), {args.threads} thread(s) for each engine, "
-        "float32. Tiny random-initialised text-only Qwen2 models (the tiny VLMs' tokenizer).",
+        *_heading("Multi-turn episodes", "--turns", info, args),
         f"{args.prompts} chat prompts x {args.n} episodes of up to {args.turns} turns (at most "
         f"{args.turn_tokens} tokens a turn, {args.episode_tokens} after the prompt); a scripted "
         "environment answers each turn but the last with a one-line text observation. Both "

@@ -37,7 +37,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import last_model, machine, metrics, run_arm, write_results
+from common import RESULTS, last_model, machine, metrics, run_arm, write_results
 
 ARMS = {
     "outcome": ["rollout.process_reward=", "algo.adv_estimator=rloo"],
@@ -260,7 +260,7 @@ def report(args) -> None:
     from perceptrl.datasets.loader import load_samples
 
     out = Path(args.out)
-    path = Path(__file__).resolve().parent / "results" / "vlm_process.json"
+    path = RESULTS / "vlm_process.json"
     data = json.loads(path.read_text())
     test = load_samples(out / "eval_data" / "test.jsonl")[0]
     data.update(diagnosis(out, test, list(data["curves"])))

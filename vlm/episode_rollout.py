@@ -91,14 +91,9 @@ class LiveRows:
     cache: object
 
     def fork(self, idx: Tensor, clone) -> None:
-        """`keep` rows ``idx`` (sorted, a row's children adjacent): a row's first child keeps
-        its storage row, each further child gets the storage row ``clone(parent rows [M])``
-        returns ([M]: fresh rows holding copies of the parents')."""
-        first = torch.ones(len(idx), dtype=torch.bool)
-        first[1:] = idx[1:] != idx[:-1]
-        rows = self.rows[idx].clone()
-        if not first.all():
-            rows[~first] = clone(rows[~first])
+        """`keep` rows ``idx`` (sorted, a row's children adjacent), their storage rows as
+        `forked_rows` gives them."""
+        rows = forked_rows(self.rows, idx, clone)
         self.keep(idx)
         self.rows = rows
 
@@ -113,6 +108,18 @@ class LiveRows:
             self.attn[idx.to(self.attn.device)],
             self.logits[idx.to(self.logits.device)],
         )
+
+
+def forked_rows(rows: Tensor, idx: Tensor, clone) -> Tensor:
+    """Storage rows of the children ``rows[idx]`` (``idx`` sorted, a row's children adjacent):
+    a row's first child keeps its parent's storage row, each further child gets the row
+    ``clone(parent rows [M])`` returns ([M]: fresh rows holding copies of the parents')."""
+    first = torch.ones(len(idx), dtype=torch.bool)
+    first[1:] = idx[1:] != idx[:-1]
+    out = rows[idx].clone()
+    if not first.all():
+        out[~first] = clone(out[~first])
+    return out
 
 
 class KVSampler:

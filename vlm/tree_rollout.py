@@ -98,6 +98,18 @@ class LeafRows:
         self.tokens[rows, at], self.logp[rows, at], self.node[rows, at] = tok, logp, node
         self.cursor[rows] += 1
 
+    def put_segment(self, row: int, ids: list[int], logp: list[float], node: int) -> None:
+        """A whole segment of row ``row`` (an engine that returns segments, vLLM) at its cursor."""
+        at, k = int(self.cursor[row]), len(ids)
+        self.tokens[row, at : at + k] = torch.tensor(ids, dtype=torch.long)
+        self.logp[row, at : at + k] = torch.tensor(logp, dtype=torch.float32)
+        self.node[row, at : at + k] = node
+        self.cursor[row] += k
+
+    def sequence(self, row: int) -> list[int]:
+        """Row ``row``'s tokens so far."""
+        return self.tokens[row, : int(self.cursor[row])].tolist()
+
     def clone(self, src: Tensor) -> Tensor:
         """Fresh rows holding copies of rows ``src`` (a fork: the prefix is shared history)."""
         dst = self.take(len(src))

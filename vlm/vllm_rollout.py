@@ -372,13 +372,31 @@ class VLLMEngine:
             if len(out.outputs) != n:
                 raise RuntimeError(f"vLLM returned {len(out.outputs)} completions, asked {n}")
             for c in out.outputs:
-                lp = [_sampled_logprob(d, t) for d, t in zip(c.logprobs, c.token_ids)]
-                ids, lp, cut = strip_vision_tokens(list(c.token_ids), lp, self.vision_ids)
+                ids, lp, cut = self.read_completion(c)
                 stripped += cut
                 rows.append(ids)
                 lps.append(lp)
         self.stats["rollout/vision_tokens_stripped"] = float(stripped)
         return self._batch(prompts, n, rows, lps)
+
+    def read_completion(self, c) -> tuple[list[int], list[float], bool]:
+        """A vLLM completion's token ids and sampled log-probs, cut before its first vision
+        placeholder (`strip_vision_tokens`). Returns (ids, log-probs, whether it was cut)."""
+        lp = [_sampled_logprob(d, t) for d, t in zip(c.logprobs, c.token_ids)]
+        return strip_vision_tokens(list(c.token_ids), lp, self.vision_ids)
+
+    def complete_rows(self, seqs: list[list[int]], requests: list[dict], params: list,
+                      sample_ids: list) -> list[tuple[list[int], list[float], bool]]:  # fmt: skip
+        """One completion per row: ``requests[i]`` sends row i's whole sequence so far,
+        ``seqs[i]`` (episodes and trees continue rows this way; vLLM's prefix cache holds what
+        rows share), with its own ``params[i]``. The prompt vLLM saw must equal ``seqs[i]``
+        (`check_prompt_ids`, naming ``sample_ids[i]``). Returns `read_completion` per row."""
+        outs = self.llm.generate(requests, params, use_tqdm=False)
+        done = []
+        for seq, out, sample_id in zip(seqs, outs, sample_ids):
+            check_prompt_ids(seq, list(out.prompt_token_ids), sample_id, self.vision_ids)
+            done.append(self.read_completion(out.outputs[0]))
+        return done
 
     def _batch(self, prompts, n, rows: list[list[int]], lps: list[list[float]]) -> RolloutBatch:
         T = max(max((len(r) for r in rows), default=1), 1)

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..trainer.batch import RolloutBatch
+from .episode_rollout import forked_rows
 from .prompts import EncodedPrompt
 from .rollout import SamplingParams
 from .tree_rollout import LeafRows, TreeShape, fork_plan, leaves_batch, rank_within
 from .vllm_episode import RowImages
-from .vllm_rollout import _sampled_logprob, check_prompt_ids, strip_vision_tokens
 
 if TYPE_CHECKING:
     from .vllm_rollout import VLLMEngine
@@ -60,11 +60,7 @@ def sample_tree(
             break
         done = torch.arange(buf.used)[buf.stopped[: buf.used]]
         idx = fork_plan(buf.prompt[going], buf.prompt[done], U, shape, d + 1, None)
-        live = going[idx].clone()
-        first_child = torch.ones(len(idx), dtype=torch.bool)
-        first_child[1:] = idx[1:] != idx[:-1]
-        if not first_child.all():  # further children get fresh rows copying their parent's
-            live[~first_child] = buf.clone(live[~first_child])
+        live = forked_rows(going, idx, buf.clone)
     engine.stats["rollout/vision_tokens_stripped"] = float(stripped)
     return leaves_batch(engine.processor, prompts, buf, True, depth > 1)
 
@@ -76,29 +72,15 @@ def _segment(engine: VLLMEngine, prompts: list[EncodedPrompt], buf: LeafRows, li
     rows that end with the stop token are marked stopped (a segment cut before a vision
     placeholder is kept up to the cut and the branch goes on). Returns how many were cut."""
     rows = live.tolist()
-    seqs = [prompts[int(buf.prompt[r])].input_ids.tolist() + _so_far(buf, r) for r in rows]
-    reqs = [images.request(seq, int(buf.prompt[r]), r) for r, seq in zip(rows, seqs)]
+    of = [int(buf.prompt[r]) for r in rows]
+    seqs = [prompts[u].input_ids.tolist() + buf.sequence(r) for r, u in zip(rows, of)]
+    reqs = [images.request(seq, u, r) for r, seq, u in zip(rows, seqs, of)]
     seg_sp = replace(sp, max_new_tokens=length)
     params = [engine.sampling_params(seg_sp, 1, seed + r) for r in rows]
-    outs = engine.llm.generate(reqs, params, use_tqdm=False)
+    segments = engine.complete_rows(seqs, reqs, params, [prompts[u].sample.get("id") for u in of])
     stripped = 0
-    for i, (r, seq, out) in enumerate(zip(rows, seqs, outs)):
-        sample = prompts[int(buf.prompt[r])].sample
-        check_prompt_ids(seq, list(out.prompt_token_ids), sample.get("id"), engine.vision_ids)
-        c = out.outputs[0]
-        lp = [_sampled_logprob(e, t) for e, t in zip(c.logprobs, c.token_ids)]
-        ids, lp, cut = strip_vision_tokens(list(c.token_ids), lp, engine.vision_ids)
+    for i, (r, (ids, lp, cut)) in enumerate(zip(rows, segments)):
         stripped += cut
-        k = len(ids)
-        if k:
-            at = int(buf.cursor[r])
-            buf.tokens[r, at : at + k] = torch.tensor(ids, dtype=torch.long)
-            buf.logp[r, at : at + k] = torch.tensor(lp, dtype=torch.float32)
-            buf.node[r, at : at + k] = node[i]
-            buf.cursor[r] += k
-        buf.stopped[r] = bool(k and ids[-1] in engine.stop_ids and not cut)
+        buf.put_segment(r, ids, lp, int(node[i]))
+        buf.stopped[r] = bool(ids and ids[-1] in engine.stop_ids and not cut)
     return stripped
-
-
-def _so_far(buf: LeafRows, row: int) -> list[int]:
-    return buf.tokens[row, : int(buf.cursor[row])].tolist()
