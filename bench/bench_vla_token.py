@@ -17,9 +17,9 @@ find out why (action-token resolution, sampling, scenes per batch). Three measur
    scenes' images is no worse, the policy ignores the images; if it is worse but the loss on the
    position dimensions stays high, it sees the scene but cannot place the target precisely.
 
-    MUJOCO_GL=egl python bench/bench_vla_token.py [--bc-steps 150] [overrides ...]
+    MUJOCO_GL=egl python bench/bench_vla_token.py [--bc-steps 150] [--name N] [overrides ...]
 
-Writes bench/results/vla_token_diagnosis.{json,md}.
+Writes bench/results/<--name>.{json,md} (default vla_token_diagnosis).
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--bc-steps", type=int, default=150)
     ap.add_argument("--episodes", type=int, default=64, help="held-out episodes per figure")
     ap.add_argument("--out", default="runs/bench_vla_token")
+    ap.add_argument("--name", default="vla_token_diagnosis", help="result file under bench/results")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for the BC recipe")
     args = ap.parse_args()
 
@@ -153,7 +154,7 @@ def main() -> None:
         "perception": seen,
     }
     md = markdown(data)
-    js, mdp = write_results("vla_token_diagnosis", data, md)
+    js, mdp = write_results(args.name, data, md)
     print(md)
     print(f"\nwrote {js} and {mdp}")
 
@@ -176,7 +177,8 @@ def markdown(data: dict) -> str:
         f"Behaviour cloning ({s['bc_steps']} steps, {data['bc_seconds'] / 60:.1f} min; "
         f"{s['action_bins']} bins, cameras {', '.join(s['cameras'])} at {s['image_size']} px): "
         f"held-out success {data['bc_success']['deterministic']:.3f} with the most likely "
-        f"tokens, {data['bc_success']['sampled']:.3f} sampled.",
+        f"tokens, {data['bc_success']['sampled']:.3f} sampled. Recipe overrides: "
+        f"{' '.join(s['overrides']) or 'none (the tiny VLM from random weights)'}.",
         "",
         f"Loss on fresh expert steps, nats per policy step: {p['loss_own_images']:.2f} with "
         f"each step's own images, {p['loss_other_scenes_images']:.2f} with another scene's; "

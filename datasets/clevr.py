@@ -15,6 +15,7 @@ count_all    How many objects are there?                           ``"3"``    nu
 count_color  How many red objects are there?                       ``"0"``    numeric
 count_shape  How many circles are there?                           ``"2"``    numeric
 count_sum    How many red and blue objects are there in total?     ``"3"``    numeric
+count_size   How many objects, the small and the large ones?       ``"4"``    numeric
 attr_mcq     What colour is the large square? + lettered options   ``"B"``    mcq
 spatial      Where is the red circle relative to the blue square?  ``"A"``    mcq
 grounding    What is the bounding box of the red circle? ...       ``"[x1, y1, x2, y2]"``  iou
@@ -65,6 +66,7 @@ FAMILIES: tuple[str, ...] = (
     "spatial",
     "grounding",
     "count_sum",
+    "count_size",
 )
 RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
 OOD_SPLIT = "ood"
@@ -294,6 +296,18 @@ def _q_count_sum(rng, objs, cfg, ood) -> QA | None:
     return q, str(sum(counts.values())), {"filter": {"color": pair}, "steps": counts}
 
 
+def _q_count_size(rng, objs, cfg, ood) -> QA | None:
+    """All objects counted in two steps, the small ones and the large ones, then the sum: the
+    steps every object takes part in, so a sub-count is any number from 0 to the scene's
+    (``count_sum``'s colours mostly hold one object each)."""
+    counts = {z: sum(o["size"] == z for o in objs) for z in SIZES}
+    q = (
+        "How many objects are there? "
+        f"Count the {SIZES[0]} and the {SIZES[1]} ones first (as '{SIZES[0]}: N'), then add."
+    )
+    return q, str(len(objs)), {"filter": {"size": list(SIZES)}, "steps": counts}
+
+
 def _q_attr_mcq(rng, objs, cfg, ood) -> QA | None:
     ask = "color" if rng.random() < 0.5 else "shape"
     ref = ["shape"] if ask == "color" else ["color"]
@@ -364,6 +378,7 @@ _BUILDERS: dict[str, tuple[Callable, str, int]] = {
     "count_color": (_q_count_attr("color", lambda c: f"{c} objects"), "numeric", 1),
     "count_shape": (_q_count_attr("shape", lambda s: f"{s}s"), "numeric", 1),
     "count_sum": (_q_count_sum, "numeric", 2),
+    "count_size": (_q_count_size, "numeric", 1),
     "attr_mcq": (_q_attr_mcq, "mcq", 1),
     "spatial": (_q_spatial, "mcq", 2),
     "grounding": (_q_grounding, "iou", 1),
@@ -525,12 +540,13 @@ def _name(o: dict) -> str:
 
 
 def _trace_sum(sample: dict, objs: list[dict]) -> tuple[str, str]:
-    """Each colour's objects listed as the count traces list them, its sub-count (the step a
-    process reward checks), then the sum."""
+    """Each group's objects (a colour of ``count_sum``, a size of ``count_size``) listed as the
+    count traces list them, its sub-count (the step a process reward checks), then the sum."""
     steps = sample["meta"]["steps"]
+    (attr,) = sample["meta"]["filter"]
     parts = []
     for c, n in steps.items():
-        hits = sorted((o for o in objs if o["color"] == c), key=lambda o: tuple(o["center"]))
+        hits = sorted((o for o in objs if o[attr] == c), key=lambda o: tuple(o["center"]))
         listed = ", ".join(_name(o) for o in hits) or "none"
         parts.append(f"{c.capitalize()} objects from left to right: {listed}. {c}: {n}.")
     total = " + ".join(str(n) for n in steps.values())
@@ -603,7 +619,7 @@ def reasoning_trace(sample: dict) -> str:
     """
     objs = sample["meta"]["objects"]
     fam = sample["family"]
-    if fam == "count_sum":
+    if fam in ("count_sum", "count_size"):
         think, ans = _trace_sum(sample, objs)
     elif fam.startswith("count_"):
         think, ans = _trace_count(sample, objs)

@@ -5,6 +5,7 @@ that rises while the outcome falls, and the count_sum generator knows its sub-co
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -91,19 +92,25 @@ def test_monitor_flags_a_rising_process_reward_with_a_falling_outcome(caplog):
     assert sum("may be hacked" in r.message for r in caplog.records) == 1  # once per window
 
 
-def test_count_sum_knows_its_sub_counts():
+@pytest.mark.parametrize("family, attr", [("count_sum", "color"), ("count_size", "size")])
+def test_multi_step_counts_know_their_sub_counts(family, attr):
     from perceptrl.datasets.clevr import make_sample, reasoning_trace
 
-    s, _ = make_sample("train", 0, "count_sum", seed=3)
-    steps = s["meta"]["steps"]
-    colours = [o["color"] for o in s["meta"]["objects"]]
-    assert len(steps) == 2 and all(colours.count(c) == n for c, n in steps.items())
-    assert s["answer"] == str(sum(steps.values()))
-    trace = reasoning_trace(s)
-    assert [x.score for x in step_values([trace], [s])[0]] == [0.5, 0.5]
-    for c in steps:  # each colour's objects are listed before its sub-count, as counts list them
-        listed = trace.split(f"{c.capitalize()} objects from left to right: ")[1].split(".")[0]
-        assert listed.count(f" {c} ") == steps[c] or (steps[c] == 0 and listed == "none")
+    for i in range(6):
+        s, _ = make_sample("train", i, family, seed=3)
+        steps = s["meta"]["steps"]
+        values = [o[attr] for o in s["meta"]["objects"]]
+        assert len(steps) == 2 and all(values.count(c) == n for c, n in steps.items())
+        assert s["answer"] == str(sum(steps.values()))
+        if family == "count_size":  # every object is in one of the two steps
+            assert sum(steps.values()) == len(values) and list(steps) == ["small", "large"]
+        trace = reasoning_trace(s)
+        assert [x.score for x in step_values([trace], [s])[0]] == [0.5, 0.5]
+        for c in steps:  # each group's objects are listed before its sub-count
+            listed = trace.split(f"{c.capitalize()} objects from left to right: ")[1].split(".")[0]
+            assert len(re.findall(rf"\b{c}\b", listed)) == steps[c]
+            assert (listed == "none") == (steps[c] == 0)
+            assert f"{c}: {steps[c]}." in trace
 
 
 def test_a_step_reward_that_raises_scores_zero_and_is_counted(pol, samples, caplog):
