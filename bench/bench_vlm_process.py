@@ -220,7 +220,11 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_vlm_process")
     ap.add_argument("--name", default="vlm_process", help="result file name under bench/results")
     ap.add_argument("--seeds", default="0,1", help="training seeds (SFT and GRPO), one run each")
-    ap.add_argument("--reuse", action="store_true", help="keep the runs already under --out")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the runs already under --out (and their scores in the result file)",
+    )
     args = ap.parse_args()
 
     import json
@@ -276,16 +280,20 @@ def run_seed(args, seed: int, out: Path, base: Path, data: Path, test: list[dict
     else:
         sft, wall["sft"] = sft_base(args, seed, out, base, data / "train.jsonl")
     arm = arm_runner(out, args.reuse, previous, wall)
-    start = {"step": 0, "seconds": 0.0, "accuracy": score(sft, test)}
+    kept = previous.get("curves", {}).get("outcome") if args.reuse else None
+    start = kept[0] if kept else {"step": 0, "seconds": 0.0, "accuracy": score(sft, test)}
     curves, runs = {}, {}
     for a in args.arms.split(","):
         arm(a, ["train", "vlm_process", *common, *ARMS[a], f"model.path={sft}",
                 f"train.time_limit_min={args.minutes}", f"checkpoint.every={args.every}",
                 "checkpoint.keep_last=1000"])  # fmt: skip
-        curves[a] = [start, *curve(out / a, test)]
+        kept = previous.get("curves", {}).get(a) if args.reuse else None
+        curves[a] = kept or [start, *curve(out / a, test)]
         runs[a] = summary(out / a)
     result = {"wall_s": wall, "curves": curves, "runs": runs}
-    result.update(diagnosis(out, test, list(curves)))
+    known = args.reuse and set(previous.get("habits", {})) == {"sft", *curves}
+    result.update({k: previous[k] for k in ("prior", "habits")} if known
+                  else diagnosis(out, test, list(curves)))  # fmt: skip
     if "outcome" in curves:
         result["reach"] = reach(curves)
     return result
