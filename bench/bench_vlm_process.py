@@ -32,7 +32,7 @@ reward of each arm and its correlation with the outcome over training (a process
 rises while accuracy falls is hacked), and what each final model writes greedily.
 
     python bench/bench_vlm_process.py [--family count_size] [--sft-steps 800] [--miscount 0.6]
-        [--minutes 6] [--seeds 0,1] [--reuse]
+        [--minutes 6] [--seeds 0,1] [--reuse] [--report]
 
 Writes bench/results/<--name>.{json,md} (vlm_process: count_size; vlm_process_count_sum: the
 earlier count_sum run).
@@ -225,9 +225,14 @@ def main() -> None:
         action="store_true",
         help="keep the runs already under --out (and their scores in the result file)",
     )
+    ap.add_argument("--report", action="store_true", help="rewrite the markdown from the JSON")
     args = ap.parse_args()
 
     import json
+
+    if args.report:
+        data = json.loads((RESULTS / f"{args.name}.json").read_text())
+        return print(write_results(args.name, data, markdown(data))[1])
 
     from perceptrl.datasets.clevr import generate
     from perceptrl.datasets.loader import load_samples
@@ -354,6 +359,11 @@ def markdown(d: dict) -> str:
     prior = next(iter(seeds.values()))["prior"]
     md += ["", f"Constant-answer prior of the test questions: answer {prior['answer']} is right "
            f"on {prior['share']:.0%} of them.", ""]  # fmt: skip
+    for seed, r in seeds.items():
+        top, start = plateau(r["curves"]["outcome"]), r["curves"]["outcome"][0]["accuracy"]
+        if top <= max(prior["share"], start):
+            md.append(f"- seed {seed}: not assessable, the outcome arm's plateau ({top:.3f}) is "
+                      f"not above the SFT start ({start:.3f}) or the constant-answer prior")  # fmt: skip
     for a in arms:
         if a == "outcome":
             continue
