@@ -71,17 +71,18 @@ def score(model: Path, samples: list[dict], out: Path, extra: list[str]) -> tupl
     return metrics, per_sample, records
 
 
-def oracle(samples: list[dict], extra: list[str]) -> tuple[dict, dict, dict]:
-    """The oracle plan (the generator's traces) with the recipe's executor on ``samples``: its
-    success per task, the executor's per subgoal family ({family: [finished, tried]}), and its
-    success per sample id."""
+def oracle(samples: list[dict], extra: list[str], retries: int = 0) -> tuple[dict, dict, dict]:
+    """The oracle plan (the generator's traces; ``retries``: a subgoal not finished is issued
+    again up to that many times) with the recipe's executor on ``samples``: its success per task,
+    the executor's per subgoal family ({family: [finished, tried]}), and its success per sample
+    id."""
     from perceptrl.cli import CONFIGS
     from perceptrl.vla.plan import plan_settings
     from perceptrl.vla.plan_eval import oracle_plan
     from perceptrl.wiring import load_config
 
-    scores, records = oracle_plan(plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra)),
-                                  samples)  # fmt: skip
+    settings = plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra))
+    scores, records = oracle_plan(settings, samples, retries)
     families = [k.split("/", 1)[1] for k in scores if k.startswith("executor/")]
     tallies = {f: [round(scores[f"executor/{f}"] * scores[f"count/executor/{f}"]),
                    int(scores[f"count/executor/{f}"])] for f in families}  # fmt: skip

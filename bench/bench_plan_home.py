@@ -1,12 +1,15 @@
 """Trained executors on the oracle plan: subgoals started where the last one ended, against
-subgoals started at the home pose, on the same held-out composite states.
+subgoals started at the home pose, and from home with a failed subgoal issued again, on the same
+held-out composite states.
 
 The state VLAs of ``configs/plan_exec_bc.yaml`` are cloned from primitive episodes that all start
 with the arm at the home posture. In a long task a subgoal used to start wherever the previous
 one left the arm (risen clear above the last bowl), a state no primitive episode shows, and the
 policy executors finished far fewer subgoals in composites than on their own tasks
 (bench/results/plan_policy.md). ``plan.home`` sends the arm home after each subgoal; this
-benchmark runs the generator's plan with the same frozen executors both ways.
+benchmark runs the generator's plan with the same frozen executors both ways. The third arm
+re-issues a subgoal the executor did not finish, up to ``--retries`` more times (the closed-loop
+oracle plan): how much a planner could gain by retrying with these executors.
 
 Executors come from a ``bench_plan.py --executor policy`` run directory (``--runs``): for each
 family the seed named by ``--seeds`` (``exec_<family>_s<seed>``, its kept best weights).
@@ -24,8 +27,12 @@ from pathlib import Path
 from bench_plan import EXEC_ENVS, executor_model, oracle, own_success, success_table
 from common import last_model, machine, write_results
 
-MODES = {"where_left": "plan.home=never", "home": "plan.home=always"}
-"""arm -> the setting it runs with"""
+MODES = {
+    "where_left": "plan.home=never",
+    "home": "plan.home=always",
+    "home_retry": "plan.home=always",
+}
+"""arm -> the setting it runs with (home_retry also retries failed subgoals)"""
 
 
 def main() -> None:
@@ -36,6 +43,7 @@ def main() -> None:
     )
     ap.add_argument("--n-test", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--retries", type=int, default=2, help="repeat attempts of the home_retry arm")
     args = ap.parse_args()
 
     from perceptrl.datasets.loader import load_samples
@@ -52,8 +60,9 @@ def main() -> None:
     results, families, per_sample, wall = {}, {}, {}, {}
     for mode, setting in MODES.items():
         t0 = time.perf_counter()
+        retries = args.retries if mode == "home_retry" else 0
         results[mode], families[mode], per_sample[mode] = oracle(
-            test, ["plan.executor=policy", setting, *policies]
+            test, ["plan.executor=policy", setting, *policies], retries
         )
         wall[mode] = time.perf_counter() - t0
     data = {
@@ -61,6 +70,7 @@ def main() -> None:
         "settings": {
             "n_test": len(test),
             "test_trial_seed": 1000 + args.seed,
+            "retries": args.retries,
             "executors": {
                 f: {"seed": seeds[f], "own_task": own_success(d)} for f, d in dirs.items()
             },
@@ -68,6 +78,8 @@ def main() -> None:
         "success": success_table(results, "home"),
         "subgoals": families,
         "paired": paired_gain(per_sample["where_left"], per_sample["home"]),
+        "paired_retry": paired_gain(per_sample["home"], per_sample["home_retry"]),
+        "repeats": [results["home_retry"]["retries"], results["home_retry"]["retries/finished"]],
         "wall_s": wall,
     }
     js, md = write_results("plan_home", data, markdown(data))
@@ -108,6 +120,16 @@ def markdown(d: dict) -> str:
         "only from where left). Wall time: "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in d["wall_s"].items()) + ".",
     ]  # fmt: skip
+    if "paired_retry" in d:  # older result files have two arms
+        g, (tried, ok) = d["paired_retry"], d["repeats"]
+        lines += [
+            "",
+            f"home_retry issues a subgoal the executor did not finish up to "
+            f"{d['settings']['retries']} more times (the subgoals-done columns count first "
+            f"attempts): {int(tried)} repeat attempts, {int(ok)} finished. Retry minus home, "
+            f"paired: {g['gain']:+.3f} ± {g['se']:.3f} ({int(g['improved'])} states only with "
+            f"retries, {int(g['regressed'])} only without).",
+        ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -26,11 +26,14 @@ EPISODE_KEYS = ("planner/progress", "planner/valid", "planner/invalid", "planner
 """episode means shown beside the success table"""
 
 
-def oracle_plan(settings, samples: list[dict]) -> tuple[dict, dict]:
+def oracle_plan(settings, samples: list[dict], retries: int = 0) -> tuple[dict, dict]:
     """The generator's plan of every sample, executed as planner turns by ``settings``'s
-    executor. Returns (scores: ``accuracy``, ``accuracy/<task>``, ``count``, ``executor/<family>``
-    and ``count/executor/<family>``; records: sample id -> {"texts": the turns, "info": the
-    episode's record})."""
+    executor; with ``retries`` a subgoal the executor did not finish is issued again, up to that
+    many more times, before the plan goes on (the closed-loop oracle plan: the upper bound of a
+    planner that retries). Returns (scores: ``accuracy``, ``accuracy/<task>``, ``count``,
+    ``executor/<family>`` and ``count/executor/<family>`` from each subgoal's first attempt,
+    ``retries`` and ``retries/finished``: repeat attempts and those that finished; records:
+    sample id -> {"texts": the turns, "info": the episode's record})."""
     from ..datasets.plan import reasoning_trace
     from ..sim.composite import parse_subgoal
     from .plan import SUBGOAL, PlanEnv
@@ -39,19 +42,29 @@ def oracle_plan(settings, samples: list[dict]) -> tuple[dict, dict]:
     by_task: dict[str, list[float]] = {}
     by_family: dict[str, list[int]] = {}
     records: dict[str, dict] = {}
+    repeats = [0, 0]  # repeat attempts, of which finished
     for i, s in enumerate(samples):
         env.reset([s])
         colours = env.scene(0).layout.colours
         texts = []
         for turn in reasoning_trace(s):
-            texts.append(turn)
-            before = env.rows[0].record["planner/executed"]
-            if env.respond(0, turn) is None:
-                break
-            family = parse_subgoal(SUBGOAL.search(turn).group(1), colours).family
-            tally = by_family.setdefault(family, [0, 0])
-            tally[0] += int(env.rows[0].record["planner/executed"] > before)
-            tally[1] += 1
+            sub = SUBGOAL.search(turn)
+            for attempt in range(1 + (retries if sub else 0)):
+                texts.append(turn)
+                before = env.rows[0].record["planner/executed"]
+                if env.respond(0, turn) is None:
+                    break
+                finished = env.rows[0].record["planner/executed"] > before
+                if attempt:
+                    repeats[0] += 1
+                    repeats[1] += int(finished)
+                else:
+                    family = parse_subgoal(sub.group(1), colours).family
+                    tally = by_family.setdefault(family, [0, 0])
+                    tally[0] += int(finished)
+                    tally[1] += 1
+                if finished:
+                    break
         rec = env.rows[0].record
         by_task.setdefault(str(s.get("family", "all")), []).append(rec["planner/success"])
         records[str(s.get("id", f"#{i}"))] = {"texts": texts, "info": dict(rec)}
@@ -62,6 +75,8 @@ def oracle_plan(settings, samples: list[dict]) -> tuple[dict, dict]:
     for family, (ok, tried) in sorted(by_family.items()):
         scores[f"executor/{family}"] = ok / tried
         scores[f"count/executor/{family}"] = float(tried)
+    if retries:
+        scores["retries"], scores["retries/finished"] = float(repeats[0]), float(repeats[1])
     return scores, records
 
 

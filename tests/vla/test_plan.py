@@ -21,6 +21,7 @@ from perceptrl.trainer.config import ConfigError
 from perceptrl.trainer.metrics import read_metrics
 from perceptrl.vla.compact import build_compact, spec_from_config
 from perceptrl.vla.config import VLAConfig
+from perceptrl.vla.envs import idle_action
 from perceptrl.vla.plan import (
     INVALID,
     OracleExecutor,
@@ -169,6 +170,37 @@ def test_non_finite_executor_actions_become_no_ops_and_are_counted():
     obs = env.respond(0, f"<subgoal>{first}</subgoal>")
     assert "did not finish" in obs.text and obs.info["planner/env_steps"] == 12
     assert env.counters["bad_actions"] == 12
+
+
+class FlakyExecutor(OracleExecutor):
+    """Holds still on every other subgoal it is asked to run, and is the oracle on the rest."""
+
+    calls = 0
+
+    def start(self, env):
+        self.calls += 1
+        if self.calls % 2:
+            return lambda obs: idle_action(5, "ee")[None]
+        return super().start(env)
+
+
+def test_the_oracle_plan_with_retries_issues_a_failed_subgoal_again():
+    from perceptrl.vla.plan_eval import oracle_plan
+
+    sample = _sample("put_two", 1)
+    env = PlanEnv(PlanSettings(OracleExecutor()))
+    env.reset([sample])
+    sample["meta"]["plan"] = _plan(env, 0)
+    scores, records = oracle_plan(PlanSettings(FlakyExecutor(), subgoal_steps=80), [sample])
+    assert scores["accuracy"] == 0.0 and "retries" not in scores
+    scores, records = oracle_plan(PlanSettings(FlakyExecutor(), subgoal_steps=80), [sample], 2)
+    # each subgoal: the first attempt holds still, the retry is the oracle's and finishes
+    assert scores["accuracy"] == 1.0
+    assert scores["retries"] == 2.0 and scores["retries/finished"] == 2.0
+    assert scores["executor/put"] == 0.0 and scores["count/executor/put"] == 2.0
+    texts = records[sample["id"]]["texts"]
+    assert len(texts) == 5 and texts[0] == texts[1] and texts[2] == texts[3]
+    assert texts[-1] == "<done/>"
 
 
 def test_a_saved_state_vla_executes_subgoals_of_a_larger_scene(tmp_path):
