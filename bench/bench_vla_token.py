@@ -16,8 +16,20 @@ find out why (action-token resolution, sampling, scenes per batch). Three measur
    another step of the batch (another scene), and per action dimension. If the loss with other
    scenes' images is no worse, the policy ignores the images; if it is worse but the loss on the
    position dimensions stays high, it sees the scene but cannot place the target precisely.
+4. **Where it goes**: on the held-out episodes (greedy), the gripper's start distance to the named
+   target, the closest it came to it and to the nearest other target, and how often the target
+   it came closest to is the named one (chance: one in the number of targets). A policy that
+   has learnt the task homes in on the named target; one that has learnt only the motion
+   statistics wanders between them.
 
-    MUJOCO_GL=egl python bench/bench_vla_token.py [--bc-steps 150] [--name N] [overrides ...]
+``--eval-every E`` also evaluates during behaviour cloning (``env.eval_episodes`` held-out
+episodes, most likely tokens) and keeps the curve; scenes per batch are the recipe's
+``env.num_envs`` (one episode per env is in progress at a time, ``env.steps_per_rollout`` steps
+of each per batch), e.g. ``env.num_envs=64 env.steps_per_rollout=2`` for 64 scenes per batch
+at the same batch size.
+
+    MUJOCO_GL=egl python bench/bench_vla_token.py [--bc-steps 150] [--eval-every E] [--name N]
+        [overrides ...]
 
 Writes bench/results/<--name>.{json,md} (default vla_token_diagnosis).
 """
@@ -34,7 +46,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (import torch before any rendering)
-from common import last_model, machine, write_results  # noqa: E402
+from common import last_model, machine, metrics, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BINS = (3, 9, 31, 256)
@@ -100,11 +112,58 @@ def perception(policy, env_cfg, batches: int = 4) -> dict:
     }
 
 
+@torch.no_grad()
+def approach(policy, env_cfg, episodes: int, seed0: int) -> dict:
+    """Greedy held-out episodes (seeds ``seed0 + j``): the gripper's distance to the named
+    target at the start, the closest it came to it and to the nearest other target, and the
+    share of episodes whose closest target is the named one (targets[0] of the reach task).
+    None for a task without two targets or more."""
+    from perceptrl.vla.envs import VecRunner
+
+    runner = VecRunner(dataclasses.replace(env_cfg, async_envs=False), seed=seed0)
+    envs = [e.unwrapped for e in runner.envs]
+    if len(envs[0].world().targets) < 2:
+        runner.close()
+        return None
+    start, named, other, right = [], [], [], []
+    try:
+        for first in range(0, episodes, runner.n):
+            n = min(runner.n, episodes - first)
+            batch = runner.reset(seeds=[seed0 + first + i for i in range(runner.n)])
+            gaps = [np.linalg.norm(e.world().targets - e.world().tcp, axis=-1) for e in envs]
+            closest = np.stack(gaps)  # (N, targets)
+            start.extend(closest[:n, 0].tolist())
+            live = np.ones(runner.n, bool)
+            while live.any():
+                actions, _, _ = policy.act(policy.observe(batch), deterministic=True)
+                res = runner.step(actions.numpy().reshape(runner.n, -1, runner.action_dim))
+                batch = res.batch
+                for i, e in enumerate(envs):
+                    if live[i]:
+                        w = e.world()
+                        gap = np.linalg.norm(w.targets - w.tcp, axis=-1)
+                        closest[i] = np.minimum(closest[i], gap)
+                live &= ~(res.terminated | res.truncated)
+            named.extend(closest[:n, 0].tolist())
+            other.extend(closest[:n, 1:].min(-1).tolist())
+            right.extend((closest[:n].argmin(-1) == 0).tolist())
+    finally:
+        runner.close()
+    return {
+        "start_distance": float(np.mean(start)),
+        "closest_to_named": float(np.mean(named)),
+        "closest_to_other": float(np.mean(other)),
+        "closest_is_named": float(np.mean(right)),
+        "targets": int(closest.shape[1]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="perceptrl/Reach-v0")
     ap.add_argument("--bc-steps", type=int, default=150)
     ap.add_argument("--episodes", type=int, default=64, help="held-out episodes per figure")
+    ap.add_argument("--eval-every", type=int, default=0, help="evaluate during BC (0: only after)")
     ap.add_argument("--out", default="runs/bench_vla_token")
     ap.add_argument("--name", default="vla_token_diagnosis", help="result file under bench/results")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for the BC recipe")
@@ -116,9 +175,10 @@ def main() -> None:
 
     cfg = load_config(
         ROOT / "configs" / "vla_bc_token.yaml",
-        [f"env.id={args.task}", f"train.steps={args.bc_steps}", "train.eval_every=0",
-         "checkpoint.every=0", "log.progress=false", "log.tensorboard=false",
-         "env.eval_episodes=0", *args.overrides],  # evaluated below, once
+        [f"env.id={args.task}", f"train.steps={args.bc_steps}",
+         f"train.eval_every={args.eval_every}", "checkpoint.every=0", "log.progress=false",
+         "log.tensorboard=false", f"env.eval_episodes={32 if args.eval_every else 0}",
+         *args.overrides],  # the full evaluation runs below, once
     )  # fmt: skip
     seed0 = cfg.env.eval_seed
     t = time.perf_counter()
@@ -134,6 +194,8 @@ def main() -> None:
     sampled = evaluate_policy(policy, cfg.env, episodes=args.episodes, deterministic=False)
     det = evaluate_policy(policy, cfg.env, episodes=args.episodes)
     seen = perception(policy, cfg.env)
+    went = approach(policy, cfg.env, args.episodes, seed0)
+    curve = [(r["step"], r["eval/success_rate"]) for r in metrics(out) if "eval/success_rate" in r]
     data = {
         "machine": machine(),
         "task": args.task,
@@ -145,6 +207,8 @@ def main() -> None:
             "action_bins": cfg.vla.action_bins,
             "cameras": list(cfg.env.cameras),
             "image_size": cfg.env.image_size,
+            "scenes_per_batch": cfg.env.num_envs,
+            "steps_per_scene": cfg.env.steps_per_rollout,
         },  # fmt: skip
         "binned_expert_success": bound,
         "noisy_binned_expert_success": noisy,
@@ -152,11 +216,23 @@ def main() -> None:
         "bc_seconds": round(bc_s, 1),
         "bc_success": {"deterministic": det["success_rate"], "sampled": sampled["success_rate"]},
         "perception": seen,
+        "approach": went,
+        "bc_curve": curve,
+        "bc_loss": loss_curve(out),
     }
     md = markdown(data)
     js, mdp = write_results(args.name, data, md)
     print(md)
     print(f"\nwrote {js} and {mdp}")
+
+
+def loss_curve(run_dir: Path, points: int = 6) -> list[tuple[int, float]]:
+    """The BC loss (nats per policy step) averaged over ``points`` equal blocks of steps:
+    (last step of the block, mean loss)."""
+    rows = [(r["step"], r["sft/loss"]) for r in metrics(run_dir) if "sft/loss" in r]
+    size = max(1, len(rows) // points)
+    blocks = [rows[i : i + size] for i in range(0, len(rows), size)]
+    return [(b[-1][0], round(float(np.mean([x for _, x in b])), 3)) for b in blocks]
 
 
 def markdown(data: dict) -> str:
@@ -183,7 +259,31 @@ def markdown(data: dict) -> str:
         f"Loss on fresh expert steps, nats per policy step: {p['loss_own_images']:.2f} with "
         f"each step's own images, {p['loss_other_scenes_images']:.2f} with another scene's; "
         f"per action token (x / y / z / yaw / gripper): {dims}.",
+        *approach_lines(data),
     ])  # fmt: skip
+
+
+def approach_lines(data: dict) -> list[str]:
+    """The read-outs older result files lack: scenes per batch, the BC curves, where it goes."""
+    s, out = data["settings"], []
+    if "scenes_per_batch" in s:
+        out += ["", f"Scenes per BC batch: {s['scenes_per_batch']} episodes in progress, "
+                f"{s['steps_per_scene']} consecutive steps of each."]  # fmt: skip
+    if data.get("bc_loss"):
+        out += ["", "BC loss (nats per step, mean over blocks of steps): "
+                + ", ".join(f"to step {k} {v:.2f}" for k, v in data["bc_loss"]) + "."]  # fmt: skip
+    if data.get("bc_curve"):
+        out += ["", "Held-out success during BC (32 episodes, most likely tokens): "
+                + ", ".join(f"step {k} {v:.3f}" for k, v in data["bc_curve"]) + "."]  # fmt: skip
+    a = data.get("approach")
+    if a:
+        out += ["", f"Where the greedy policy goes ({s['episodes']} held-out episodes, "
+                f"{a['targets']} targets): it starts {a['start_distance']:.3f} m from the named "
+                f"target, comes within {a['closest_to_named']:.3f} m of it and within "
+                f"{a['closest_to_other']:.3f} m of the nearest other target (success needs "
+                f"0.03 m); the target it comes closest to is the named one in "
+                f"{a['closest_is_named']:.2f} of episodes (chance {1 / a['targets']:.2f})."]  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":
