@@ -16,13 +16,20 @@ find out why (action-token resolution, sampling, scenes per batch). Three measur
    another step of the batch (another scene), and per action dimension. If the loss with other
    scenes' images is no worse, the policy ignores the images; if it is worse but the loss on the
    position dimensions stays high, it sees the scene but cannot place the target precisely.
-4. **Where it goes**: on the held-out episodes (greedy), the gripper's start distance to the named
+4. **The instruction**: the same loss with the named target's colour in the instruction replaced
+   by another target's (same scenes, same expert actions). If it is no worse, the policy does
+   not read which target the instruction names.
+5. **Where it goes**: on the held-out episodes (greedy), the gripper's start distance to the named
    target, the closest it came to it and to the nearest other target, and how often the target
    it came closest to is the named one (chance: one in the number of targets). A policy that
    has learnt the task homes in on the named target; one that has learnt only the motion
    statistics wanders between them.
 
-``--eval-every E`` also evaluates during behaviour cloning (``env.eval_episodes`` held-out
+``--alone`` clones the expert on reach without distractors (one target, registered here as
+``perceptrl/ReachAlone-v0``): the instruction is then not needed to find the target, which
+separates reading the instruction from seeing where the target is. ``--reuse`` keeps the behaviour-cloning run under ``--out`` and the figures of the result file
+``--name`` measured from it, and adds the read-outs the file lacks (3-5). ``--eval-every E``
+also evaluates during behaviour cloning (``env.eval_episodes`` held-out
 episodes, most likely tokens) and keeps the curve; scenes per batch are the recipe's
 ``env.num_envs`` (one episode per env is in progress at a time, ``env.steps_per_rollout`` steps
 of each per batch), e.g. ``env.num_envs=64 env.steps_per_rollout=2`` for 64 scenes per batch
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -112,6 +120,62 @@ def perception(policy, env_cfg, batches: int = 4) -> dict:
     }
 
 
+ALONE = "perceptrl/ReachAlone-v0"
+"""reach with its named target only (``--alone``)"""
+
+
+def register_alone() -> None:
+    """Register reach without distractors as `ALONE` in this process (idempotent)."""
+    import perceptrl.sim as sim
+    from perceptrl.sim.tasks import TASKS, reach_task
+
+    if "reach_alone" not in TASKS:
+        sim.register_task(reach_task("reach_alone", n_distractors=0))
+    sim.register_envs()
+
+
+class _OtherColour:
+    """``policy.observe`` with the named target's colour in every instruction replaced by the
+    next target's (the reach task names ``targets[0]``)."""
+
+    def __init__(self, policy, runner):
+        self.policy, self.runner = policy, runner
+
+    def observe(self, batch):
+        texts = []
+        for env, text in zip(self.runner.envs, batch.instructions, strict=True):
+            colours = env.unwrapped.layout.colours["targets"]
+            texts.append(text.replace(colours[0], colours[1]))
+        return self.policy.observe(dataclasses.replace(batch, instructions=texts))
+
+
+@torch.no_grad()
+def instruction_loss(policy, env_cfg, batches: int = 4) -> dict:
+    """Loss of ``policy`` on fresh expert steps with the true instruction and with another
+    target's colour in it: two expert streams from the same seeds (identical scenes and
+    actions, checked), prompted differently."""
+    from perceptrl.vla.bc import ExpertSource
+    from perceptrl.vla.envs import VecRunner
+
+    losses, actions = {}, {}
+    for name in ("named", "other_colour"):
+        runner = VecRunner(dataclasses.replace(env_cfg, async_envs=False), seed=778)
+        if runner.envs[0].unwrapped.task.n_targets < 2:
+            runner.close()
+            return None
+        reader = policy if name == "named" else _OtherColour(policy, runner)
+        source = ExpertSource(reader, runner, batch_steps=16)
+        try:
+            flats = [policy.flat_batch(source.next_batch(step)) for step in range(batches)]
+        finally:
+            runner.close()
+        actions[name] = torch.cat([f.tokens for f in flats])
+        losses[name] = float(np.mean([-policy.vlm.evaluate(f).logp.sum(-1).mean() for f in flats]))
+    if not torch.equal(actions["named"], actions["other_colour"]):
+        raise RuntimeError("the two expert streams differ; the comparison needs identical scenes")
+    return {"loss_named_colour": losses["named"], "loss_other_colour": losses["other_colour"]}
+
+
 @torch.no_grad()
 def approach(policy, env_cfg, episodes: int, seed0: int) -> dict:
     """Greedy held-out episodes (seeds ``seed0 + j``): the gripper's distance to the named
@@ -122,7 +186,7 @@ def approach(policy, env_cfg, episodes: int, seed0: int) -> dict:
 
     runner = VecRunner(dataclasses.replace(env_cfg, async_envs=False), seed=seed0)
     envs = [e.unwrapped for e in runner.envs]
-    if len(envs[0].world().targets) < 2:
+    if envs[0].task.n_targets < 2:
         runner.close()
         return None
     start, named, other, right = [], [], [], []
@@ -166,20 +230,21 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=0, help="evaluate during BC (0: only after)")
     ap.add_argument("--out", default="runs/bench_vla_token")
     ap.add_argument("--name", default="vla_token_diagnosis", help="result file under bench/results")
+    ap.add_argument("--alone", action="store_true", help="reach without distractors (see above)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the BC run and the result file's figures; add what it lacks")  # fmt: skip
     ap.add_argument("overrides", nargs="*", help="dotted overrides for the BC recipe")
     args = ap.parse_args()
+    if args.alone or args.task == ALONE:
+        register_alone()
+        args.task = ALONE
+    if args.reuse:
+        return add_readouts(args)
 
     from perceptrl.vla.evaluate import evaluate_policy
     from perceptrl.vla.run import load_policy, run_sft
-    from perceptrl.wiring import load_config
 
-    cfg = load_config(
-        ROOT / "configs" / "vla_bc_token.yaml",
-        [f"env.id={args.task}", f"train.steps={args.bc_steps}",
-         f"train.eval_every={args.eval_every}", "checkpoint.every=0", "log.progress=false",
-         "log.tensorboard=false", f"env.eval_episodes={32 if args.eval_every else 0}",
-         *args.overrides],  # the full evaluation runs below, once
-    )  # fmt: skip
+    cfg = bc_config(args.task, args.bc_steps, args.eval_every, args.overrides)
     seed0 = cfg.env.eval_seed
     t = time.perf_counter()
     bound = {str(b): binned_expert(args.task, b, args.episodes, seed0) for b in BINS}
@@ -220,6 +285,41 @@ def main() -> None:
         "bc_curve": curve,
         "bc_loss": loss_curve(out),
     }
+    data["instruction"] = instruction_loss(policy, cfg.env)
+    md = markdown(data)
+    js, mdp = write_results(args.name, data, md)
+    print(md)
+    print(f"\nwrote {js} and {mdp}")
+
+
+def bc_config(task: str, steps: int, eval_every: int, overrides: list[str]):
+    """The behaviour-cloning recipe as this benchmark runs it."""
+    from perceptrl.wiring import load_config
+
+    return load_config(
+        ROOT / "configs" / "vla_bc_token.yaml",
+        [f"env.id={task}", f"train.steps={steps}", f"train.eval_every={eval_every}",
+         "checkpoint.every=0", "log.progress=false", "log.tensorboard=false",
+         f"env.eval_episodes={32 if eval_every else 0}", *overrides],  # full evaluation: below
+    )  # fmt: skip
+
+
+def add_readouts(args) -> None:
+    """``--reuse``: the result file ``--name`` of a run under ``--out``, with the read-outs it
+    lacks measured on that run's model."""
+    from perceptrl.vla.run import load_policy
+
+    out = Path(args.out)
+    data = json.loads((ROOT / "bench" / "results" / f"{args.name}.json").read_text())
+    s = data["settings"]
+    cfg = bc_config(data["task"], s["bc_steps"], 0, s["overrides"])
+    policy = load_policy(last_model(out))
+    data.setdefault("instruction", instruction_loss(policy, cfg.env))
+    if "approach" not in data:
+        data["approach"] = approach(
+            policy, cfg.env, data["settings"]["episodes"], cfg.env.eval_seed
+        )
+        data["bc_loss"] = loss_curve(out)
     md = markdown(data)
     js, mdp = write_results(args.name, data, md)
     print(md)
@@ -275,6 +375,11 @@ def approach_lines(data: dict) -> list[str]:
     if data.get("bc_curve"):
         out += ["", "Held-out success during BC (32 episodes, most likely tokens): "
                 + ", ".join(f"step {k} {v:.3f}" for k, v in data["bc_curve"]) + "."]  # fmt: skip
+    if data.get("instruction"):
+        i = data["instruction"]
+        out += ["", f"The instruction: {i['loss_named_colour']:.2f} nats per step with the named "
+                f"target's colour, {i['loss_other_colour']:.2f} with another target's colour in "
+                "its place (same scenes and expert actions)."]  # fmt: skip
     a = data.get("approach")
     if a:
         out += ["", f"Where the greedy policy goes ({s['episodes']} held-out episodes, "
