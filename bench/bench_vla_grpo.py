@@ -47,22 +47,25 @@ def success(policy, env_cfg, episodes: int) -> dict[str, float]:
 
 def bc_then_grpo(
     out: Path, bc_recipe: str, bc_overrides: list[str], grpo_recipe: str,
-    grpo_overrides: list[str], minutes: float, episodes: int,
+    grpo_overrides: list[str], minutes: float, episodes: int, bc_model: Path | None = None,
 ) -> dict:  # fmt: skip
     """Behaviour cloning (``configs/<bc_recipe>.yaml`` + overrides) into ``out/bc``, held-out
     `success`, GRPO from the BC weights for ``minutes`` into ``out/grpo``, held-out `success`
     again. Returns ``bc_cfg``, ``grpo_cfg``, ``bc_seconds``, ``grpo_seconds``, ``before``,
-    ``after`` and ``steps`` (the GRPO metrics rows of the updates)."""
+    ``after`` and ``steps`` (the GRPO metrics rows of the updates). ``bc_model``: start from
+    that saved warm start instead (no BC here; ``bc_seconds`` None)."""
     from perceptrl.vla.run import build_trainer, load_policy, run_sft
     from perceptrl.wiring import load_config
 
     bc_cfg = load_config(ROOT / "configs" / f"{bc_recipe}.yaml", bc_overrides)
-    t0 = time.perf_counter()
-    run_sft(bc_cfg, out / "bc")
-    bc_s = time.perf_counter() - t0
-    bc_model = last_model(out / "bc")
+    bc_s = None
+    if bc_model is None:
+        t0 = time.perf_counter()
+        run_sft(bc_cfg, out / "bc")
+        bc_s = time.perf_counter() - t0
+        bc_model = last_model(out / "bc")
     before = success(load_policy(bc_model), bc_cfg.env, episodes)
-    print(f"{out.name}: BC {bc_s:.0f} s -> {before}", flush=True)
+    print(f"{out.name}: BC {bc_model} -> {before}", flush=True)
     grpo_cfg = load_config(
         ROOT / "configs" / f"{grpo_recipe}.yaml",
         [f"model.path={bc_model}", f"train.time_limit_min={minutes}", "train.steps=100000",
@@ -89,8 +92,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--episodes", type=int, default=200, help="held-out evaluation episodes")
     ap.add_argument("--out", default="runs/bench_vla_grpo")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bc-model", type=Path, default=None,
+                    help="a saved warm start to begin from (no BC here)")  # fmt: skip
+    ap.add_argument("--bc-note", default="", help="how --bc-model was trained (for the report)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for the GRPO recipe")
     args = ap.parse_args(argv)
+    from bench_vla_token import ALONE, register_alone
+
+    if args.task == ALONE:  # reach without distractors, a task of the token diagnosis only
+        register_alone()
 
     from perceptrl.vla.evaluate import task_name
 
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     run = bc_then_grpo(
         out, bc_recipe,
         [*common, f"train.steps={args.bc_steps}", "train.eval_every=0", "checkpoint.every=0"],
-        grpo_recipe, [*common, *args.overrides], args.minutes, args.episodes,
+        grpo_recipe, [*common, *args.overrides], args.minutes, args.episodes, args.bc_model,
     )  # fmt: skip
     grpo_cfg, steps = run["grpo_cfg"], run["steps"]
     before, after, bc_s, grpo_s = (
@@ -122,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         "policy": args.policy,
         "settings": {
             "bc_steps": args.bc_steps,
+            "bc_model": str(args.bc_model) if args.bc_model else None,
+            "bc_note": args.bc_note,
             "grpo_minutes": args.minutes,
             "episodes": args.episodes,
             "eval_seed": grpo_cfg.env.eval_seed,
@@ -130,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             "group_size": grpo_cfg.rollout.group_size,
             "groups_per_step": grpo_cfg.rollout.prompts_per_step,
         },  # fmt: skip
-        "bc_seconds": round(bc_s, 1),
+        "bc_seconds": None if bc_s is None else round(bc_s, 1),
         "grpo_seconds": round(grpo_s, 1),
         "grpo_steps": len(steps),
         "success_before": before,
@@ -145,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
     m = data["machine"]
+    bc_text = (f"{args.bc_steps} steps, {bc_s / 60:.1f} min" if bc_s is not None
+               else args.bc_note or str(args.bc_model))  # fmt: skip
     md = [
         f"# GRPO from a behaviour-cloning warm start: {task}"
         + (" (token VLA)" if args.policy == "token" else ""),
@@ -157,8 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "| model | deterministic | sampled actions |",
         "|---|---|---|",
-        f"| BC warm start ({args.bc_steps} steps, {bc_s / 60:.1f} min) | "
-        f"{before['deterministic']:.3f} | {before['sampled']:.3f} |",
+        f"| BC warm start ({bc_text}) | {before['deterministic']:.3f} | {before['sampled']:.3f} |",
         f"| + GRPO ({len(steps)} steps, {grpo_s / 60:.1f} min) | {after['deterministic']:.3f} | "
         f"{after['sampled']:.3f} |",
         "",
