@@ -180,13 +180,13 @@ def instruction_loss(policy, env_cfg, batches: int = 4) -> dict:
 def approach(policy, env_cfg, episodes: int, seed0: int) -> dict:
     """Greedy held-out episodes (seeds ``seed0 + j``): the gripper's distance to the named
     target at the start, the closest it came to it and to the nearest other target, and the
-    share of episodes whose closest target is the named one (targets[0] of the reach task).
-    None for a task without two targets or more."""
+    share of episodes whose closest target is the named one (targets[0] of the reach task; the
+    last two None without other targets). None for a task without targets."""
     from perceptrl.vla.envs import VecRunner
 
     runner = VecRunner(dataclasses.replace(env_cfg, async_envs=False), seed=seed0)
     envs = [e.unwrapped for e in runner.envs]
-    if envs[0].task.n_targets < 2:
+    if envs[0].task.n_targets < 1:
         runner.close()
         return None
     start, named, other, right = [], [], [], []
@@ -209,15 +209,16 @@ def approach(policy, env_cfg, episodes: int, seed0: int) -> dict:
                         closest[i] = np.minimum(closest[i], gap)
                 live &= ~(res.terminated | res.truncated)
             named.extend(closest[:n, 0].tolist())
-            other.extend(closest[:n, 1:].min(-1).tolist())
-            right.extend((closest[:n].argmin(-1) == 0).tolist())
+            if closest.shape[1] > 1:
+                other.extend(closest[:n, 1:].min(-1).tolist())
+                right.extend((closest[:n].argmin(-1) == 0).tolist())
     finally:
         runner.close()
     return {
         "start_distance": float(np.mean(start)),
         "closest_to_named": float(np.mean(named)),
-        "closest_to_other": float(np.mean(other)),
-        "closest_is_named": float(np.mean(right)),
+        "closest_to_other": float(np.mean(other)) if other else None,
+        "closest_is_named": float(np.mean(right)) if right else None,
         "targets": int(closest.shape[1]),
     }
 
@@ -312,10 +313,12 @@ def add_readouts(args) -> None:
     out = Path(args.out)
     data = json.loads((ROOT / "bench" / "results" / f"{args.name}.json").read_text())
     s = data["settings"]
+    if data["task"] == ALONE:
+        register_alone()
     cfg = bc_config(data["task"], s["bc_steps"], 0, s["overrides"])
     policy = load_policy(last_model(out))
     data.setdefault("instruction", instruction_loss(policy, cfg.env))
-    if "approach" not in data:
+    if not data.get("approach"):
         data["approach"] = approach(
             policy, cfg.env, data["settings"]["episodes"], cfg.env.eval_seed
         )
@@ -382,12 +385,15 @@ def approach_lines(data: dict) -> list[str]:
                 "its place (same scenes and expert actions)."]  # fmt: skip
     a = data.get("approach")
     if a:
-        out += ["", f"Where the greedy policy goes ({s['episodes']} held-out episodes, "
-                f"{a['targets']} targets): it starts {a['start_distance']:.3f} m from the named "
-                f"target, comes within {a['closest_to_named']:.3f} m of it and within "
-                f"{a['closest_to_other']:.3f} m of the nearest other target (success needs "
-                f"0.03 m); the target it comes closest to is the named one in "
-                f"{a['closest_is_named']:.2f} of episodes (chance {1 / a['targets']:.2f})."]  # fmt: skip
+        said = (f"Where the greedy policy goes ({s['episodes']} held-out episodes, "
+                f"{a['targets']} target{'s' if a['targets'] > 1 else ''}): it starts "
+                f"{a['start_distance']:.3f} m from the named target and comes within "
+                f"{a['closest_to_named']:.3f} m of it (success needs 0.03 m)")  # fmt: skip
+        if a["closest_to_other"] is not None:
+            said += (f", within {a['closest_to_other']:.3f} m of the nearest other target; the "
+                     f"target it comes closest to is the named one in {a['closest_is_named']:.2f} "
+                     f"of episodes (chance {1 / a['targets']:.2f})")  # fmt: skip
+        out += ["", said + "."]
     return out
 
 
