@@ -317,7 +317,8 @@ def add_readouts(args) -> None:
         register_alone()
     cfg = bc_config(data["task"], s["bc_steps"], 0, s["overrides"])
     policy = load_policy(last_model(out))
-    data.setdefault("instruction", instruction_loss(policy, cfg.env))
+    if "instruction" not in data:
+        data["instruction"] = instruction_loss(policy, cfg.env)
     if not data.get("approach"):
         data["approach"] = approach(
             policy, cfg.env, data["settings"]["episodes"], cfg.env.eval_seed
@@ -367,7 +368,8 @@ def markdown(data: dict) -> str:
 
 
 def approach_lines(data: dict) -> list[str]:
-    """The read-outs older result files lack: scenes per batch, the BC curves, where it goes."""
+    """The read-outs older result files lack: scenes per batch, the BC curves, the instruction,
+    where it goes."""
     s, out = data["settings"], []
     if "scenes_per_batch" in s:
         out += ["", f"Scenes per BC batch: {s['scenes_per_batch']} episodes in progress, "
