@@ -7,7 +7,10 @@ dialogues, bench/make_plan_base.py) under ``configs/plan_grpo.yaml``; the execut
 scripted oracle (``plan.executor=oracle``), or with ``--executor policy`` frozen VLAs trained
 by this run (``configs/plan_exec_bc.yaml``: behaviour cloning of each primitive's scripted expert
 from entity poses, ``--exec-steps`` steps per family; the planner arms then train and score with
-them). Arms, each in its own process:
+them), or with ``--executor reader`` one frozen VLA for every family that reads its instruction
+(``configs/plan_exec_reader.yaml``: cloned on single subgoals of long-horizon scenes, it finds the
+entities the words name among all of the scene's), which can also be given the whole long
+instruction with no planner. Arms, each in its own process:
 
 * base: the planner base as it is (it has read dialogues, never an image);
 * sft: the warm start on the oracle plans (``--sft-steps``), every trace's subgoals executed;
@@ -18,7 +21,11 @@ them). Arms, each in its own process:
   seed; the planner arms use each family's run with the best success on its own primitive task
   (the evaluation on the primitive's evaluation seeds, none of the held-out composite states;
   the run's best evaluation where it kept one, ``checkpoint.best``, else its last): BC of a
-  placing expert is seed-sensitive at this size.
+  placing expert is seed-sensitive at this size. With ``--executor reader`` one run per seed,
+  ``exec_all_s<seed>``, chosen by its success on single subgoals of its training scenes'
+  evaluation seeds;
+* alone (``--executor reader``): no planner, the executor given the task's long instruction for
+  as many env steps as the oracle plan's subgoals get together (`plan_eval.executor_alone`).
 
 Scored greedily on held-out initial states (the generator's test split: task ids no training
 or validation sample uses, trial seed ``1000 + --seed``): the share of episodes that complete
@@ -28,9 +35,11 @@ subgoal family on that plan, so that planning and execution errors can be told a
 
     python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 10] [--n-test 100]
     python bench/bench_plan.py --executor policy [--exec-steps 1000] [--exec-seeds 0 1 2]
+    python bench/bench_plan.py --executor reader --exec-steps 4000 --exec-seeds 0
 
 Writes bench/results/plan.{json,md,png} and plan_episode.png (a key-frame strip of the best
-planner arm's first completed held-out episode); plan_policy.* with ``--executor policy``.
+planner arm's first completed held-out episode); plan_policy.* with ``--executor policy``,
+plan_reader.* with ``--executor reader``.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import time
 from pathlib import Path
 
 from common import arm_runner, machine, metrics, write_results
@@ -45,8 +55,14 @@ from common import arm_runner, machine, metrics, write_results
 RESULTS = Path(__file__).resolve().parent / "results"
 EXEC_ENVS = {"put": "perceptrl/Put-v0", "stack": "perceptrl/Stack-v0", "push": "perceptrl/Push-v0"}
 """primitive family -> the env its executor is cloned on"""
+EXEC_RECIPES = {
+    "policy": {f: ("plan_exec_bc", env) for f, env in EXEC_ENVS.items()},
+    "reader": {"all": ("plan_exec_reader", "perceptrl/Skills-v0")},
+}
+"""--executor -> {plan.policies key: (recipe, env it is cloned on)}"""
 SFT_ARGS = ["train.lr=3.0e-4", "rollout.prompts_per_step=8"]
-GOALS = {"grpo_minus_sft": 0.20}
+GOALS = {"grpo_minus_sft": 0.20, "grpo_minus_alone": 0.30}
+"""the issue's goals (the second where the executor alone was run: ``--executor reader``)"""
 KEYS = ("planner/success", "planner/progress", "planner/valid", "planner/invalid",
         "planner/subgoals", "planner/executed", "episode/turns_mean")  # fmt: skip
 
@@ -88,6 +104,20 @@ def oracle(samples: list[dict], extra: list[str], retries: int = 0) -> tuple[dic
                    int(scores[f"count/executor/{f}"])] for f in families}  # fmt: skip
     per_sample = {k: float(r["info"]["planner/success"]) for k, r in records.items()}
     return scores, tallies, per_sample
+
+
+def alone(samples: list[dict], extra: list[str]) -> tuple[dict, dict]:
+    """The recipe's executor given each sample's long instruction with no planner: its success
+    per task (and progress) and its success per sample id."""
+    from perceptrl.cli import CONFIGS
+    from perceptrl.vla.plan import plan_settings
+    from perceptrl.vla.plan_eval import executor_alone
+    from perceptrl.wiring import load_config
+
+    settings = plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra))
+    scores, records = executor_alone(settings, samples)
+    scores["planner/progress"] = scores["progress"]
+    return scores, {k: r["info"]["success"] for k, r in records.items()}
 
 
 def episode_strip(samples: list[dict], records: dict, extra: list[str], out: Path) -> dict:
@@ -136,7 +166,7 @@ def main() -> None:
     ap.add_argument("--base", default="assets/vlm_plan_base")
     ap.add_argument("--out", default="runs/bench_plan")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--executor", choices=("oracle", "policy"), default="oracle")
+    ap.add_argument("--executor", choices=("oracle", "policy", "reader"), default="oracle")
     ap.add_argument("--exec-steps", type=int, default=1000, help="BC steps per executor")
     ap.add_argument(
         "--exec-seeds",
@@ -183,16 +213,16 @@ def main() -> None:
     executors: dict[str, Path] = {}
     candidates: dict[str, dict[int, float | None]] = {}  # family: {seed: own-task success}
     chosen: dict[str, int] = {}
-    if args.executor == "policy":
-        for family, env_id in EXEC_ENVS.items():
-            models = {seed: executor_model(out / f"exec_{family}_s{seed}", arm(
-                f"exec_{family}_s{seed}", ["sft", "plan_exec_bc", f"env.id={env_id}",
+    for family, (recipe, env_id) in EXEC_RECIPES.get(args.executor, {}).items():
+        models = {seed: executor_model(out / f"exec_{family}_s{seed}", arm(
+                f"exec_{family}_s{seed}", ["sft", recipe, f"env.id={env_id}",
                 f"train.steps={args.exec_steps}", f"train.seed={seed}", "log.progress=false"]))
                 for seed in args.exec_seeds}  # fmt: skip
-            candidates[family] = {s: own_success(out / f"exec_{family}_s{s}") for s in models}
-            chosen[family] = max(models, key=lambda s: candidates[family][s] or 0.0)
-            executors[family] = models[chosen[family]]
-    executor_args = [f"plan.executor={args.executor}", *args.executor_args]
+        candidates[family] = {s: own_success(out / f"exec_{family}_s{s}") for s in models}
+        chosen[family] = max(models, key=lambda s: candidates[family][s] or 0.0)
+        executors[family] = models[chosen[family]]
+    kind = "oracle" if args.executor == "oracle" else "policy"
+    executor_args = [f"plan.executor={kind}", *args.executor_args]
     executor_args += [f"plan.policies.{f}={p}" for f, p in executors.items()]
     common = [f"train.seed={args.seed}", "log.progress=false", "train.eval_every=0",
               "train.eval_samples=0", f"data.train={train.resolve()}", "data.val=",
@@ -216,10 +246,16 @@ def main() -> None:
     for a, p in arms.items():
         results[a], per_sample[a], records[a] = score(p, test, out / "eval" / a, executor_args)
     results["oracle_plan"], per_family, per_sample["oracle_plan"] = oracle(test, executor_args)
+    if args.executor == "reader":
+        t0 = time.perf_counter()
+        results["alone"], per_sample["alone"] = alone(test, executor_args)
+        wall["alone"] = time.perf_counter() - t0
     data = report_data(args, results, wall, out, len(test))
+    pairs = (("sft", "grpo"), ("sft_more", "grpo"), ("sft", "sft_more"), ("alone", "grpo"),
+             ("alone", "sft"), ("alone", "oracle_plan"))  # fmt: skip
     data["paired"] = {
         f"{b}_minus_{a}": paired_gain(per_sample[a], per_sample[b])
-        for a, b in (("sft", "grpo"), ("sft_more", "grpo"), ("sft", "sft_more"))
+        for a, b in pairs
         if a in per_sample and b in per_sample
     }
     data["settings"].update(executor=args.executor, exec_steps=args.exec_steps,
@@ -227,9 +263,10 @@ def main() -> None:
     data["executor"] = {}
     for f, (ok, tried) in sorted(per_family.items()):
         row: dict = {"in_composites": ok / tried, "subgoals": tried}
-        if f in candidates:
-            row.update(seed=chosen[f], own_task=candidates[f][chosen[f]],
-                       own_task_per_seed={str(s): v for s, v in candidates[f].items()})  # fmt: skip
+        trained = f if f in candidates else "all"  # the reader is one run for every family
+        if trained in candidates:
+            row.update(seed=chosen[trained], own_task=candidates[trained][chosen[trained]],
+                       own_task_per_seed={str(s): v for s, v in candidates[trained].items()})  # fmt: skip
         data["executor"][f] = row
     shown = max(
         ("grpo", "sft", "sft_more"), key=lambda a: results[a]["accuracy"] if a in results else -1
@@ -275,6 +312,12 @@ def success_table(results: dict, reference: str = "oracle_plan") -> dict:
 def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict:
     success = success_table(results)
     gap = success["grpo"]["all"] - success["sft"]["all"]
+    gaps = {
+        "grpo_minus_sft": gap,
+        "grpo_minus_alone": (
+            success["grpo"]["all"] - success["alone"]["all"] if "alone" in success else None
+        ),
+    }
     return {
         "machine": machine(note="2 CPU cores"),
         "settings": {
@@ -304,13 +347,20 @@ def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict
                 else None
             ),
             "oracle_minus_grpo": success["oracle_plan"]["all"] - success["grpo"]["all"],
+            "grpo_minus_alone": gaps["grpo_minus_alone"],
         },
-        "goals": {k: {"goal": v, "met": gap >= v} for k, v in GOALS.items()},
+        "goals": {
+            k: {"goal": v, "met": gaps[k] >= v} for k, v in GOALS.items() if gaps[k] is not None
+        },
         "grpo": grpo_summary(metrics(out / "grpo")),
     }
 
 
 def executor_text(s: dict) -> str:
+    if s.get("executor") == "reader":
+        return (f"one frozen state VLA for every subgoal family that reads its instruction "
+                f"(configs/plan_exec_reader.yaml, {s['exec_steps']} BC steps, best of seeds "
+                f"{s['exec_seeds']}), for both training and scoring")  # fmt: skip
     if s.get("executor") == "policy":
         return (f"frozen state VLAs cloned from the scripted experts (configs/plan_exec_bc.yaml, "
                 f"{s['exec_steps']} steps per family, best of seeds {s['exec_seeds']}), for both "
@@ -351,6 +401,13 @@ def markdown(d: dict) -> str:
         + (
             f"; GRPO minus the equal-time SFT control (sft_more): {g['grpo_minus_sft_more']:+.3f}"
             if g.get("grpo_minus_sft_more") is not None
+            else ""
+        )
+        + (
+            f"; GRPO minus the executor alone on the long instruction: "
+            f"{g['grpo_minus_alone']:+.3f} (goal +{GOALS['grpo_minus_alone']:.2f}: "
+            f"{'met' if d['goals']['grpo_minus_alone']['met'] else 'not met'})"
+            if g.get("grpo_minus_alone") is not None
             else ""
         )
         + ". Wall time: "

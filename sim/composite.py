@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .scene import BLOCK_HALF, BOWL_RADIUS, ZONE_RADIUS
+from .scene import BLOCK_HALF, BOWL_RADIUS, COLOURS, ZONE_RADIUS
 from .tasks import (
     BLOCK_R,
     Layout,
@@ -45,6 +45,10 @@ from .tasks import (
 
 POSE_SIZE = 7
 """numbers per entity in a state observation's ``objects`` (position 3, quaternion 4)"""
+ENTITY_KINDS = ("blocks", "bowls", "zones", "targets")
+"""entity kinds in the order a state observation lists them"""
+ENTITY_SIZE = POSE_SIZE + len(ENTITY_KINDS) + len(COLOURS)
+"""numbers per entity with ``entity_features``: pose, kind one-hot, colour one-hot (`COLOURS`)"""
 PRIMITIVES = ("put", "stack", "push")
 """primitive families a composite is made of (their success persists after the release)"""
 KIND_OF_GOAL = {"put": "bowls", "stack": "blocks", "push": "zones"}
@@ -349,5 +353,17 @@ COMPOSITES = {
 """registered composites: name -> `composite_task` arguments (2 and 3 subgoals, three
 primitive families)"""
 
-for _name, _kw in COMPOSITES.items():
+SKILL_SCENES = {
+    "skills": dict(
+        subgoals=[("push", 0, 1), ("put", 1, 1), ("stack", 2, 3)],
+        n_blocks=4,
+        n_bowls=2,
+        n_zones=2,
+    ),
+}
+"""scenes to train one executor for every primitive family in (with ``subgoal_focus``): every
+family, the most blocks of a composite and as many entities as there are colours; not planner
+tasks (`COMPOSITES` are)"""
+
+for _name, _kw in {**COMPOSITES, **SKILL_SCENES}.items():
     register_task(composite_task(_name, **_kw))

@@ -5,7 +5,9 @@ Observation (``obs_mode="rgb"``): Dict of ``agentview`` and ``wrist`` uint8 imag
 ``instruction`` (gymnasium ``Text``). ``obs_mode="state"`` renders nothing and gives ``objects``
 float32 (n_entities * 7,) = position + quaternion of every block, bowl, zone and target, in that
 order, task-relevant entity first of each kind (see ``sim.tasks``), plus ``proprio`` and
-``instruction``.
+``instruction``. With ``entity_features`` each entity's pose is followed by its kind and colour
+(one-hot; `composite.ENTITY_SIZE` numbers per entity), in the scene's own order whatever the
+focus: a policy finds the entities an instruction names by reading it.
 
 Reward: ``reward_mode="sparse"`` gives 1.0 on the step that succeeds (the episode terminates);
 ``"dense"`` adds the mean of the shaping terms. Every term is in ``info["reward/<term>"]``.
@@ -20,6 +22,9 @@ subgoal's, success and shaping are the primitive's, ``world()`` and the state-mo
 list the entities in the primitive's order (subject first, see ``composite.view_order``), so a
 primitive executor and the scripted expert run a subgoal unchanged. ``scene_world()`` is the
 scene in its own order; ``subgoals_done()`` counts the task's subgoals that hold in order.
+``subgoal_focus`` starts every episode of a composite task focused on one of its subgoals that
+can be executed from the initial state, drawn with the layout and phrased by a random template
+of its primitive: single-subgoal episodes in long-horizon scenes, to clone an executor on.
 
 Snapshots: ``get_state()`` returns everything ``step`` and ``reset`` read besides their arguments
 (MuJoCo's full integration state, the layout, the controller's targets, ``np_random``), and
@@ -38,7 +43,16 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
-from .composite import POSE_SIZE, Subgoal, focus_world, progress, view_order
+from .composite import (
+    ENTITY_KINDS,
+    ENTITY_SIZE,
+    POSE_SIZE,
+    Subgoal,
+    check_subgoal,
+    focus_world,
+    progress,
+    view_order,
+)
 from .render import make_renderer
 from .robot import ControlConfig, Robot
 from .scene import COLOURS, SceneSpec, build_model
@@ -79,6 +93,13 @@ class ManipEnvConfig:
     privileged_state: bool = False
     """rgb mode also returns the entity poses as ``objects`` (as in state mode), for an
     asymmetric critic that learns values from the true state; a policy must not act on them"""
+    entity_features: bool = False
+    """``objects`` lists each entity's pose, kind and colour (`composite.ENTITY_SIZE` numbers),
+    in the scene's order even under a focus: for a policy that reads which entities the
+    instruction names instead of taking them from the order"""
+    subgoal_focus: bool = False
+    """a composite task's episodes start focused on one of its subgoals executable from the
+    initial state (see the module docstring); primitive tasks ignore it"""
     control: str = "ee"
     """"ee": (dx, dy, dz, dyaw, gripper); "joint": (q1..q7, gripper), all in [-1, 1]"""
     reward_mode: str = "sparse"
@@ -201,8 +222,9 @@ class ManipEnv(gym.Env):
             for cam in cfg.cameras:
                 obs[cam] = spaces.Box(0, 255, (cfg.height, cfg.width, 3), np.uint8)
         if cfg.obs_mode == "state" or cfg.privileged_state:
+            size = ENTITY_SIZE if cfg.entity_features else POSE_SIZE
             obs["objects"] = spaces.Box(
-                -OBJ_BOUND, OBJ_BOUND, (self.n_entities * POSE_SIZE,), np.float32
+                -OBJ_BOUND, OBJ_BOUND, (self.n_entities * size,), np.float32
             )
         obs["proprio"] = spaces.Box(PROPRIO_LOW, PROPRIO_HIGH, (8,), np.float32)
         obs["instruction"] = InstructionText(MAX_INSTRUCTION, min_length=1, charset=CHARSET)
@@ -225,11 +247,24 @@ class ManipEnv(gym.Env):
         self._set_focus(None)
         self._apply_layout(self.layout)
         self._warnings = self._warning_count()
+        if self.cfg.subgoal_focus and self.task.subgoals:
+            self._focus_subgoal(pos_rng)
         obs, info = self._observe(), self._info(self.world())
-        info["instruction"] = self.layout.instruction
+        info["instruction"] = self._focus_text or self.layout.instruction
         if tid is not None:
             info["task_id"], info["trial_id"] = tid, trial
         return obs, info
+
+    def _focus_subgoal(self, rng: np.random.Generator) -> None:
+        """``subgoal_focus``: focus one of the task's subgoals that can be executed now, in a
+        random paraphrase (both drawn from ``rng``, the layout's)."""
+        world = self.scene_world()
+        ready = [s for s in self.task.subgoals if check_subgoal(world, s) is None]
+        if not ready:  # no layout leaves every subgoal blocked; keep the task if one did
+            return
+        sub = ready[int(rng.integers(len(ready)))]
+        template = int(rng.integers(len(get_task(sub.family).templates)))
+        self._set_focus(sub, sub.text(self.layout.colours, template))
 
     def _indices(self, options: dict) -> tuple[int | None, int]:
         """(task_id, trial_id) from reset options; list values (one per env of a vector env)
@@ -488,7 +523,11 @@ class ManipEnv(gym.Env):
         if self.cfg.obs_mode == "rgb":
             for cam in self.cfg.cameras:
                 obs[cam] = self._render(cam)
-        if self.cfg.obs_mode == "state" or self.cfg.privileged_state:
+        if (self.cfg.obs_mode == "state" or self.cfg.privileged_state) and (
+            self.cfg.entity_features
+        ):
+            obs["objects"] = self._entity_features()
+        elif self.cfg.obs_mode == "state" or self.cfg.privileged_state:
             order = self._order or {}
             blocks = self.block_qadr[order.get("blocks", slice(None))]
             poses = [np.concatenate([d.qpos[a : a + 3], d.qpos[a + 3 : a + 7]]) for a in blocks]
@@ -501,6 +540,27 @@ class ManipEnv(gym.Env):
         obs["proprio"] = np.clip(self.robot.proprio(d), PROPRIO_LOW, PROPRIO_HIGH)
         obs["instruction"] = self._focus_text or self.layout.instruction
         return obs
+
+    def _entity_features(self) -> np.ndarray:
+        """``entity_features``: per entity in scene order, pose (7), kind (one-hot over
+        `ENTITY_KINDS`) and colour (one-hot over `COLOURS`)."""
+        d, names = self.data, list(COLOURS)
+        rows = []
+        for kind in ENTITY_KINDS:
+            if kind == "blocks":
+                poses = [d.qpos[a : a + 7] for a in self.block_qadr]
+            else:
+                ids = self.mocap[kind[:-1]]
+                poses = [np.concatenate([d.mocap_pos[i], d.mocap_quat[i]]) for i in ids]
+            for i, pose in enumerate(poses):
+                row = np.zeros(ENTITY_SIZE, np.float32)
+                row[:POSE_SIZE] = np.clip(pose, -OBJ_BOUND, OBJ_BOUND)
+                row[POSE_SIZE + ENTITY_KINDS.index(kind)] = 1.0
+                colour = self.layout.colours.get(kind, [])
+                if i < len(colour):
+                    row[POSE_SIZE + len(ENTITY_KINDS) + names.index(colour[i])] = 1.0
+                rows.append(row)
+        return np.concatenate(rows)
 
     def _render(self, camera: str) -> np.ndarray:
         if self._renderer is None:

@@ -182,6 +182,9 @@ class WarpEnv:
             )
         if kwargs.get("render_mode") is not None:
             raise ValueError("WarpEnv has no render_mode; its observations carry the images")
+        for name in ("entity_features", "subgoal_focus"):
+            if kwargs.get(name):
+                raise ValueError(f"WarpEnv has no {name}; use env.backend=mujoco for it")
         spec = gym.spec(env_id)
         self.env_id, self.n = env_id, n
         self.host = ManipEnv(**{**spec.kwargs, **kwargs})

@@ -1,6 +1,6 @@
 """`CompactVLA`: a small vision-language-action policy that learns in minutes on a CPU.
 
-Image (or entity-pose) encoder FiLM-conditioned on the instruction, proprio input, a diagonal
+Image (or entity-pose, or entity-token) encoder FiLM-conditioned on the instruction, proprio input, a diagonal
 Gaussian action head with a state-independent log-std, and a value head on a shared trunk, or
 (``critic="state"``) an asymmetric critic: a separate MLP that reads the simulator's true entity
 poses (Pinto et al. 2018), while the actor still sees only pixels, proprio and the instruction.
@@ -12,6 +12,10 @@ before the policy gradient alone would. Neither changes what the actor reads.
 Image encoders: ``cnn`` (Nature-CNN, flattened features) or ``keypoint`` (three convolutions
 at 32x32 / 16x16 followed by a spatial softmax: each channel becomes the expected (x, y) image
 position of its activation, which makes "where is the named object" a direct input).
+State encoders: ``state`` (an MLP on the entity poses, whose order names the subject: entity 0)
+or ``entities`` (`EntityReader`: every entity a token of its pose, kind and colour, in the scene's
+own order; queries made from the instruction attend over them, so the policy finds the entities
+the instruction names by their words: one policy for any subgoal of a scene).
 
 Observations travel as a dict of tensors (see :meth:`CompactVLA.observe`): ``image``
 [N, H, W, 3 * cameras] uint8 (the env's cameras stacked on channels, kept uint8 until the forward;
@@ -39,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from ..sim.composite import ENTITY_SIZE, POSE_SIZE
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
 from .config import AUX, CRITICS, ENCODERS, HEADS, IMAGE_ENCODERS, VLAConfig
@@ -158,6 +163,36 @@ class InstructionEncoder(nn.Module):
         return out[torch.arange(len(words), device=words.device), lens - 1]
 
 
+class EntityReader(nn.Module):
+    """Entity tokens [N, E, ENTITY_SIZE] (normalised pose, kind and colour one-hots), the tool
+    centre point [N, 3] and the instruction embedding [N, C] -> features [N, H].
+
+    Each entity becomes a token (an MLP of its features and its offset from the gripper);
+    ``heads`` queries made from the instruction each attend over the entities (scaled dot
+    product, softmax over E: any number of entities, in any order), and the attended tokens,
+    concatenated, are projected to H. With two or more heads one can find the subject and
+    another the goal."""
+
+    def __init__(self, cond_dim: int, hidden: int, heads: int = 4):
+        super().__init__()
+        self.heads, self.hidden = heads, hidden
+        self.token = nn.Sequential(
+            nn.Linear(ENTITY_SIZE + 3, hidden), nn.ReLU(), nn.Linear(hidden, hidden)
+        )
+        self.key = nn.Linear(hidden, hidden)
+        self.query = nn.Linear(cond_dim, heads * hidden)
+        self.out = nn.Linear(heads * hidden, hidden)
+
+    def forward(self, entities: Tensor, tcp: Tensor, cond: Tensor) -> Tensor:
+        N = len(entities)
+        tok = self.token(torch.cat([entities, entities[..., :3] - tcp[:, None]], -1))  # (N, E, H)
+        q = self.query(cond).view(N, self.heads, self.hidden)  # (N, heads, H)
+        att = torch.softmax(
+            torch.einsum("nqh,neh->nqe", q, self.key(tok)) / self.hidden**0.5, -1
+        )  # (N, heads, E)
+        return self.out(torch.einsum("nqe,neh->nqh", att, tok).flatten(1))  # (N, H)
+
+
 def _check_spec(spec: CompactSpec) -> None:
     """The names a spec built without a recipe may still get wrong, and the privileged options
     without the poses they read."""
@@ -173,6 +208,17 @@ def _check_spec(spec: CompactSpec) -> None:
             raise ValueError(
                 f"{what} reads the true entity poses; set env.privileged_state=true (rgb "
                 "mode) so the env returns them"
+            )
+    if spec.vla.encoder == "entities":
+        if spec.objects_dim <= 0 or spec.objects_dim % ENTITY_SIZE:
+            raise ValueError(
+                f"vla.encoder=entities reads {ENTITY_SIZE} numbers per entity; objects_dim="
+                f"{spec.objects_dim} (set env.obs_mode=state and env.entity_features=true)"
+            )
+        if spec.vla.aux != "none":
+            raise ValueError(
+                "vla.aux=subject regresses entity 0, which vla.encoder=entities does not "
+                "treat as the subject (its entities are in the scene's order); use vla.aux=none"
             )
 
 
@@ -203,6 +249,9 @@ class CompactVLA(nn.Module):
             with torch.no_grad():
                 n_feat = self._cnn(torch.zeros(1, 3, spec.image_size, spec.image_size), None)
             self.feat = nn.Linear(n_feat.shape[1] * spec.cameras, H)
+        elif spec.vla.encoder == "entities":
+            self.reader = EntityReader(E, H)
+            self.films = nn.ModuleList([FiLM(E, H)])
         else:
             if spec.objects_dim <= 0:
                 raise ValueError("the state encoder needs objects_dim > 0 (obs_mode=state)")
@@ -254,8 +303,9 @@ class CompactVLA(nn.Module):
         p[:, :3] = (p[:, :3] - c) / POS_SCALE
         if p.shape[1] == 8:
             p[:, 7] = p[:, 7] * 100.0
-        if objects is not None and objects.shape[1] % 7 == 0:
-            o = objects.reshape(len(objects), -1, 7).clone()  # (N, entities, 7)
+        size = ENTITY_SIZE if self.spec.vla.encoder == "entities" else POSE_SIZE
+        if objects is not None and objects.shape[1] % size == 0:
+            o = objects.reshape(len(objects), -1, size).clone()  # (N, entities, size)
             o[..., :3] = (o[..., :3] - c) / POS_SCALE
             objects = o.flatten(1)
         return p, objects
@@ -281,6 +331,9 @@ class CompactVLA(nn.Module):
             img = obs["image"].permute(0, 3, 1, 2).float() / 255.0 - 0.5  # (N, 3C, H, W)
             feats = self._cnn(img.reshape(N * C, 3, S, S), cond.repeat_interleave(C, 0))
             h = self.feat(feats.reshape(N, -1))  # (N*C, F) -> (N, C*F) -> (N, H)
+        elif self.spec.vla.encoder == "entities":
+            entities = objects.reshape(len(objects), -1, ENTITY_SIZE)  # (N, E, ENTITY_SIZE)
+            h = self.films[0](self.reader(entities, proprio[:, :3], cond), cond)
         else:
             h = self.feat(torch.cat([objects, proprio], dim=-1))
             h = self.films[0](h, cond)

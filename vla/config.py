@@ -16,7 +16,7 @@ REWARD_MODES = ("sparse", "dense")
 POLICIES = ("compact", "token")
 BACKENDS = ("mujoco", "warp")
 IMAGE_ENCODERS = ("cnn", "keypoint")
-ENCODERS = (*IMAGE_ENCODERS, "state")
+ENCODERS = (*IMAGE_ENCODERS, "state", "entities")
 INSTRUCTION_ENCODERS = ("bag", "gru")
 CRITICS = ("shared", "state")
 AUX = ("none", "subject")
@@ -51,6 +51,12 @@ class EnvConfig:
     """rgb mode: the env also returns the true entity poses, for ``vla.critic=state`` (an
     asymmetric critic) and ``vla.aux``; the actor never reads them, so a trained policy also
     acts (evaluates, deploys) on an env without them"""
+    entity_features: bool = False
+    """state mode: each entity's pose comes with its kind and colour, in the scene's own order
+    (for ``vla.encoder=entities``, which finds the named entities by reading the instruction)"""
+    subgoal_focus: bool = False
+    """long-horizon tasks: each episode is one of the task's subgoals executable from the
+    initial state, with its primitive's instruction and success (to train an executor)"""
     control: str = choice("ee", CONTROLS)
     """action space: ee (dx, dy, dz, dyaw, gripper) | joint (q1..q7, gripper)"""
     reward_mode: str = choice("sparse", REWARD_MODES)
@@ -82,7 +88,7 @@ class VLAConfig:
     """token policy: action tokens per action dimension (uniform bins on [-1, 1]; OpenVLA uses
     256; an odd count has a bin centred on 0, the no-op of a delta action)"""
     encoder: str = choice("cnn", ENCODERS)
-    """compact policy observation encoder: cnn (camera images) | keypoint (CNN + spatial softmax) | state (entity poses, MLP)"""
+    """compact policy observation encoder: cnn (camera images) | keypoint (CNN + spatial softmax) | state (entity poses, MLP) | entities (attention over entity tokens of pose, kind and colour, queried by the instruction; needs env.entity_features=true)"""
     channels: list[int] = field(default_factory=lambda: [32, 64, 64])
     """CNN channels of the three conv layers (8x8/4, 4x4/2, 3x3/1), each FiLM-conditioned"""
     hidden: int = 256
@@ -135,7 +141,9 @@ class PlanConfig:
     """what executes a subgoal: oracle (the scripted experts: an upper bound) | policy (frozen
     VLA policies from plan.policies)"""
     policies: dict[str, str] = field(default_factory=dict)
-    """primitive family (put, stack, push) -> directory of a VLA saved by a VLA recipe"""
+    """primitive family (put, stack, push) -> directory of a VLA saved by a VLA recipe, or
+    ``all`` -> one that reads its instruction for every family (vla.encoder=entities,
+    configs/plan_exec_reader.yaml)"""
     subgoal_steps: int = 0
     """env steps the executor gets per subgoal (0: the primitive task's time limit)"""
     home: str = choice("auto", ("auto", "always", "never"))

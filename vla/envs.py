@@ -81,6 +81,9 @@ def env_kwargs(cfg: EnvConfig) -> dict:
         width=cfg.image_size, height=cfg.image_size, cameras=tuple(cfg.cameras),
         privileged_state=cfg.privileged_state,
     )  # fmt: skip
+    for name in ("entity_features", "subgoal_focus"):  # only when set: the warp env lacks them
+        if getattr(cfg, name):
+            kw[name] = True
     if cfg.max_episode_steps > 0:
         kw["max_episode_steps"] = cfg.max_episode_steps
     return kw

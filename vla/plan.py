@@ -15,7 +15,8 @@ the agent-view image and the long instruction. Each policy turn is read as:
 * ``<done/>`` ends the episode; a turn with neither gets an error observation too.
 
 Executors: ``oracle`` (the scripted experts on the focused subgoal: the upper bound) or frozen
-VLA policies saved by the VLA recipes, one per primitive family (`PolicyExecutor`). A
+VLA policies saved by the VLA recipes, one per primitive family or one that reads the subgoal's
+words for all (`PolicyExecutor`). A
 non-finite action becomes a no-op and is counted; a physics blow-up ends the subgoal as failed
 and puts the scene back as it was before it (``planner/unstable``). After each subgoal the
 gripper rises clear (the scripted `sim.expert.clear_action`) so the next starts from free space;
@@ -99,9 +100,11 @@ class OracleExecutor:
 
 
 class PolicyExecutor:
-    """Frozen VLA policies, one per primitive family (``plan.policies``), acting
-    deterministically on the focused env's observation; state-mode entity poses are cut to the
-    primitive's own scene (`sim.composite.view_objects`)."""
+    """Frozen VLA policies acting deterministically on the focused env's observation: one per
+    primitive family, whose state-mode entity poses are cut to the primitive's own scene
+    (`sim.composite.view_objects`), or one instruction-reading policy for every family
+    (``vla.encoder=entities``, ``plan.policies.all``: it reads the whole scene with each entity's
+    kind and colour, and the subgoal's words)."""
 
     name = "policy"
     from_home = True
@@ -112,14 +115,28 @@ class PolicyExecutor:
         self.policies = policies
         for p in policies.values():
             p.eval()
+        self.entity_features = bool(policies) and all(reads_entities(p) for p in policies.values())
+        """the policies find their entities by the instruction (the envs must give each
+        entity's kind and colour: ``ManipEnv(entity_features=True)``)"""
 
     def can(self, family: str) -> bool:
-        return family in self.policies
+        return family in self.policies or ALL in self.policies
 
     def start(self, env) -> Callable[[dict], np.ndarray]:
-        family = env.focused.family
-        policy = self.policies[family]
-        counts, prim = task_counts(env.task), task_counts(get_task(family))
+        """The actor of the focused subgoal, or with no focus (the executor alone on the task's
+        long instruction) of the instruction-reading policy."""
+        if env.focused is None:
+            if ALL not in self.policies:
+                raise ValueError(
+                    "the executor alone on a long instruction needs one policy that reads it "
+                    "(plan.policies.all=<dir> of a vla.encoder=entities policy)"
+                )
+            policy = self.policies[ALL]
+        else:
+            policy = self.policies.get(env.focused.family) or self.policies[ALL]
+        cut = None
+        if not reads_entities(policy):
+            cut = task_counts(env.task), task_counts(get_task(env.focused.family))
         dim = env.action_space.shape[0]
         to_env = getattr(policy, "env_action", None)
 
@@ -127,7 +144,7 @@ class PolicyExecutor:
             images = {k: v[None] for k, v in obs.items() if k in env.cfg.cameras}
             objects = obs.get("objects")
             if objects is not None:
-                objects = view_objects(objects, counts, prim)[None]
+                objects = (objects if cut is None else view_objects(objects, *cut))[None]
             batch = Batch(images, obs["proprio"][None], objects, [obs["instruction"]])
             action, _, _ = policy.act(policy.observe(batch), deterministic=True)
             if to_env is not None:
@@ -137,8 +154,18 @@ class PolicyExecutor:
         return act
 
 
+ALL = "all"
+"""``plan.policies`` key of one policy for every family (an instruction-reading one)"""
+
+
+def reads_entities(policy) -> bool:
+    """The policy finds its entities by the instruction (``vla.encoder=entities``)."""
+    return getattr(getattr(getattr(policy, "spec", None), "vla", None), "encoder", "") == "entities"
+
+
 def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
-    """``oracle``, or ``policy`` with saved VLA directories per family."""
+    """``oracle``, or ``policy`` with saved VLA directories per family (or ``all``: one
+    instruction-reading policy)."""
     if kind == "oracle":
         return OracleExecutor()
     if kind != "policy":
@@ -149,11 +176,19 @@ def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
 
     loaded = {}
     for family, path in policies.items():
-        if family not in PRIMITIVES:
+        if family not in (*PRIMITIVES, ALL):
             raise ValueError(
-                f"plan.policies.{family}: not a subgoal family; valid: {', '.join(PRIMITIVES)}"
+                f"plan.policies.{family}: not a subgoal family; valid: "
+                f"{', '.join(PRIMITIVES)} | {ALL}"
             )
         loaded[family] = policy = load_policy(Path(path), device)
+        if family == ALL or reads_entities(policy):
+            if not reads_entities(policy):
+                raise ValueError(
+                    f"plan.policies.{ALL}={path} does not read its instruction to find the "
+                    "entities (train it with vla.encoder=entities: configs/plan_exec_reader.yaml)"
+                )
+            continue
         got = getattr(getattr(policy, "spec", None), "objects_dim", 0)
         want = POSE_SIZE * sum(task_counts(get_task(family)).values())
         if got and got != want:
@@ -163,6 +198,11 @@ def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
                 f"Clone each family's executor on its own env (configs/plan_exec_bc.yaml "
                 f"env.id=perceptrl/{family.capitalize()}-v0)"
             )
+    if len({reads_entities(p) for p in loaded.values()}) > 1:
+        raise ValueError(
+            "plan.policies mixes instruction-reading policies (vla.encoder=entities) with "
+            "per-family ones; their envs observe differently: use one kind"
+        )
     return PolicyExecutor(loaded)
 
 
@@ -271,6 +311,7 @@ class PlanEnv:
                 width=s.image_size,
                 height=s.image_size,
                 cameras=tuple(s.cameras),
+                entity_features=getattr(s.executor, "entity_features", False),
             ).unwrapped  # fmt: skip  (no time limit: the planner's budgets bound an episode)
         return self._envs[task]
 

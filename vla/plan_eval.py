@@ -80,6 +80,55 @@ def oracle_plan(settings, samples: list[dict], retries: int = 0) -> tuple[dict, 
     return scores, records
 
 
+def executor_alone(settings, samples: list[dict]) -> tuple[dict, dict]:
+    """The executor given the whole long instruction, with no planner: from each sample's
+    initial state the instruction-reading policy (``plan.policies.all``) acts on the task's own
+    instruction for as many env steps as the oracle plan's subgoals get together (each its
+    primitive's time limit, or ``plan.subgoal_steps``), until the task succeeds or the physics
+    blows up. Returns (scores: ``accuracy``, ``accuracy/<task>``, ``progress`` (the share of
+    subgoals that hold in order at the end), ``count``; records: sample id -> {"info": success,
+    progress, env steps})."""
+
+    from ..sim.tasks import get_task
+    from .plan import PlanEnv
+
+    env = PlanEnv(settings)
+    by_task: dict[str, list[float]] = {}
+    progress: list[float] = []
+    records: dict[str, dict] = {}
+    for i, s in enumerate(samples):
+        env.reset([s])
+        scene = env.scene(0)
+        obs = scene.focus(None)
+        act = settings.executor.start(scene)
+        subs = scene.task.subgoals
+        limit = sum(settings.subgoal_steps or get_task(g.family).max_episode_steps for g in subs)
+        steps, ok, unstable = 0, False, False
+        while steps < limit and not (ok or unstable):
+            for a in act(obs):
+                obs, _, _, _, info = scene.step(a)  # the env clips, NaN -> 0
+                steps += 1
+                ok, unstable = bool(info["success"]), bool(info["sim_unstable"])
+                if ok or unstable or steps >= limit:
+                    break
+        done = scene.subgoals_done() / len(subs)
+        by_task.setdefault(str(s.get("family", "all")), []).append(float(ok))
+        progress.append(done)
+        records[str(s.get("id", f"#{i}"))] = {
+            "info": {"success": float(ok), "progress": done, "env_steps": steps,
+                     "unstable": float(unstable)},
+        }  # fmt: skip
+    every = [v for vs in by_task.values() for v in vs]
+    scores = {
+        "accuracy": sum(every) / max(1, len(every)),
+        "progress": sum(progress) / max(1, len(progress)),
+        "count": float(len(every)),
+    }
+    for task, vs in sorted(by_task.items()):
+        scores[f"accuracy/{task}"] = sum(vs) / len(vs)
+    return scores, records
+
+
 def compare(cfgs: dict, out_dir: Path) -> dict:
     """Planners (name -> recipe whose ``model.path`` is one) and the oracle plan on the first
     recipe's held-out states; see the module docstring. Returns ``{"table", "files"}``."""

@@ -37,15 +37,27 @@ def build_policy(cfg, runner: VecRunner, run_dir: str | Path | None = None):
         raise ConfigError(f"vla.policy={cfg.vla.policy!r}; valid: compact | token")
     if cfg.model.path:
         policy = CompactVLA.from_pretrained(Path(cfg.model.path).expanduser(), device=device)
+        _check_entities(policy.spec.vla.encoder, cfg.env.entity_features)
         if policy.spec.chunk != cfg.env.action_chunk:
             raise ConfigError(
                 f"model.path holds a policy with action chunk {policy.spec.chunk}; the recipe "
                 f"has env.action_chunk={cfg.env.action_chunk}"
             )
         return policy
+    _check_entities(cfg.vla.encoder, cfg.env.entity_features)
     spaces = {"action": runner.action_space, "observation": runner.observation_space}
     spec = spec_from_config(cfg.vla, spaces, cfg.env.action_chunk, cfg.env.image_size)
     return build_compact(spec).to(device)
+
+
+def _check_entities(encoder: str, entity_features: bool) -> None:
+    """The entity encoder reads kinds and colours that only ``env.entity_features`` gives, and
+    every other encoder reads seven numbers per entity."""
+    if (encoder == "entities") != entity_features:
+        raise ConfigError(
+            f"vla.encoder={encoder} with env.entity_features={str(entity_features).lower()}: "
+            "the entities encoder needs env.entity_features=true and no other encoder reads it"
+        )
 
 
 def build_token_policy(cfg, runner: VecRunner, device, run_dir=None):
