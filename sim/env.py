@@ -6,8 +6,8 @@ Observation (``obs_mode="rgb"``): Dict of ``agentview`` and ``wrist`` uint8 imag
 float32 (n_entities * 7,) = position + quaternion of every block, bowl, zone and target, in that
 order, task-relevant entity first of each kind (see ``sim.tasks``), plus ``proprio`` and
 ``instruction``. With ``entity_features`` each entity's pose is followed by its kind and colour
-(one-hot; `composite.ENTITY_SIZE` numbers per entity), in the scene's own order whatever the
-focus: a policy finds the entities an instruction names by reading it.
+(one-hot; `composite.ENTITY_SIZE` numbers per entity): a policy that is blind to the order of
+the entities (`vla.compact.EntityReader`) finds the ones an instruction names by reading it.
 
 Reward: ``reward_mode="sparse"`` gives 1.0 on the step that succeeds (the episode terminates);
 ``"dense"`` adds the mean of the shaping terms. Every term is in ``info["reward/<term>"]``.
@@ -94,9 +94,9 @@ class ManipEnvConfig:
     """rgb mode also returns the entity poses as ``objects`` (as in state mode), for an
     asymmetric critic that learns values from the true state; a policy must not act on them"""
     entity_features: bool = False
-    """``objects`` lists each entity's pose, kind and colour (`composite.ENTITY_SIZE` numbers),
-    in the scene's order even under a focus: for a policy that reads which entities the
-    instruction names instead of taking them from the order"""
+    """``objects`` lists each entity's pose, kind and colour (`composite.ENTITY_SIZE` numbers):
+    for a policy that reads which entities the instruction names instead of taking them from
+    the order"""
     subgoal_focus: bool = False
     """a composite task's episodes start focused on one of its subgoals executable from the
     initial state (see the module docstring); primitive tasks ignore it"""
@@ -523,44 +523,35 @@ class ManipEnv(gym.Env):
         if self.cfg.obs_mode == "rgb":
             for cam in self.cfg.cameras:
                 obs[cam] = self._render(cam)
-        if (self.cfg.obs_mode == "state" or self.cfg.privileged_state) and (
-            self.cfg.entity_features
-        ):
-            obs["objects"] = self._entity_features()
-        elif self.cfg.obs_mode == "state" or self.cfg.privileged_state:
-            order = self._order or {}
-            blocks = self.block_qadr[order.get("blocks", slice(None))]
-            poses = [np.concatenate([d.qpos[a : a + 3], d.qpos[a + 3 : a + 7]]) for a in blocks]
-            for kind in ("bowl", "zone", "target"):
-                ids = self.mocap[kind][order.get(kind + "s", slice(None))]
-                poses += [np.concatenate([d.mocap_pos[i], d.mocap_quat[i]]) for i in ids]
-            obs["objects"] = np.clip(np.concatenate(poses), -OBJ_BOUND, OBJ_BOUND).astype(
-                np.float32
-            )
+        if self.cfg.obs_mode == "state" or self.cfg.privileged_state:
+            obs["objects"] = self._objects()
         obs["proprio"] = np.clip(self.robot.proprio(d), PROPRIO_LOW, PROPRIO_HIGH)
         obs["instruction"] = self._focus_text or self.layout.instruction
         return obs
 
-    def _entity_features(self) -> np.ndarray:
-        """``entity_features``: per entity in scene order, pose (7), kind (one-hot over
-        `ENTITY_KINDS`) and colour (one-hot over `COLOURS`)."""
-        d, names = self.data, list(COLOURS)
-        rows = []
+    def _objects(self) -> np.ndarray:
+        """The state observation's entities in the view's order (the scene's without a focus):
+        position and quaternion each, and with ``entity_features`` its kind and colour
+        (one-hot over `ENTITY_KINDS` and `COLOURS`)."""
+        d, order, names = self.data, self._order or {}, list(COLOURS)
+        counts, rows = task_counts(self.task), []
         for kind in ENTITY_KINDS:
+            at = np.arange(counts[kind])[order.get(kind, slice(None))]
             if kind == "blocks":
-                poses = [d.qpos[a : a + 7] for a in self.block_qadr]
+                poses = [d.qpos[a : a + 7] for a in self.block_qadr[at]]
             else:
-                ids = self.mocap[kind[:-1]]
+                ids = self.mocap[kind[:-1]][at]
                 poses = [np.concatenate([d.mocap_pos[i], d.mocap_quat[i]]) for i in ids]
-            for i, pose in enumerate(poses):
-                row = np.zeros(ENTITY_SIZE, np.float32)
-                row[:POSE_SIZE] = np.clip(pose, -OBJ_BOUND, OBJ_BOUND)
+            for i, pose in zip(at, poses, strict=True):
+                if not self.cfg.entity_features:
+                    rows.append(pose)
+                    continue
+                row = np.zeros(ENTITY_SIZE)
+                row[:POSE_SIZE] = pose
                 row[POSE_SIZE + ENTITY_KINDS.index(kind)] = 1.0
-                colour = self.layout.colours.get(kind, [])
-                if i < len(colour):
-                    row[POSE_SIZE + len(ENTITY_KINDS) + names.index(colour[i])] = 1.0
+                row[POSE_SIZE + len(ENTITY_KINDS) + names.index(self.layout.colours[kind][i])] = 1
                 rows.append(row)
-        return np.concatenate(rows)
+        return np.clip(np.concatenate(rows), -OBJ_BOUND, OBJ_BOUND).astype(np.float32)
 
     def _render(self, camera: str) -> np.ndarray:
         if self._renderer is None:

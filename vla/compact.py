@@ -154,24 +154,32 @@ class InstructionEncoder(nn.Module):
         self.gru = nn.GRU(dim, dim, batch_first=True) if kind == "gru" else None
 
     def forward(self, words: Tensor) -> Tensor:
-        valid = (words != PAD).float()  # (N, L)
+        return self.encode(words)[0]
+
+    def encode(self, words: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(the embedding [N, E], each word's vector [N, L, E]: its embedding, or the GRU's
+        state after it, and which words are real [N, L] bool)."""
+        valid = words != PAD  # (N, L)
         x = self.embed(words)  # (N, L, E)
         if self.gru is None:
-            return (x * valid[..., None]).sum(1) / valid.sum(1, keepdim=True).clamp(min=1)
-        lens = valid.sum(1).long().clamp(min=1)
+            w = valid.float()[..., None]
+            return (x * w).sum(1) / w.sum(1).clamp(min=1), x, valid
+        lens = valid.sum(1).clamp(min=1)
         out, _ = self.gru(x)  # (N, L, E)
-        return out[torch.arange(len(words), device=words.device), lens - 1]
+        return out[torch.arange(len(words), device=words.device), lens - 1], out, valid
 
 
 class EntityReader(nn.Module):
     """Entity tokens [N, E, ENTITY_SIZE] (normalised pose, kind and colour one-hots), the tool
-    centre point [N, 3] and the instruction embedding [N, C] -> features [N, H].
+    centre point [N, 3] and the instruction (`InstructionEncoder.encode`) -> features [N, H].
 
-    Each entity becomes a token (an MLP of its features and its offset from the gripper);
-    ``heads`` queries made from the instruction each attend over the entities (scaled dot
-    product, softmax over E: any number of entities, in any order), and the attended tokens,
-    concatenated, are projected to H. With two or more heads one can find the subject and
-    another the goal."""
+    Each entity becomes a token (an MLP of its features and its offset from the gripper) and
+    reads what the instruction says about it: it attends over the instruction's word vectors
+    (its colour and kind against the words; a GRU's vector at a word carries the words before
+    it, so "put the red block in the blue bowl" tells the red block it is moved and the blue
+    bowl that it is the goal). Then ``heads`` queries made from the whole instruction attend
+    over the tokens (softmax over E: any number of entities, in any order), and the attended
+    tokens, concatenated, are projected to H."""
 
     def __init__(self, cond_dim: int, hidden: int, heads: int = 4):
         super().__init__()
@@ -179,13 +187,23 @@ class EntityReader(nn.Module):
         self.token = nn.Sequential(
             nn.Linear(ENTITY_SIZE + 3, hidden), nn.ReLU(), nn.Linear(hidden, hidden)
         )
+        self.ask = nn.Linear(hidden, cond_dim)
+        self.told = nn.Sequential(nn.Linear(hidden + cond_dim, hidden), nn.ReLU())
         self.key = nn.Linear(hidden, hidden)
         self.query = nn.Linear(cond_dim, heads * hidden)
         self.out = nn.Linear(heads * hidden, hidden)
 
-    def forward(self, entities: Tensor, tcp: Tensor, cond: Tensor) -> Tensor:
-        N = len(entities)
+    def forward(
+        self, entities: Tensor, tcp: Tensor, instruction: tuple[Tensor, Tensor, Tensor]
+    ) -> Tensor:
+        cond, words, valid = instruction  # (N, C), (N, L, C), (N, L)
+        N, C = len(entities), cond.shape[-1]
         tok = self.token(torch.cat([entities, entities[..., :3] - tcp[:, None]], -1))  # (N, E, H)
+        valid = valid.clone()
+        valid[:, 0] = True  # an empty instruction: attend to its padding, not to nothing
+        said = torch.einsum("nec,nlc->nel", self.ask(tok), words) / C**0.5
+        said = torch.softmax(said.masked_fill(~valid[:, None], float("-inf")), -1)
+        tok = self.told(torch.cat([tok, torch.einsum("nel,nlc->nec", said, words)], -1))
         q = self.query(cond).view(N, self.heads, self.hidden)  # (N, heads, H)
         att = torch.softmax(
             torch.einsum("nqh,neh->nqe", q, self.key(tok)) / self.hidden**0.5, -1
@@ -214,11 +232,6 @@ def _check_spec(spec: CompactSpec) -> None:
             raise ValueError(
                 f"vla.encoder=entities reads {ENTITY_SIZE} numbers per entity; objects_dim="
                 f"{spec.objects_dim} (set env.obs_mode=state and env.entity_features=true)"
-            )
-        if spec.vla.aux != "none":
-            raise ValueError(
-                "vla.aux=subject regresses entity 0, which vla.encoder=entities does not "
-                "treat as the subject (its entities are in the scene's order); use vla.aux=none"
             )
 
 
@@ -322,7 +335,8 @@ class CompactVLA(nn.Module):
         Without the privileged poses (an env without ``privileged_state``: evaluation or
         deployment) an image policy still acts; its state critic's value is NaN then and the
         auxiliary loss None. The state encoder always needs them."""
-        cond = self.instr(obs["words"])  # (N, E)
+        instruction = self.instr.encode(obs["words"])
+        cond = instruction[0]  # (N, E)
         has_objects = "objects" in obs and "objects" in self.obs_keys()
         objects = obs["objects"].float() if has_objects else None
         proprio, objects = self._normalise(obs["proprio"].float(), objects)  # (N, P), (N, O)
@@ -333,7 +347,7 @@ class CompactVLA(nn.Module):
             h = self.feat(feats.reshape(N, -1))  # (N*C, F) -> (N, C*F) -> (N, H)
         elif self.spec.vla.encoder == "entities":
             entities = objects.reshape(len(objects), -1, ENTITY_SIZE)  # (N, E, ENTITY_SIZE)
-            h = self.films[0](self.reader(entities, proprio[:, :3], cond), cond)
+            h = self.films[0](self.reader(entities, proprio[:, :3], instruction), cond)
         else:
             h = self.feat(torch.cat([objects, proprio], dim=-1))
             h = self.films[0](h, cond)
