@@ -47,10 +47,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
-from common import arm_runner, machine, metrics, write_results
+from common import arm_runner, machine, metrics, run_timed, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EXEC_ENVS = {"put": "perceptrl/Put-v0", "stack": "perceptrl/Stack-v0", "push": "perceptrl/Push-v0"}
@@ -104,6 +105,21 @@ def oracle(samples: list[dict], extra: list[str], retries: int = 0) -> tuple[dic
                    int(scores[f"count/executor/{f}"])] for f in families}  # fmt: skip
     per_sample = {k: float(r["info"]["planner/success"]) for k, r in records.items()}
     return scores, tallies, per_sample
+
+
+def reader_start(out: Path, seed: int, wall: dict, executor: str) -> list[str]:
+    """``--executor reader``: the overrides that start its BC from the drilled reader
+    (``bench/make_reader_base.py``, run into ``out/reader_base_s<seed>`` unless it is there; its
+    seconds go into ``wall``); nothing for the other executors."""
+    if executor != "reader":
+        return []
+    base = out / f"reader_base_s{seed}"
+    if not (base / "drill.json").exists():
+        run_timed([sys.executable, str(Path(__file__).parent / "make_reader_base.py"),
+                   "--out", str(base), "--seed", str(seed)])  # fmt: skip
+    drill = json.loads((base / "drill.json").read_text())
+    wall[base.name] = sum(drill["seconds"].values())
+    return [f"model.path={base}"]
 
 
 def alone(samples: list[dict], extra: list[str]) -> tuple[dict, dict]:
@@ -216,7 +232,8 @@ def main() -> None:
     for family, (recipe, env_id) in EXEC_RECIPES.get(args.executor, {}).items():
         models = {seed: executor_model(out / f"exec_{family}_s{seed}", arm(
                 f"exec_{family}_s{seed}", ["sft", recipe, f"env.id={env_id}",
-                f"train.steps={args.exec_steps}", f"train.seed={seed}", "log.progress=false"]))
+                f"train.steps={args.exec_steps}", f"train.seed={seed}", "log.progress=false",
+                *reader_start(out, seed, wall, args.executor)]))
                 for seed in args.exec_seeds}  # fmt: skip
         candidates[family] = {s: own_success(out / f"exec_{family}_s{s}") for s in models}
         chosen[family] = max(models, key=lambda s: candidates[family][s] or 0.0)
@@ -359,8 +376,10 @@ def report_data(args, results: dict, wall: dict, out: Path, n_test: int) -> dict
 def executor_text(s: dict) -> str:
     if s.get("executor") == "reader":
         return (f"one frozen state VLA for every subgoal family that reads its instruction "
-                f"(configs/plan_exec_reader.yaml, {s['exec_steps']} BC steps, best of seeds "
-                f"{s['exec_seeds']}), for both training and scoring")  # fmt: skip
+                f"(configs/plan_exec_reader.yaml: its encoder drilled by "
+                f"bench/make_reader_base.py, then {s['exec_steps']} BC steps; best of seeds "
+                f"{s['exec_seeds']}), for both training and scoring; 'alone' is that executor "
+                f"given the task's long instruction with no planner")  # fmt: skip
     if s.get("executor") == "policy":
         return (f"frozen state VLAs cloned from the scripted experts (configs/plan_exec_bc.yaml, "
                 f"{s['exec_steps']} steps per family, best of seeds {s['exec_seeds']}), for both "
