@@ -88,7 +88,6 @@ def executor_alone(settings, samples: list[dict]) -> tuple[dict, dict]:
     blows up. Returns (scores: ``accuracy``, ``accuracy/<task>``, ``progress`` (the share of
     subgoals that hold in order at the end), ``count``; records: sample id -> {"info": success,
     progress, env steps})."""
-
     from ..sim.tasks import get_task
     from .plan import PlanEnv
 
