@@ -35,7 +35,7 @@ subgoal family on that plan, so that planning and execution errors can be told a
 
     python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 10] [--n-test 100]
     python bench/bench_plan.py --executor policy [--exec-steps 1000] [--exec-seeds 0 1 2]
-    python bench/bench_plan.py --executor reader --exec-steps 4000 --exec-seeds 0
+    python bench/bench_plan.py --executor reader --exec-steps 3000 --exec-seeds 0
 
 Writes bench/results/plan.{json,md,png} and plan_episode.png (a key-frame strip of the best
 planner arm's first completed held-out episode); plan_policy.* with ``--executor policy``,

@@ -33,17 +33,12 @@ import numpy as np
 import torch
 
 
-def states(cfg, n: int, first: int) -> dict:
+def states(env, n: int, first: int) -> dict:
     """``n`` initial states of the recipe's env (task ids ``first``...), each focused on one of
-    its subgoals: observations, and the subject's and goal's index in the view."""
-    import gymnasium as gym
-
-    import perceptrl.sim  # noqa: F401  (registers the ids)
+    its subgoals: observations, and the goal's index in the view (the subject is entity 0)."""
     from perceptrl.sim.composite import ENTITY_KINDS, GOAL_INDEX
     from perceptrl.sim.tasks import task_counts
-    from perceptrl.vla.envs import env_kwargs
 
-    env = gym.make(cfg.env.id, **env_kwargs(cfg.env)).unwrapped
     counts = task_counts(env.task)
     first_of = dict(zip(ENTITY_KINDS, np.cumsum([0, *[counts[k] for k in ENTITY_KINDS]])))
     objects, proprio, texts, goal = [], [], [], []
@@ -74,9 +69,13 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="recipe overrides (key=value)")
     args = ap.parse_args()
 
+    import gymnasium as gym
+
+    import perceptrl.sim  # noqa: F401  (registers the ids)
     from perceptrl.cli import CONFIGS
     from perceptrl.sim.composite import ENTITY_SIZE
     from perceptrl.vla.compact import build_compact, encode_words, spec_from_config
+    from perceptrl.vla.envs import env_kwargs
     from perceptrl.wiring import load_config
 
     cfg = load_config(CONFIGS / f"{args.recipe}.yaml", args.overrides)
@@ -85,15 +84,10 @@ def main() -> None:
                          "entities and vla.aux=subject in the recipe")  # fmt: skip
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
-    train = states(cfg, args.states, 2_000_000)
-    held = states(cfg, 500, 3_000_000)  # neither the BC seeds nor the evaluation's
+    env = gym.make(cfg.env.id, **env_kwargs(cfg.env)).unwrapped
+    train = states(env, args.states, 2_000_000)
+    held = states(env, 500, 3_000_000)  # neither the BC seeds nor the evaluation's
     made = time.perf_counter() - t0
-
-    import gymnasium as gym
-
-    from perceptrl.vla.envs import env_kwargs
-
-    env = gym.make(cfg.env.id, **env_kwargs(cfg.env))
     spaces = {"action": env.action_space, "observation": env.observation_space}
     policy = build_compact(spec_from_config(cfg.vla, spaces, cfg.env.action_chunk,
                                             cfg.env.image_size))  # fmt: skip

@@ -63,6 +63,8 @@ CHARSET = " abcdefghijklmnopqrstuvwxyz"
 """characters an instruction may contain"""
 MAX_INSTRUCTION = 160
 """maximum instruction length (characters; a long-horizon task's run to about 130)"""
+MUJOCO_ONLY = ("entity_features", "subgoal_focus")
+"""options of ``ManipEnv`` the batched warp env (`sim.mjwarp.WarpEnv`) does not have"""
 OBJ_BOUND = 10.0
 """bound of the state-mode entity poses (positions are clipped to +-10 m)"""
 PROPRIO_LOW = np.array([-2, -2, -2, -1, -1, -1, -1, 0], np.float32)

@@ -51,7 +51,7 @@ import torch
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 
-from .env import OBJ_BOUND, PROPRIO_HIGH, PROPRIO_LOW, ManipEnv
+from .env import MUJOCO_ONLY, OBJ_BOUND, PROPRIO_HIGH, PROPRIO_LOW, ManipEnv
 from .robot import FINGER_OPEN, HOME_Q, R_DOWN, Robot
 from .scene import COLOURS
 from .tasks import World
@@ -182,7 +182,7 @@ class WarpEnv:
             )
         if kwargs.get("render_mode") is not None:
             raise ValueError("WarpEnv has no render_mode; its observations carry the images")
-        for name in ("entity_features", "subgoal_focus"):
+        for name in MUJOCO_ONLY:
             if kwargs.get(name):
                 raise ValueError(f"WarpEnv has no {name}; use env.backend=mujoco for it")
         spec = gym.spec(env_id)

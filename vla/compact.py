@@ -1,9 +1,10 @@
 """`CompactVLA`: a small vision-language-action policy that learns in minutes on a CPU.
 
-Image (or entity-pose, or entity-token) encoder FiLM-conditioned on the instruction, proprio input, a diagonal
-Gaussian action head with a state-independent log-std, and a value head on a shared trunk, or
-(``critic="state"``) an asymmetric critic: a separate MLP that reads the simulator's true entity
-poses (Pinto et al. 2018), while the actor still sees only pixels, proprio and the instruction.
+Image (or entity-pose, or entity-token) encoder FiLM-conditioned on the instruction, proprio
+input, a diagonal Gaussian action head with a state-independent log-std, and a value head on a
+shared trunk, or (``critic="state"``) an asymmetric critic: a separate MLP that reads the
+simulator's true entity poses (Pinto et al. 2018), while the actor still sees only pixels,
+proprio and the instruction.
 With ``aux="subject"`` an auxiliary head on the actor's trunk regresses the position of the
 entity the instruction names (entity 0 of the poses, by the sim tasks' convention) relative to the
 tool centre point (a supervised loss on privileged simulator state, returned in
@@ -13,9 +14,9 @@ Image encoders: ``cnn`` (Nature-CNN, flattened features) or ``keypoint`` (three 
 at 32x32 / 16x16 followed by a spatial softmax: each channel becomes the expected (x, y) image
 position of its activation, which makes "where is the named object" a direct input).
 State encoders: ``state`` (an MLP on the entity poses, whose order names the subject: entity 0)
-or ``entities`` (`EntityReader`: every entity a token of its pose, kind and colour, in the scene's
-own order; queries made from the instruction attend over them, so the policy finds the entities
-the instruction names by their words: one policy for any subgoal of a scene).
+or ``entities`` (`EntityReader`: every entity a token of its pose, kind and colour, read in any
+order; queries made from the instruction attend over them, so the policy finds the entities the
+instruction names by their words: one policy for any subgoal of a scene).
 
 Observations travel as a dict of tensors (see :meth:`CompactVLA.observe`): ``image``
 [N, H, W, 3 * cameras] uint8 (the env's cameras stacked on channels, kept uint8 until the forward;

@@ -52,8 +52,8 @@ class EnvConfig:
     asymmetric critic) and ``vla.aux``; the actor never reads them, so a trained policy also
     acts (evaluates, deploys) on an env without them"""
     entity_features: bool = False
-    """state mode: each entity's pose comes with its kind and colour, in the scene's own order
-    (for ``vla.encoder=entities``, which finds the named entities by reading the instruction)"""
+    """state mode: each entity's pose comes with its kind and colour (for
+    ``vla.encoder=entities``, which finds the named entities by reading the instruction)"""
     subgoal_focus: bool = False
     """long-horizon tasks: each episode is one of the task's subgoals executable from the
     initial state, with its primitive's instruction and success (to train an executor)"""

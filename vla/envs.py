@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from ..sim.env import MUJOCO_ONLY
 from ..sim.vector import Batch, BatchedEnv, EnvWorkerError
 from .config import EnvConfig
 
@@ -81,7 +82,7 @@ def env_kwargs(cfg: EnvConfig) -> dict:
         width=cfg.image_size, height=cfg.image_size, cameras=tuple(cfg.cameras),
         privileged_state=cfg.privileged_state,
     )  # fmt: skip
-    for name in ("entity_features", "subgoal_focus"):  # only when set: the warp env lacks them
+    for name in MUJOCO_ONLY:  # only when set: the warp env refuses them
         if getattr(cfg, name):
             kw[name] = True
     if cfg.max_episode_steps > 0:
