@@ -41,7 +41,7 @@ import dataclasses
 import logging
 import re
 import textwrap
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +125,45 @@ class PolicyExecutor:
     def start(self, env) -> Callable[[dict], np.ndarray]:
         """The actor of the focused subgoal, or with no focus (the executor alone on the task's
         long instruction) of the instruction-reading policy."""
+        act = self.start_many([env])
+        return lambda obs: act([0], [obs])[0]
+
+    def start_many(self, envs: list) -> Callable[[list[int], list[dict]], list[np.ndarray]]:
+        """The actor of the subgoals ``envs`` are focused on, all at once: ``act(live, obs)``
+        takes the observations of the envs ``live`` (indices into ``envs``) and returns their
+        actions [K, A], from one policy forward per policy and scene size."""
+        plans = [self._plan(env) for env in envs]
+
+        def act(live: list[int], obs: list[dict]) -> list[np.ndarray]:
+            out: list[np.ndarray | None] = [None] * len(live)
+            groups: dict[tuple, list[int]] = {}
+            for j, i in enumerate(live):
+                objects = obs[j].get("objects")
+                size = None if objects is None else np.shape(objects)
+                groups.setdefault((id(plans[i][0]), str(plans[i][1]), size), []).append(j)
+            for members in groups.values():
+                policy, cut, to_env, cameras, dim = plans[live[members[0]]]
+                rows = [obs[j] for j in members]
+                images = {k: np.stack([o[k] for o in rows]) for k in cameras if k in rows[0]}
+                objects = None
+                if rows[0].get("objects") is not None:
+                    objects = np.stack([o["objects"] if cut is None else view_objects(o["objects"], *cut)
+                                        for o in rows])  # fmt: skip
+                batch = Batch(images, np.stack([o["proprio"] for o in rows]), objects,
+                              [o["instruction"] for o in rows])  # fmt: skip
+                action, _, _ = policy.act(policy.observe(batch), deterministic=True)
+                if to_env is not None:
+                    action = to_env(action)
+                action = action.float().cpu().numpy().reshape(len(rows), -1, dim)
+                for k, j in enumerate(members):
+                    out[j] = action[k]
+            return out
+
+        return act
+
+    def _plan(self, env) -> tuple:
+        """(policy, entity cut or None, its action mapping or None, cameras, action size) of the
+        subgoal ``env`` is focused on."""
         if env.focused is None:
             if ALL not in self.policies:
                 raise ValueError(
@@ -137,21 +176,8 @@ class PolicyExecutor:
         cut = None
         if not reads_entities(policy):
             cut = task_counts(env.task), task_counts(get_task(env.focused.family))
-        dim = env.action_space.shape[0]
         to_env = getattr(policy, "env_action", None)
-
-        def act(obs: dict) -> np.ndarray:
-            images = {k: v[None] for k, v in obs.items() if k in env.cfg.cameras}
-            objects = obs.get("objects")
-            if objects is not None:
-                objects = (objects if cut is None else view_objects(objects, *cut))[None]
-            batch = Batch(images, obs["proprio"][None], objects, [obs["instruction"]])
-            action, _, _ = policy.act(policy.observe(batch), deterministic=True)
-            if to_env is not None:
-                action = to_env(action)
-            return action.float().cpu().numpy().reshape(-1, dim)
-
-        return act
+        return policy, cut, to_env, tuple(env.cfg.cameras), env.action_space.shape[0]
 
 
 ALL = "all"
@@ -216,7 +242,8 @@ class PlanSettings:
     executor: object
     """`OracleExecutor`, `PolicyExecutor`, or anything with ``can(family) -> bool`` (a subgoal
     family it cannot execute is refused like a bad plan) and ``start(env) -> act``, ``act(obs)
-    -> actions [K, A]`` for the subgoal the env is focused on"""
+    -> actions [K, A]`` for the subgoal the env is focused on; optionally ``start_many(envs)``
+    for several envs at once (`PolicyExecutor.start_many`: one policy forward for all)"""
     subgoal_steps: int = 0
     """env steps the executor gets per subgoal (0: the primitive task's time limit)"""
     home: bool | None = None
@@ -275,17 +302,23 @@ def _record() -> dict:
 class PlanEnv:
     """`EpisodeEnv` of a planner; see the module docstring."""
 
-    def __init__(self, settings: PlanSettings, memo: OrderedDict | None = None):
+    def __init__(
+        self, settings: PlanSettings, memo: OrderedDict | None = None, sims: dict | None = None
+    ):
         """``memo``: the `PlanSettings.memo` store, shared by the environments of one run (the
-        rollout builds one per call); a new one when None."""
+        rollout builds one per call); a new one when None. ``sims``: the simulators (per task, a
+        list of `ManipEnv`), likewise shared so that a run builds them once; the environments
+        sharing them must not run at the same time (one rollout at a time per process)."""
         self.settings = settings
-        self._envs: dict[str, object] = {}
+        self._sims: dict[str, list] = {} if sims is None else sims
         self._starts: dict[tuple, dict] = {}
         self.rows: list[_Row] = []
         self.counters = {"bad_actions": 0}
         self.frames: list[list[np.ndarray]] = []
         """per row, the annotated agent-view frames of its subgoals (``settings.record``)"""
         self._memo: OrderedDict[tuple, _Outcome] = OrderedDict() if memo is None else memo
+        self._ready: dict[tuple, _Outcome] = {}
+        """outcomes `prepare` simulated for the turns about to be answered (memo keys)"""
         self.memo_hits = 0
         """subgoals replayed from `PlanSettings.memo` instead of simulated"""
 
@@ -296,24 +329,30 @@ class PlanEnv:
         env.set_state(self.rows[row].state)
         return env
 
-    def _env(self, task: str):
-        if task not in self._envs:
-            import gymnasium as gym
+    def _env(self, task: str, k: int = 0):
+        """Simulator ``k`` of ``task`` (0: the one the rows of that task share; the others run
+        subgoals side by side in `prepare`)."""
+        sims = self._sims.setdefault(task, [])
+        while len(sims) <= k:
+            sims.append(self._make_env(task))
+        return sims[k]
 
-            import perceptrl.sim  # noqa: F401  (registers the ids)
-            from perceptrl.sim import env_id
+    def _make_env(self, task: str):
+        import gymnasium as gym
 
-            s = self.settings
-            self._envs[task] = gym.make(
-                env_id(task),
-                render_mode="rgb_array",
-                obs_mode=s.obs_mode,
-                width=s.image_size,
-                height=s.image_size,
-                cameras=tuple(s.cameras),
-                entity_features=getattr(s.executor, "entity_features", False),
-            ).unwrapped  # fmt: skip  (no time limit: the planner's budgets bound an episode)
-        return self._envs[task]
+        import perceptrl.sim  # noqa: F401  (registers the ids)
+        from perceptrl.sim import env_id
+
+        s = self.settings
+        return gym.make(
+            env_id(task),
+            render_mode="rgb_array",
+            obs_mode=s.obs_mode,
+            width=s.image_size,
+            height=s.image_size,
+            cameras=tuple(s.cameras),
+            entity_features=getattr(s.executor, "entity_features", False),
+        ).unwrapped  # fmt: skip  (no time limit: the planner's budgets bound an episode)
 
     def reset(self, samples: list[dict]) -> None:
         self.rows = []
@@ -326,6 +365,7 @@ class PlanEnv:
                 self._starts[key] = env.get_state()
             self.rows.append(_Row(scene["task"], self._starts[key], _record(), (key,)))
         self.frames = [[] for _ in samples]
+        self._ready = {}
 
     def fork(self, src: int, dst: int) -> None:
         """Episode ``dst`` continues ``src``'s scene and record from here on, apart."""
@@ -347,15 +387,9 @@ class PlanEnv:
         env = self._env(r.task)
         env.set_state(r.state)
         rec["planner/subgoals"] += 1
-        try:
-            sub = parse_subgoal(m.group(1), env.layout.colours)
-        except SubgoalError as e:
-            return self._invalid(row, str(e), counted=True)
-        why = check_subgoal(env.scene_world(), sub)
-        if why is None and not self.settings.executor.can(sub.family):
-            why = f"this robot has no skill to {sub.family} (plan.policies)"
+        sub, why = self._subgoal(env, m.group(1))
         if why is not None:
-            return self._invalid(row, f"cannot do that now: {why}", counted=True)
+            return self._invalid(row, why, counted=True)
         rec["planner/valid"] += 1
         out = self._outcome_of(env, sub, row)
         rec["planner/executed"] += out.ok
@@ -368,6 +402,58 @@ class PlanEnv:
         said = _outcome(sub.text(env.layout.colours), out.ok, out.unstable, out.steps)
         return Observation(said, [Image.fromarray(out.image)], info=dict(rec))
 
+    def _subgoal(self, env, words: str):
+        """(the subgoal ``words`` name, None) when ``env`` (at the row's state) can execute it
+        now, else (None, why not)."""
+        try:
+            sub = parse_subgoal(words, env.layout.colours)
+        except SubgoalError as e:
+            return None, str(e)
+        why = check_subgoal(env.scene_world(), sub)
+        if why is None and not self.settings.executor.can(sub.family):
+            why = f"this robot has no skill to {sub.family} (plan.policies)"
+        return (sub, None) if why is None else (None, f"cannot do that now: {why}")
+
+    def prepare(self, rows: list[int], texts: list[str]) -> None:
+        """Execute the subgoals that turns ``texts`` of episodes ``rows`` name, side by side
+        (one env per subgoal, the executor's ``start_many`` acting for all of them at once), so
+        that `respond` then finds their outcomes ready. The rollout calls this with a round's
+        turns before answering them one by one; the outcomes are the ones `respond` alone
+        would get (up to the float rounding of a batched policy forward). Turns that name no
+        executable subgoal, subgoals already in the memo, and duplicates (group members that
+        agree) are left to `respond`. Does nothing while recording frames."""
+        self._ready = {}
+        if self.settings.record:
+            return
+        jobs: dict[tuple, tuple[int, object]] = {}
+        for row, text in zip(rows, texts):
+            m = SUBGOAL.search(text)
+            if m is None:
+                continue
+            r = self.rows[row]
+            env = self._env(r.task)
+            env.set_state(r.state)
+            sub, why = self._subgoal(env, m.group(1))
+            key = (*r.path, sub)
+            if why is None and key not in jobs and not (self.settings.memo and key in self._memo):
+                jobs[key] = (row, sub)
+        if len(jobs) < 2:
+            return
+        envs, used = [], Counter()
+        for row, _ in jobs.values():
+            task = self.rows[row].task
+            env = self._env(task, used[task])
+            used[task] += 1
+            env.set_state(self.rows[row].state)
+            envs.append(env)
+        subs = [sub for _, sub in jobs.values()]
+        results = self._execute(envs, subs, [row for row, _ in jobs.values()])
+        for key, env, (ok, unstable, steps) in zip(jobs, envs, results):
+            state = env.get_state()
+            shown = self._env(self.rows[jobs[key][0]].task)  # rendered by one env per task
+            shown.set_state(state)
+            self._ready[key] = _Outcome(state, ok, unstable, steps, shown.render())
+
     def _outcome_of(self, env, sub, row: int) -> _Outcome:
         """Execute ``sub`` from the row's state (in ``env``, which is left at the state after
         it), or replay it from the memo."""
@@ -379,8 +465,12 @@ class PlanEnv:
             self.memo_hits += 1
             env.set_state(hit.state)
             return hit
-        ok, unstable, steps = self._execute(env, sub, row)
-        out = _Outcome(env.get_state(), ok, unstable, steps, env.render())
+        out = self._ready.get(key)
+        if out is not None:
+            env.set_state(out.state)
+        else:
+            [(ok, unstable, steps)] = self._execute([env], [sub], [row])
+            out = _Outcome(env.get_state(), ok, unstable, steps, env.render())
         if size:
             self._memo[key] = out
             while len(self._memo) > size:
@@ -412,45 +502,61 @@ class PlanEnv:
         done = f"subgoals done: {env.subgoals_done()}/{len(env.task.subgoals)}"
         return annotate(img, [*lines, done], bottom, colour)
 
-    def _execute(self, env, sub, row: int) -> tuple[bool, bool, int]:
-        """Run the executor on ``sub`` in ``env`` (at the row's state), then rise clear (and go
-        home when the executor starts there).
-        Returns (finished, blew up, env steps)."""
-        before = copy.deepcopy(env.get_state())
-        obs = env.focus(sub)
-        act = self.settings.executor.start(env)
-        limit = self.settings.subgoal_steps or get_task(sub.family).max_episode_steps
-        steps, ok, unstable = 0, False, False
-        noop = idle_action(env.action_space.shape[0], env.cfg.control)
-        said = sub.text(env.layout.colours)
-        while steps < limit and not (ok or unstable):
-            for a in act(obs):
-                if not np.isfinite(a).all():
-                    self.counters["bad_actions"] += 1
-                    a = noop
-                obs, _, _, _, info = env.step(a)
-                steps += 1
-                if self.settings.record:
-                    self.frames[row].append(self._frame(env, row, f"executing: {said}"))
-                unstable, ok = bool(info["sim_unstable"]), bool(info["success"])
-                if ok or unstable or steps >= limit:
-                    break
-        if unstable:
-            env.set_state(before)
-        env.focus(None)
-        for _ in range(CLEAR_STEPS):
-            if env.scene_world().tcp[2] >= CLEAR_HEIGHT:
-                break
-            env.step(clear_action(env))
-        home = self.settings.home
+    def _execute(self, envs: list, subs: list, rows: list[int]) -> list[tuple[bool, bool, int]]:
+        """Run the executor on subgoal ``subs[i]`` in ``envs[i]`` (set to row ``rows[i]``'s
+        state), all envs stepping in turn with one actor for all, then rise clear (and go home
+        when the executor starts there). Returns (finished, blew up, env steps) per subgoal."""
+        s = self.settings
+        before = [copy.deepcopy(env.get_state()) for env in envs]
+        obs = [env.focus(sub) for env, sub in zip(envs, subs)]
+        start_many = getattr(s.executor, "start_many", None)
+        if start_many is not None:
+            act = start_many(envs)
+        else:  # an executor with one actor per env
+            actors = [s.executor.start(env) for env in envs]
+
+            def act(live: list[int], seen: list[dict]) -> list[np.ndarray]:
+                return [actors[i](o) for i, o in zip(live, seen)]
+
+        limits = [s.subgoal_steps or get_task(sub.family).max_episode_steps for sub in subs]
+        steps, ok, unstable = [0] * len(envs), [False] * len(envs), [False] * len(envs)
+        said = [sub.text(env.layout.colours) for env, sub in zip(envs, subs)]
+        live = list(range(len(envs)))
+        while live:
+            for i, chunk in zip(live, act(live, [obs[i] for i in live])):
+                env = envs[i]
+                noop = idle_action(env.action_space.shape[0], env.cfg.control)
+                for a in chunk:
+                    if not np.isfinite(a).all():
+                        self.counters["bad_actions"] += 1
+                        a = noop
+                    obs[i], _, _, _, info = env.step(a)
+                    steps[i] += 1
+                    if s.record:
+                        self.frames[rows[i]].append(
+                            self._frame(env, rows[i], f"executing: {said[i]}")
+                        )
+                    unstable[i], ok[i] = bool(info["sim_unstable"]), bool(info["success"])
+                    if ok[i] or unstable[i] or steps[i] >= limits[i]:
+                        break
+            live = [i for i in live if not (ok[i] or unstable[i] or steps[i] >= limits[i])]
+        home = s.home
         if home is None:
-            home = getattr(self.settings.executor, "from_home", False)
-        for _ in range(HOME_STEPS if home else 0):
-            action = home_action(env)
-            if action is None:
-                break
-            env.step(action)
-        return ok, unstable, steps
+            home = getattr(s.executor, "from_home", False)
+        for env, state, bad in zip(envs, before, unstable):
+            if bad:
+                env.set_state(state)
+            env.focus(None)
+            for _ in range(CLEAR_STEPS):
+                if env.scene_world().tcp[2] >= CLEAR_HEIGHT:
+                    break
+                env.step(clear_action(env))
+            for _ in range(HOME_STEPS if home else 0):
+                action = home_action(env)
+                if action is None:
+                    break
+                env.step(action)
+        return list(zip(ok, unstable, steps))
 
 
 def _outcome(said: str, ok: bool, unstable: bool, steps: int) -> str:
@@ -552,8 +658,8 @@ def plan_settings(cfg) -> PlanSettings:
 
 
 def _plan_env(cfg) -> Callable[[], PlanEnv]:
-    settings, memo = plan_settings(cfg), OrderedDict()
-    return lambda: PlanEnv(settings, memo)
+    settings, memo, sims = plan_settings(cfg), OrderedDict(), {}
+    return lambda: PlanEnv(settings, memo, sims)
 
 
 def _check(cfg) -> None:

@@ -93,6 +93,9 @@ class EpisodeEnv(Protocol):
 
     # Optional, for tree rollouts of episodes (``rollout.tree``): ``fork(src, dst)`` makes
     # episode ``dst`` a copy of episode ``src`` as it stands (the branches then go on apart).
+    # Optional: ``prepare(rows, texts)``, called with a round's turns that will be answered,
+    # before `respond` answers them one by one: an environment may do their work together
+    # there (`vla.plan.PlanEnv` executes all the rows' subgoals side by side).
 
 
 class ToolEnv:
@@ -512,6 +515,22 @@ def answer_turn(settings: EpisodeSettings, template: ObservationTemplate, env: E
     else:
         return enc
     return None
+
+
+def answer_round(settings: EpisodeSettings, template: ObservationTemplate, env: EpisodeEnv,
+                 tape: Tape, rows: list[int], texts: list[str], stopped: list[str | None],
+                 banned: list[int]) -> list[EncodedObservation | None]:  # fmt: skip
+    """`answer_turn` of each of a round's turns (``rows[i]`` wrote ``texts[i]``, not closed
+    for reason ``stopped[i]``), after handing the turns it will answer to the environment's
+    ``prepare`` where it has one."""
+    prepare = getattr(env, "prepare", None)
+    if prepare is not None:
+        going = [i for i, why in enumerate(stopped) if why is None]
+        prepare([rows[i] for i in going], [texts[i] for i in going])
+    return [
+        answer_turn(settings, template, env, tape, row, text, why, banned)
+        for row, text, why in zip(rows, texts, stopped)
+    ]
 
 
 def forced_batch(policy, samples: list[dict], traces: list[list[str]]) -> RolloutBatch:

@@ -35,7 +35,7 @@ from .episode import (
     EpisodeSettings,
     ObservationTemplate,
     Tape,
-    answer_turn,
+    answer_round,
 )
 from .prompts import EncodedPrompt
 from .rollout import BANNED_LOGIT, SamplingParams, collate, generation_mode, prompt_table
@@ -306,14 +306,11 @@ class EpisodeSampler(KVSampler):
         """Decode each live row's turn, ask the environment, apply the budgets; rows that stop
         leave ``live``. Returns the encoded observations of the rows that go on."""
         texts = self._turn_texts(live, tape)
-        keep, encs = [], []
-        for i, (row, text) in enumerate(zip(live.rows.tolist(), texts)):
-            stopped = None if reasons[i] == _STOP else _REASONS[int(reasons[i])]
-            enc = answer_turn(self.settings, self.template, env, tape, row, text, stopped,
-                              self.banned)  # fmt: skip
-            if enc is not None:
-                keep.append(i)
-                encs.append(enc)
+        stopped = [None if r == _STOP else _REASONS[int(r)] for r in reasons]
+        answers = answer_round(self.settings, self.template, env, tape, live.rows.tolist(),
+                               texts, stopped, self.banned)  # fmt: skip
+        keep = [i for i, enc in enumerate(answers) if enc is not None]
+        encs = [answers[i] for i in keep]
         live.keep(torch.tensor(keep, dtype=torch.long))
         return encs
 

@@ -6,7 +6,7 @@ sequence so far (prompt, its turns and observations, token for token as the trai
 them) as one request of one completion, stopped at the stop token, ``rollout.max_new_tokens`` or
 the episode's token budget; vLLM's prefix caching finds the shared history in its KV cache, so a
 turn costs its new tokens (the same saving the HF sampler gets by keeping its cache across
-turns). Turns are closed by the same `episode.answer_turn` as on HF (the environment's answer,
+turns). Turns are closed by the same `episode.answer_round` as on HF (the environment's answer,
 budgets, stop reasons), observations are rendered by the same `episode.ObservationTemplate`, and
 the rows are recorded on the same `episode.Tape`: the batch is laid out exactly as an HF episode
 batch, with ``logp_rollout`` from the engine (the tempered distribution ``VLMPolicy.evaluate``
@@ -31,7 +31,7 @@ from PIL import Image
 
 from ..trainer.batch import RolloutBatch
 from . import rollout
-from .episode import EpisodeSettings, ObservationTemplate, Tape, answer_turn
+from .episode import EpisodeSettings, ObservationTemplate, Tape, answer_round
 from .prompts import EncodedPrompt, load_images
 from .rollout import SamplingParams
 from .vllm_rollout import collapse_vision_runs
@@ -67,13 +67,17 @@ def sample_episodes(
             params.append(engine.sampling_params(turn_sp, 1, base + turn * B + r))
         ids_of = [prompts[prompt_of[r]].sample.get("id") for r in live]
         turns = engine.complete_rows(seqs, reqs, params, ids_of)
-        going = []
+        going, texts, stopped = [], [], []
         for r, (ids, lp, cut), p in zip(live, turns, params):
             stripped += cut
             tape.put_text(r, ids, lp)
-            stopped = _why_not_stopped(ids, cut, engine.stop_ids, p.max_tokens, settings, tape, r)
-            text = engine.processor.batch_decode([ids], skip_special_tokens=True)[0]
-            enc = answer_turn(settings, template, env, tape, r, text, stopped, engine.vision_ids)
+            stopped.append(
+                _why_not_stopped(ids, cut, engine.stop_ids, p.max_tokens, settings, tape, r)
+            )
+            texts.append(engine.processor.batch_decode([ids], skip_special_tokens=True)[0])
+        answers = answer_round(settings, template, env, tape, live, texts, stopped,
+                               engine.vision_ids)  # fmt: skip
+        for r, enc in zip(live, answers):
             if enc is not None:
                 tape.put_observation(r, enc)
                 images.observe(r, enc)

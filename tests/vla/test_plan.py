@@ -493,3 +493,55 @@ def test_an_executor_cloned_on_another_task_is_refused_at_load(tmp_path):
                                                  f"plan.policies.stack={tmp_path / 'put'}"])  # fmt: skip
     with pytest.raises(ConfigError, match="trained on another task"):
         side(cfg).build_trainer(cfg, tmp_path / "run")
+
+
+def test_a_round_s_subgoals_run_side_by_side_as_they_would_one_by_one(tmp_path):
+    """`PlanEnv.prepare` (the rollout hands it a round's turns) executes the subgoals in one
+    simulator each with one policy forward per scene size and step: `respond` then answers
+    exactly what executing them one at a time gives, without simulating again; turns that
+    name nothing executable and group members that agree are left to `respond`."""
+    put = gym.make(sim.env_id("put"), obs_mode="state")
+    spaces = {"action": put.action_space, "observation": put.observation_space}
+    vla = dataclasses.replace(VLAConfig(), encoder="state", hidden=32)
+    build_compact(spec_from_config(vla, spaces, 1, 64)).save(tmp_path / "put")
+    executor = load_executor("policy", {"put": str(tmp_path / "put")})
+    policy = executor.policies["put"]
+    calls = {"n": 0}
+    act = policy.act
+
+    def counted(obs, **kw):
+        calls["n"] += 1
+        return act(obs, **kw)
+
+    policy.act = counted
+    three, two = _sample("put_three", 2), _sample("put_two", 5)
+    samples = [three, two, three, three, two]
+
+    def turns(env):
+        a, b = _plan(env, 0)[:2], _plan(env, 1)[0]
+        return [f"<subgoal>{a[0]}</subgoal>", f"<subgoal>{b}</subgoal>",
+                f"<subgoal>{a[1]}</subgoal>", f"<subgoal>{a[0]}</subgoal>",
+                "<subgoal>put the magenta block in the red bowl</subgoal>"]  # fmt: skip
+
+    answers, counts = {}, {}
+    for mode in ("one_by_one", "side_by_side"):
+        env = PlanEnv(PlanSettings(executor, subgoal_steps=12))
+        env.reset(samples)
+        texts = turns(env)
+        calls["n"] = 0
+        if mode == "side_by_side":
+            env.prepare(list(range(5)), texts)
+            counts["prepare"] = calls["n"]
+        answers[mode] = [env.respond(row, t) for row, t in enumerate(texts)]
+        counts[mode] = calls["n"]
+        states = [env.rows[r].state["physics"] for r in range(5)]
+    for a, b in zip(answers["one_by_one"], answers["side_by_side"], strict=True):
+        assert a.text == b.text and a.info == b.info and a.error == b.error
+        if a.images:
+            np.testing.assert_array_equal(np.asarray(a.images[0]), np.asarray(b.images[0]))
+    assert answers["side_by_side"][4].error == INVALID
+    assert answers["side_by_side"][3].info["planner/env_steps"] == 12
+    # three distinct subgoals, 12 steps each: put_three's two share a forward per step
+    assert counts["one_by_one"] == 36 and counts["prepare"] == 24
+    assert counts["side_by_side"] == 24  # respond simulated nothing more
+    np.testing.assert_array_equal(states[0], states[3])  # the duplicate replayed the first
