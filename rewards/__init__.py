@@ -8,7 +8,7 @@ Registered (module): ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy`` (di
 ``sample["reward"]``) (builtin); ``mra``, ``tiou``, ``count`` (measure); ``giou``, ``det`` (boxes);
 ``math``, ``ocr``, ``rouge_l`` (text); ``overlong``, ``repetition`` (shaping); ``majority``
 (group); ``judge`` (judge); ``tool_format``, ``tool_calls``, ``turn_cost`` (episode); ``plan_success``, ``plan_progress``,
-``plan_validity``, ``subgoal_cost`` (plan). Add one
+``plan_validity``, ``subgoal_cost`` (plan; and the process reward ``plan_turns``). Add one
 with ``@register_reward("name")`` or name ``"module:function"``. Weighted sums, gates and the
 per-completion context (token lengths, group ids, episode records) are described in
 :mod:`~perceptrl.rewards.compose`.

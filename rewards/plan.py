@@ -7,21 +7,24 @@ one), ``planner/valid``. A completion without that record (not a planner episode
 each. Compose them like any terms, e.g.::
 
     {plan_success: 1.0, plan_progress: 0.5, plan_validity: 0.2, subgoal_cost: 0.02}
+
+``plan_turns`` is a process (step) reward (``rollout.process_reward=plan_turns``): each answered
+turn scored where it ends, from the record's per-turn entries (``planner/turn_progress``,
+``planner/turn_invalid``), so a turn is credited with what it did rather than with the episode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .process import Step, register_step_reward
 from .registry import register_reward
 
 
 def _info(completions: Sequence[str], episodes: Sequence[dict | None] | None) -> list[dict]:
     if episodes is None:
         return [{}] * len(completions)
-    if len(episodes) != len(completions):
-        raise ValueError(f"got {len(episodes)} episode records for {len(completions)} completions")
-    return [(e or {}).get("info", {}) for e in episodes]
+    return [(e or {}).get("info", {}) for e in _episodes(completions, episodes)]
 
 
 @register_reward("plan_success")
@@ -60,3 +63,32 @@ def subgoal_cost(
 ) -> list[float]:
     """Minus the subgoals proposed: its weight is the cost of one."""
     return [-float(i.get("planner/subgoals", 0.0)) for i in _info(completions, episodes)]
+
+
+@register_step_reward("plan_turns")
+def plan_turns(
+    completions: list[str], samples: list[dict], episodes: list[dict] | None = None,
+    progress: float = 1.0, invalid: float = -0.2,
+) -> list[list[Step]]:  # fmt: skip
+    """Each answered planner turn scored at its end: ``progress`` times the progress it made
+    (the share of the task's subgoals its subgoal added, in order; negative when it undid one)
+    plus ``invalid`` when it named nothing executable. ``completions`` are the episodes' policy
+    turns joined (``episodes[i]["texts"]``), so turn k ends at the length of its first k texts;
+    the turn that ends the episode (``<done/>``, or one cut by a budget) is not answered and
+    gets no step. Episodes without the per-turn record get none."""
+    if episodes is None:
+        return [[] for _ in completions]
+    out = []
+    for e, text in zip(_episodes(completions, episodes), completions):
+        info = (e or {}).get("info", {})
+        gains, bad = info.get("planner/turn_progress", ()), info.get("planner/turn_invalid", ())
+        ends = [sum(len(t) for t in (e or {}).get("texts", [])[: k + 1]) for k in range(len(gains))]
+        out.append([Step(min(end, len(text)), progress * g + invalid * b)
+                    for end, g, b in zip(ends, gains, bad)])  # fmt: skip
+    return out
+
+
+def _episodes(completions: Sequence[str], episodes: Sequence[dict | None]) -> Sequence:
+    if len(episodes) != len(completions):
+        raise ValueError(f"got {len(episodes)} episode records for {len(completions)} completions")
+    return episodes

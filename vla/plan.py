@@ -31,7 +31,9 @@ cumulative record in ``Observation.info`` (never shown to the model): ``planner/
 ``planner/valid``, ``planner/invalid``, ``planner/executed`` (subgoals the executor finished),
 ``planner/unstable``, ``planner/env_steps``, and the simulator's ground truth
 ``planner/progress`` (share of the task's subgoals that hold in order) and ``planner/success``;
-the ``plan_*`` rewards (``rewards/plan.py``) read them.
+the ``plan_*`` rewards (``rewards/plan.py``) read them. Per answered turn, in order, it also
+keeps the progress the turn made and whether it was invalid (``planner/turn_progress``,
+``planner/turn_invalid``): the ``plan_turns`` process reward scores each turn from them.
 """
 
 from __future__ import annotations
@@ -296,7 +298,18 @@ def _record() -> dict:
         "progress",
         "success",
     )
-    return {f"planner/{k}": 0.0 for k in keys}
+    return {**{f"planner/{k}": 0.0 for k in keys}, TURN_PROGRESS: (), TURN_INVALID: ()}
+
+
+TURN_PROGRESS, TURN_INVALID = "planner/turn_progress", "planner/turn_invalid"
+"""record keys of the answered turns in order: the progress each one made (its subgoal's change
+of ``planner/progress``; 0 for an invalid turn) and whether it was invalid (1.0) or not (0.0),
+for per-turn rewards (``rewards/plan.py``: ``plan_turns``)"""
+
+
+def _add_turn(record: dict, progress: float, invalid: bool) -> None:
+    record[TURN_PROGRESS] = (*record[TURN_PROGRESS], progress)
+    record[TURN_INVALID] = (*record[TURN_INVALID], float(invalid))
 
 
 class PlanEnv:
@@ -397,6 +410,7 @@ class PlanEnv:
         rec["planner/env_steps"] += out.steps
         r.state, r.path = out.state, (*r.path, sub)
         done, n = env.subgoals_done(), len(env.task.subgoals)
+        _add_turn(rec, done / n - rec["planner/progress"], invalid=False)
         rec["planner/progress"] = done / n
         rec["planner/success"] = float(done == n)
         said = _outcome(sub.text(env.layout.colours), out.ok, out.unstable, out.steps)
@@ -482,6 +496,7 @@ class PlanEnv:
         if not counted:
             r.record["planner/subgoals"] += 1
         r.record["planner/invalid"] += 1
+        _add_turn(r.record, 0.0, invalid=True)
         if self.settings.record:
             env = self._env(r.task)
             env.set_state(r.state)

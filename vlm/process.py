@@ -1,8 +1,9 @@
 """Process rewards of VLM completions: rule-based step checks and PRIME's implicit PRM, placed on
 tokens as ``RolloutBatch.step_rewards`` [B, T], and the monitor that flags a hacked one.
 
-* `RuleSteps` runs a step reward of ``rewards/process.py`` on the completion texts and puts each
-  step's score on the token that holds the step's last character.
+* `RuleSteps` runs a step reward of ``rewards/process.py`` on the completion texts (a multi-turn
+  episode's: its policy turns joined) and puts each step's score on the token that holds the
+  step's last character.
 * `ImplicitPRM` (PRIME, Cui et al. 2025): a second copy of the policy, trained online from the
   outcome labels alone; its per-token reward is ``beta * (log pi_prm(y_t) - log pi_ref(y_t))``
   against a frozen copy of the initial weights. Its loss is the cross-entropy of
@@ -59,16 +60,26 @@ class RuleSteps:
 
     def __init__(self, name: str, params: dict | None = None, timeout_s: float | None = None):
         self.fn, self.name, self.params = get_step_reward(name), name, dict(params or {})
-        if timeout_s and "timeout_s" in inspect.signature(self.fn).parameters:
+        accepts = inspect.signature(self.fn).parameters
+        if timeout_s and "timeout_s" in accepts:
             self.params.setdefault("timeout_s", timeout_s)  # e.g. judge_steps' worker limit
+        self.takes_episodes = "episodes" in accepts
+        """the step reward reads the episode records (``episodes=``, as outcome rewards do)"""
 
     def __call__(self, batch: RolloutBatch, policy, correct: Tensor) -> tuple[Tensor, dict]:
         """Step scores on tokens [B, T]. A step reward that raises (a judge that timed out or
-        died) scores every step of the batch 0 and is counted (``process_errors``)."""
-        texts = [m["completion"] for m in batch.meta]
+        died) scores every step of the batch 0 and is counted (``process_errors``).
+
+        A multi-turn episode's completion is its policy turns' text joined (``episode.texts``:
+        observations are not the policy's, and no step ends in one), and a step's character
+        offset is placed on the policy token that holds it."""
+        episodes = [m.get("episode") for m in batch.meta]
+        multi = all(e is not None for e in episodes) and bool(episodes)
+        texts = ["".join(e["texts"]) for e in episodes] if multi else [m["completion"] for m in batch.meta]  # fmt: skip
+        extra = {"episodes": episodes} if multi and self.takes_episodes else {}
         out = torch.zeros(batch.mask.shape)
         try:
-            steps = self.fn(texts, [m["sample"] for m in batch.meta], **self.params)
+            steps = self.fn(texts, [m["sample"] for m in batch.meta], **extra, **self.params)
             if len(steps) != len(batch):
                 raise ValueError(f"returned {len(steps)} rows for {len(batch)} completions")
         except Exception as e:  # noqa: BLE001 - a process reward must not stop training
@@ -79,9 +90,13 @@ class RuleSteps:
         for b, row in enumerate(steps):
             if not row:
                 continue
-            ids = batch.tokens[b, : lengths[b]].tolist()
+            if multi:  # the policy's tokens, wherever the observations put them
+                where = batch.mask[b].nonzero().flatten()
+            else:
+                where = torch.arange(lengths[b])
+            ids = batch.tokens[b, where].tolist()
             for t, s in zip(token_of_chars(tok, ids, [st.end for st in row]), row):
-                out[b, t] += float(s.score)
+                out[b, int(where[t])] += float(s.score)
         n = sum(len(r) for r in steps)
         return out, {"process_errors": 0.0, "process_steps": n / max(len(batch), 1)}
 

@@ -404,9 +404,12 @@ def process_reward(cfg, policy):
     from .process import IMPLICIT, ImplicitPRM, RuleSteps
 
     where = f"rollout.process_reward={name}"
-    if multi_turn(cfg):
-        raise ConfigError(f"{where}: process rewards of multi-turn episodes are not supported yet")
     if name == IMPLICIT:
+        if multi_turn(cfg):
+            raise ConfigError(
+                f"{where}: the implicit PRM of multi-turn episodes is not supported yet (a "
+                "rule-based step reward is: e.g. plan_turns on the plan side)"
+            )
         unknown = sorted(set(params) - {"beta", "lr"})
         if unknown:
             raise ConfigError(f"rollout.process_params {unknown}: implicit_prm takes beta, lr")

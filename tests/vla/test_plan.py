@@ -545,3 +545,51 @@ def test_a_round_s_subgoals_run_side_by_side_as_they_would_one_by_one(tmp_path):
     assert counts["one_by_one"] == 36 and counts["prepare"] == 24
     assert counts["side_by_side"] == 24  # respond simulated nothing more
     np.testing.assert_array_equal(states[0], states[3])  # the duplicate replayed the first
+
+
+def test_plan_turns_scores_each_turn_where_it_ends():
+    """The per-turn process reward: progress made and invalid turns, at each turn's end in the
+    joined policy text; the turn that ends the episode gets no step."""
+    from perceptrl.rewards.plan import plan_turns
+
+    env = PlanEnv(PlanSettings(OracleExecutor()))
+    env.reset([_sample("put_two", 5)])
+    first, second = _plan(env, 0)
+    turns = ["<subgoal>put the magenta block in the red bowl</subgoal>",
+             f"<subgoal>{first}</subgoal>", f"<subgoal>{second}</subgoal>", "<done/>"]  # fmt: skip
+    for t in turns:
+        obs = env.respond(0, t)
+    record = {"texts": turns, "info": env.rows[0].record}
+    assert record["info"]["planner/turn_progress"] == (0.0, 0.5, 0.5)
+    assert record["info"]["planner/turn_invalid"] == (1.0, 0.0, 0.0) and obs is None
+    (steps,) = plan_turns(["".join(turns)], [{}], episodes=[record], invalid=-0.3)
+    ends = [len("".join(turns[: k + 1])) for k in range(3)]
+    assert [s.end for s in steps] == ends and [s.score for s in steps] == [-0.3, 0.5, 0.5]
+    assert plan_turns(["x"], [{}]) == [[]]  # no episode records: no steps
+
+
+def test_per_turn_rewards_sit_on_each_turn_s_last_policy_token(tmp_path):
+    """`RuleSteps` on episode rows: the step reward reads the joined policy turns and the
+    records, and each score lands on the policy token that ends its turn (never on an
+    observation); a plan recipe with ``rollout.process_reward=plan_turns`` trains."""
+    from perceptrl.vlm.episode import forced_batch
+    from perceptrl.vlm.process import RuleSteps
+    from perceptrl.vlm.run import build_policy, load_data
+
+    cfg = load_config("configs/plan_grpo.yaml", TINY)
+    data = load_data(cfg, tmp_path)
+    policy = build_policy(cfg, tmp_path)
+    samples = [s for s in data.train if len(s["meta"]["plan"]) == 2][:2]
+    batch = forced_batch(policy, samples, [reasoning_trace(s) for s in samples])
+    steps, stats = RuleSteps("plan_turns")(batch, policy, torch.ones(len(batch)))
+    assert stats == {"process_errors": 0.0, "process_steps": 2.0}
+    for b in range(len(batch)):
+        at = steps[b].nonzero().flatten().tolist()
+        assert len(at) == 2 and steps[b, at].tolist() == [0.5, 0.5]
+        assert all(batch.mask[b, t] == 1 for t in at)
+        assert batch.mask[b, at[0] + 2] == 0  # then the stop token, then the observation
+    cfg = load_config("configs/plan_grpo.yaml", [*TINY, "rollout.process_reward=plan_turns",
+                                                  "algo.adv_estimator=prime"])  # fmt: skip
+    side(cfg).build_trainer(cfg, tmp_path / "run").fit()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert any("reward/process_mean" in r for r in rows)
