@@ -395,7 +395,13 @@ def markdown(d: dict) -> str:
         f"Machine: {d['machine']['cpu']} ({d['machine']['cores']} cores). Planner: tiny VLM "
         f"({s['base']}); executor: {executor_text(s)}. "
         f"SFT: {s['sft_model']}, then GRPO for {s['grpo_minutes']} min "
-        f"({d['grpo']['steps']} steps, {d['grpo']['step_s'] or 0:.1f} s each). Greedy episodes on "
+        f"({d['grpo']['steps']} steps, {d['grpo']['step_s'] or 0:.1f} s each"
+        + (
+            f"; overrides of configs/plan_grpo.yaml: {' '.join(s['grpo_args'])}"
+            if s.get("grpo_args")
+            else ""
+        )  # fmt: skip
+        + f"). Greedy episodes on "
         f"{s['n_test']} held-out states (test split, trial seed {s['test_trial_seed']}).",
         "",
         "| planner | all | " + " | ".join(tasks) + " |",

@@ -9,6 +9,8 @@ and per-subgoal cost terms, and the sampling temperature.
 Usage (after ``bench_plan.py --executor policy --out runs/bench_plan_policy``):
     python bench/probe_plan_grpo.py --runs runs/bench_plan_policy [--minutes 5] [--n-val 60]
     python bench/probe_plan_grpo.py --split test --variants outcome_only --minutes 10
+    python bench/probe_plan_grpo.py --executor reader --runs runs/bench_plan_reader \
+        --variants recipe lr_1e-4 lr_1e-4_outcome_only turns --minutes 6 [--reuse]
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 from pathlib import Path
 
 from bench_plan import score
-from common import last_model, machine, run_arm, write_results
+from common import last_model, logged_seconds, machine, run_arm, write_results
 
 SHOWN = ("accuracy", "planner/subgoals", "planner/progress")
 """the scores kept per arm"""
@@ -26,6 +28,19 @@ VARIANTS = {
     "recipe": [],
     "outcome_only": ["rollout.reward.plan_validity=0.0", "rollout.reward.subgoal_cost=0.0"],
     "temperature_0.7": ["rollout.temperature=0.7"],
+    "lr_1e-4": ["train.lr=1.0e-4"],
+    "lr_1e-4_outcome_only": [
+        "train.lr=1.0e-4",
+        "rollout.reward.plan_validity=0.0",
+        "rollout.reward.subgoal_cost=0.0",
+    ],  # fmt: skip
+    "turns": [
+        "algo.adv_estimator=prime",
+        "rollout.process_reward=plan_turns",
+        "rollout.reward.plan_progress=0.0",
+        "rollout.reward.plan_validity=0.0",
+        "rollout.reward.subgoal_cost=0.0",
+    ],  # fmt: skip
 }
 """probe arm -> overrides of configs/plan_grpo.yaml"""
 
@@ -33,35 +48,46 @@ VARIANTS = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default="runs/bench_plan_policy")
+    ap.add_argument("--executor", choices=("policy", "reader"), default="policy",
+                    help="the bench_plan.py run under --runs (its result file's executor)")  # fmt: skip
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--n-val", type=int, default=60)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--split", choices=("val", "test"), default="val",
                     help="test: the chosen variant on bench_plan.py's held-out test states")  # fmt: skip
+    ap.add_argument("--reuse", action="store_true",
+                    help="score the arms already trained under --runs instead of training them")  # fmt: skip
     args = ap.parse_args()
 
     from perceptrl.datasets.loader import load_samples
     from perceptrl.datasets.plan import generate
 
     runs = Path(args.runs)
-    settings = json.loads((Path(__file__).parent / "results" / "plan_policy.json").read_text())
+    settings = json.loads(
+        (Path(__file__).parent / "results" / f"plan_{args.executor}.json").read_text()
+    )
     executor_args = settings["settings"]["executor_args"]
     if args.split == "val":
         generate(runs / "val_data", splits={"val": args.n_val}, seed=0)
         val = load_samples(runs / "val_data" / "val.jsonl")[0]
     else:  # the states bench_plan.py scores its arms on
         val = load_samples(runs / "eval_data" / "test.jsonl")[0]
-    tag = "" if args.split == "val" else "_test"
+    tag = ("" if args.executor == "policy" else f"_{args.executor}") + (
+        "" if args.split == "val" else "_test"
+    )
     sft = last_model(runs / "sft")
     common = ["train.seed=0", "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
               f"data.train={(runs / 'data' / 'train.jsonl').resolve()}", "data.val=",
               *executor_args]  # fmt: skip
     rows = {}
     for name in args.variants:
-        out = runs / f"probe_{name}{tag}"
-        wall = run_arm(["train", "plan_grpo", "train.steps=100000", *common,
-                        f"train.time_limit_min={args.minutes}", f"model.path={sft}",
-                        "checkpoint.every=0", *VARIANTS[name]], out)  # fmt: skip
+        out = runs / f"probe_{name}{'' if args.split == 'val' else '_test'}"
+        if args.reuse and (out / "checkpoints").exists():
+            wall = logged_seconds(out)
+        else:
+            wall = run_arm(["train", "plan_grpo", "train.steps=100000", *common,
+                            f"train.time_limit_min={args.minutes}", f"model.path={sft}",
+                            "checkpoint.every=0", *VARIANTS[name]], out)  # fmt: skip
         model = last_model(out)
         metrics, _, _ = score(model, val, out / f"{args.split}_eval", executor_args)
         rows[name] = {"overrides": VARIANTS[name], "wall_s": wall,
