@@ -43,6 +43,8 @@ VARIANTS = {
     ],  # fmt: skip
 }
 """probe arm -> overrides of configs/plan_grpo.yaml"""
+VARIANTS["turns_epochs_2"] = [*VARIANTS["turns"], "train.ppo_epochs=2"]
+VARIANTS["turns_lr_1e-4"] = [*VARIANTS["turns"], "train.lr=1.0e-4"]
 
 
 def main() -> None:
