@@ -45,6 +45,7 @@ VARIANTS = {
 """probe arm -> overrides of configs/plan_grpo.yaml"""
 VARIANTS["turns_epochs_2"] = [*VARIANTS["turns"], "train.ppo_epochs=2"]
 VARIANTS["turns_lr_1e-4"] = [*VARIANTS["turns"], "train.lr=1.0e-4"]
+VARIANTS["turns_early_done"] = [*VARIANTS["turns"], "rollout.process_params.early_done=-0.5"]
 
 
 def main() -> None:

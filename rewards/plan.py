@@ -68,23 +68,27 @@ def subgoal_cost(
 @register_step_reward("plan_turns")
 def plan_turns(
     completions: list[str], samples: list[dict], episodes: list[dict] | None = None,
-    progress: float = 1.0, invalid: float = -0.2,
+    progress: float = 1.0, invalid: float = -0.2, early_done: float = 0.0,
 ) -> list[list[Step]]:  # fmt: skip
     """Each answered planner turn scored at its end: ``progress`` times the progress it made
     (the share of the task's subgoals its subgoal added, in order; negative when it undid one)
-    plus ``invalid`` when it named nothing executable. ``completions`` are the episodes' policy
-    turns joined (``episodes[i]["texts"]``), so turn k ends at the length of its first k texts;
-    the turn that ends the episode (``<done/>``, or one cut by a budget) is not answered and
-    gets no step. Episodes without the per-turn record get none."""
+    plus ``invalid`` when it named nothing executable; and ``early_done`` on the turn that
+    said ``<done/>`` while the task was not complete. ``completions`` are the episodes' policy
+    turns joined (``episodes[i]["texts"]``), so turn k ends at the length of its first k texts.
+    A turn cut by a budget gets no step; episodes without the per-turn record get none."""
     if episodes is None:
         return [[] for _ in completions]
     out = []
     for e, text in zip(_episodes(completions, episodes), completions):
-        info = (e or {}).get("info", {})
+        e = e or {}
+        info, texts = e.get("info", {}), e.get("texts", [])
         gains, bad = info.get("planner/turn_progress", ()), info.get("planner/turn_invalid", ())
-        ends = [sum(len(t) for t in (e or {}).get("texts", [])[: k + 1]) for k in range(len(gains))]
-        out.append([Step(min(end, len(text)), progress * g + invalid * b)
-                    for end, g, b in zip(ends, gains, bad)])  # fmt: skip
+        ends = [sum(len(t) for t in texts[: k + 1]) for k in range(len(gains))]
+        steps = [Step(min(end, len(text)), progress * g + invalid * b)
+                 for end, g, b in zip(ends, gains, bad)]  # fmt: skip
+        if early_done and e.get("stop") == "answer" and not info.get("planner/success", 0.0):
+            steps.append(Step(len(text), early_done))
+        out.append(steps)
     return out
 
 

@@ -566,6 +566,13 @@ def test_plan_turns_scores_each_turn_where_it_ends():
     ends = [len("".join(turns[: k + 1])) for k in range(3)]
     assert [s.end for s in steps] == ends and [s.score for s in steps] == [-0.3, 0.5, 0.5]
     assert plan_turns(["x"], [{}]) == [[]]  # no episode records: no steps
+    # <done/> said while the task is not complete: scored on the done turn when asked
+    early = {"texts": ["<done/>"], "stop": "answer", "info": {}}
+    complete = {**record, "stop": "answer"}
+    got = plan_turns(["<done/>", "".join(turns)], [{}, {}], episodes=[early, complete],
+                     early_done=-0.5)  # fmt: skip
+    assert got[0] == [(len("<done/>"), -0.5)] and len(got[1]) == 3  # the complete one: none
+    assert plan_turns(["<done/>"], [{}], episodes=[early]) == [[]]  # off by default
 
 
 def test_per_turn_rewards_sit_on_each_turn_s_last_policy_token(tmp_path):
