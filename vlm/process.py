@@ -75,7 +75,10 @@ class RuleSteps:
         offset is placed on the policy token that holds it."""
         episodes = [m.get("episode") for m in batch.meta]
         multi = all(e is not None for e in episodes) and bool(episodes)
-        texts = ["".join(e["texts"]) for e in episodes] if multi else [m["completion"] for m in batch.meta]  # fmt: skip
+        if multi:
+            texts = ["".join(e["texts"]) for e in episodes]
+        else:
+            texts = [m["completion"] for m in batch.meta]
         extra = {"episodes": episodes} if multi and self.takes_episodes else {}
         out = torch.zeros(batch.mask.shape)
         try:
