@@ -14,7 +14,8 @@ instruction with no planner. Arms, each in its own process:
 
 * base: the planner base as it is (it has read dialogues, never an image);
 * sft: the warm start on the oracle plans (``--sft-steps``), every trace's subgoals executed;
-* grpo: GRPO from the sft checkpoint for ``--grpo-minutes`` with the simulator's rewards;
+* grpo: RL from the sft checkpoint for ``--grpo-minutes`` with the simulator's rewards (the
+  recipe's GRPO, or what ``--grpo-args`` makes of it: the reader result used per-turn rewards);
 * sft_more (``--sft-control``, on by default): the equal-time control, SFT continued from the
   sft checkpoint for ``--grpo-minutes`` on the same traces;
 * exec_<family>_s<seed> (``--executor policy``): the executors, one run per ``--exec-seeds``
@@ -35,7 +36,10 @@ subgoal family on that plan, so that planning and execution errors can be told a
 
     python bench/bench_plan.py [--sft-steps 100] [--grpo-minutes 10] [--n-test 100]
     python bench/bench_plan.py --executor policy [--exec-steps 1000] [--exec-seeds 0 1 2]
-    python bench/bench_plan.py --executor reader --exec-steps 3000 --exec-seeds 0
+    python bench/bench_plan.py --executor reader --exec-steps 3000 --exec-seeds 0 \
+        --grpo-args algo.adv_estimator=prime rollout.process_reward=plan_turns \
+        rollout.reward.plan_progress=0.0 rollout.reward.plan_validity=0.0 \
+        rollout.reward.subgoal_cost=0.0
 
 Writes bench/results/plan.{json,md,png} and plan_episode.png (a key-frame strip of the best
 planner arm's first completed held-out episode); plan_policy.* with ``--executor policy``,

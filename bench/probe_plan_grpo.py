@@ -46,6 +46,11 @@ VARIANTS = {
 VARIANTS["turns_epochs_2"] = [*VARIANTS["turns"], "train.ppo_epochs=2"]
 VARIANTS["turns_lr_1e-4"] = [*VARIANTS["turns"], "train.lr=1.0e-4"]
 VARIANTS["turns_early_done"] = [*VARIANTS["turns"], "rollout.process_params.early_done=-0.5"]
+VARIANTS["turns_group_8"] = [
+    *VARIANTS["turns"],
+    "rollout.group_size=8",
+    "rollout.prompts_per_step=2",
+]
 
 
 def main() -> None:
