@@ -135,6 +135,7 @@ class PolicyExecutor:
         takes the observations of the envs ``live`` (indices into ``envs``) and returns their
         actions [K, A], from one policy forward per policy and scene size."""
         plans = [self._plan(env) for env in envs]
+        kinds = [(id(policy), str(cut)) for policy, cut, *_ in plans]  # who may share a forward
 
         def act(live: list[int], obs: list[dict]) -> list[np.ndarray]:
             out: list[np.ndarray | None] = [None] * len(live)
@@ -142,7 +143,7 @@ class PolicyExecutor:
             for j, i in enumerate(live):
                 objects = obs[j].get("objects")
                 size = None if objects is None else np.shape(objects)
-                groups.setdefault((id(plans[i][0]), str(plans[i][1]), size), []).append(j)
+                groups.setdefault((*kinds[i], size), []).append(j)
             for members in groups.values():
                 policy, cut, to_env, cameras, dim = plans[live[members[0]]]
                 rows = [obs[j] for j in members]
@@ -536,15 +537,15 @@ class PlanEnv:
         limits = [s.subgoal_steps or get_task(sub.family).max_episode_steps for sub in subs]
         steps, ok, unstable = [0] * len(envs), [False] * len(envs), [False] * len(envs)
         said = [sub.text(env.layout.colours) for env, sub in zip(envs, subs)]
+        noops = [idle_action(env.action_space.shape[0], env.cfg.control) for env in envs]
         live = list(range(len(envs)))
         while live:
             for i, chunk in zip(live, act(live, [obs[i] for i in live])):
                 env = envs[i]
-                noop = idle_action(env.action_space.shape[0], env.cfg.control)
                 for a in chunk:
                     if not np.isfinite(a).all():
                         self.counters["bad_actions"] += 1
-                        a = noop
+                        a = noops[i]
                     obs[i], _, _, _, info = env.step(a)
                     steps[i] += 1
                     if s.record:
