@@ -32,7 +32,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from perceptrl.sim.composite import COMPOSITES
-    from perceptrl.vla.plan import PlanEnv, PlanSettings, load_executor
+    from perceptrl.vla.executors import load_executor
+    from perceptrl.vla.plan import PlanEnv, PlanSettings
 
     executor = load_executor("policy", {"all": args.policy})
     tasks = sorted(COMPOSITES)

@@ -22,15 +22,8 @@ from perceptrl.trainer.metrics import read_metrics
 from perceptrl.vla.compact import build_compact, spec_from_config
 from perceptrl.vla.config import VLAConfig
 from perceptrl.vla.envs import idle_action
-from perceptrl.vla.plan import (
-    INVALID,
-    OracleExecutor,
-    PlanEnv,
-    PlanSettings,
-    PolicyExecutor,
-    load_executor,
-    plan_settings,
-)
+from perceptrl.vla.executors import OracleExecutor, PolicyExecutor, load_executor
+from perceptrl.vla.plan import INVALID, PlanEnv, PlanSettings, plan_settings
 from perceptrl.wiring import load_config, side
 
 

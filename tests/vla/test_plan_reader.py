@@ -24,7 +24,8 @@ from perceptrl.vla.compact import (
     spec_from_config,
 )
 from perceptrl.vla.config import VLAConfig
-from perceptrl.vla.plan import OracleExecutor, PlanEnv, PlanSettings, load_executor
+from perceptrl.vla.executors import OracleExecutor, load_executor
+from perceptrl.vla.plan import PlanEnv, PlanSettings
 from perceptrl.vla.plan_eval import executor_alone
 from perceptrl.wiring import load_config, side
 
