@@ -69,7 +69,7 @@ SFT_ARGS = ["train.lr=3.0e-4", "rollout.prompts_per_step=8"]
 GOALS = {"grpo_minus_sft": 0.20, "grpo_minus_alone": 0.30}
 """the issue's goals (the second where the executor alone was run: ``--executor reader``)"""
 KEYS = ("planner/success", "planner/progress", "planner/valid", "planner/invalid",
-        "planner/subgoals", "planner/executed", "episode/turns_mean")  # fmt: skip
+        "planner/on_plan", "planner/subgoals", "planner/executed", "episode/turns_mean")  # fmt: skip
 
 
 def score(model: Path, samples: list[dict], out: Path, extra: list[str]) -> tuple[dict, dict, dict]:

@@ -46,11 +46,26 @@ VARIANTS = {
 VARIANTS["turns_epochs_2"] = [*VARIANTS["turns"], "train.ppo_epochs=2"]
 VARIANTS["turns_lr_1e-4"] = [*VARIANTS["turns"], "train.lr=1.0e-4"]
 VARIANTS["turns_early_done"] = [*VARIANTS["turns"], "rollout.process_params.early_done=-0.5"]
+VARIANTS["turns_match"] = [*VARIANTS["turns"], "rollout.process_params.match=0.5"]
+VARIANTS["turns_match_1"] = [*VARIANTS["turns"], "rollout.process_params.match=1.0"]
 VARIANTS["turns_group_8"] = [
     *VARIANTS["turns"],
     "rollout.group_size=8",
     "rollout.prompts_per_step=2",
 ]
+
+
+def kept_arms(name: str, split: str, n_states: int, minutes: float, rerun: list[str]) -> dict:
+    """The arms of the result file ``name`` that this call does not rerun, when it was made on
+    the same states with the same budget (so that probing a few variants adds rows to the
+    table instead of replacing it); the SFT row is always rescored."""
+    path = Path(__file__).parent / "results" / f"{name}.json"
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    if (old.get("split"), old.get("n_states"), old.get("minutes")) != (split, n_states, minutes):
+        return {}
+    return {k: v for k, v in old["arms"].items() if k not in rerun and k != "sft (start)"}
 
 
 def main() -> None:
@@ -87,7 +102,7 @@ def main() -> None:
     common = ["train.seed=0", "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
               f"data.train={(runs / 'data' / 'train.jsonl').resolve()}", "data.val=",
               *executor_args]  # fmt: skip
-    rows = {}
+    rows = kept_arms(f"plan_grpo_probe{tag}", args.split, len(val), args.minutes, args.variants)
     for name in args.variants:
         out = runs / f"probe_{name}{'' if args.split == 'val' else '_test'}"
         if args.reuse and (out / "checkpoints").exists():

@@ -10,7 +10,8 @@ each. Compose them like any terms, e.g.::
 
 ``plan_turns`` is a process (step) reward (``rollout.process_reward=plan_turns``): each answered
 turn scored where it ends, from the record's per-turn entries (``planner/turn_progress``,
-``planner/turn_invalid``), so a turn is credited with what it did rather than with the episode.
+``planner/turn_invalid``, ``planner/turn_match``), so a turn is credited with what it did rather
+than with the episode.
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ def subgoal_cost(
 @register_step_reward("plan_turns")
 def plan_turns(
     completions: list[str], samples: list[dict], episodes: list[dict] | None = None,
-    progress: float = 1.0, invalid: float = -0.2, early_done: float = 0.0,
+    progress: float = 1.0, invalid: float = -0.2, early_done: float = 0.0, match: float = 0.0,
 ) -> list[list[Step]]:  # fmt: skip
     """Each answered planner turn scored at its end: ``progress`` times the progress it made
     (the share of the task's subgoals its subgoal added, in order; negative when it undid one)
-    plus ``invalid`` when it named nothing executable; and ``early_done`` on the turn that
-    said ``<done/>`` while the task was not complete. ``completions`` are the episodes' policy
+    plus ``invalid`` when it named nothing executable plus ``match`` when it named the task's
+    next subgoal (the simulator's ground truth: right plan, whether or not the executor then
+    managed it); and ``early_done`` on the turn that said ``<done/>`` while the task was not
+    complete. ``completions`` are the episodes' policy
     turns joined (``episodes[i]["texts"]``), so turn k ends at the length of its first k texts.
     A turn cut by a budget gets no step; episodes without the per-turn record get none."""
     if episodes is None:
@@ -83,9 +86,10 @@ def plan_turns(
         e = e or {}
         info, texts = e.get("info", {}), e.get("texts", [])
         gains, bad = info.get("planner/turn_progress", ()), info.get("planner/turn_invalid", ())
+        hits = info.get("planner/turn_match") or (0.0,) * len(gains)
         ends = [sum(len(t) for t in texts[: k + 1]) for k in range(len(gains))]
-        steps = [Step(min(end, len(text)), progress * g + invalid * b)
-                 for end, g, b in zip(ends, gains, bad)]  # fmt: skip
+        steps = [Step(min(end, len(text)), progress * g + invalid * b + match * h)
+                 for end, g, b, h in zip(ends, gains, bad, hits)]  # fmt: skip
         if early_done and e.get("stop") == "answer" and not info.get("planner/success", 0.0):
             steps.append(Step(len(text), early_done))
         out.append(steps)

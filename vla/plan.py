@@ -31,8 +31,11 @@ cumulative record in ``Observation.info`` (never shown to the model): ``planner/
 ``planner/unstable``, ``planner/env_steps``, and the simulator's ground truth
 ``planner/progress`` (share of the task's subgoals that hold in order) and ``planner/success``;
 the ``plan_*`` rewards (``rewards/plan.py``) read them. Per answered turn, in order, it also
-keeps the progress the turn made and whether it was invalid (``planner/turn_progress``,
-``planner/turn_invalid``): the ``plan_turns`` process reward scores each turn from them.
+keeps the progress the turn made, whether it was invalid and whether its subgoal was the task's
+next one in order (``planner/turn_progress``, ``planner/turn_invalid``, ``planner/turn_match``):
+the ``plan_turns`` process reward scores each turn from them. ``planner/on_plan`` counts the
+turns that named the task's next subgoal, whatever the executor then did, so that planning errors
+and execution errors can be told apart.
 """
 
 from __future__ import annotations
@@ -131,23 +134,30 @@ def _record() -> dict:
         "valid",
         "invalid",
         "executed",
+        "on_plan",
         "unstable",
         "env_steps",
         "progress",
         "success",
     )
-    return {**{f"planner/{k}": 0.0 for k in keys}, TURN_PROGRESS: (), TURN_INVALID: ()}
+    return {**{f"planner/{k}": 0.0 for k in keys}, **{k: () for k in TURN_KEYS}}
 
 
-TURN_PROGRESS, TURN_INVALID = "planner/turn_progress", "planner/turn_invalid"
+TURN_PROGRESS, TURN_INVALID, TURN_MATCH = (
+    "planner/turn_progress",
+    "planner/turn_invalid",
+    "planner/turn_match",
+)
 """record keys of the answered turns in order: the progress each one made (its subgoal's change
-of ``planner/progress``; 0 for an invalid turn) and whether it was invalid (1.0) or not (0.0),
-for per-turn rewards (``rewards/plan.py``: ``plan_turns``)"""
+of ``planner/progress``; 0 for an invalid turn), whether it was invalid (1.0) or not (0.0), and
+whether it named the task's next subgoal in order (the first that does not hold yet; 1.0) or
+not, for per-turn rewards (``rewards/plan.py``: ``plan_turns``)"""
+TURN_KEYS = (TURN_PROGRESS, TURN_INVALID, TURN_MATCH)
 
 
-def _add_turn(record: dict, progress: float, invalid: bool) -> None:
-    record[TURN_PROGRESS] = (*record[TURN_PROGRESS], progress)
-    record[TURN_INVALID] = (*record[TURN_INVALID], float(invalid))
+def _add_turn(record: dict, progress: float, invalid: bool, match: bool = False) -> None:
+    for key, value in zip(TURN_KEYS, (progress, float(invalid), float(match))):
+        record[key] = (*record[key], value)
 
 
 class PlanEnv:
@@ -242,13 +252,16 @@ class PlanEnv:
         if why is not None:
             return self._invalid(row, why, counted=True)
         rec["planner/valid"] += 1
+        before, n = env.subgoals_done(), len(env.task.subgoals)
+        match = before < n and sub == env.task.subgoals[before]
+        rec["planner/on_plan"] += match
         out = self._outcome_of(env, sub, row)
         rec["planner/executed"] += out.ok
         rec["planner/unstable"] += out.unstable
         rec["planner/env_steps"] += out.steps
         r.state, r.path = out.state, (*r.path, sub)
-        done, n = env.subgoals_done(), len(env.task.subgoals)
-        _add_turn(rec, done / n - rec["planner/progress"], invalid=False)
+        done = env.subgoals_done()
+        _add_turn(rec, done / n - rec["planner/progress"], invalid=False, match=match)
         rec["planner/progress"] = done / n
         rec["planner/success"] = float(done == n)
         said = _outcome(sub.text(env.layout.colours), out.ok, out.unstable, out.steps)

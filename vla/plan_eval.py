@@ -21,8 +21,8 @@ from pathlib import Path
 
 ORACLE = "oracle_plan"
 """name of the oracle plan's row"""
-EPISODE_KEYS = ("planner/progress", "planner/valid", "planner/invalid", "planner/executed",
-                "episode/turns_mean")  # fmt: skip
+EPISODE_KEYS = ("planner/progress", "planner/valid", "planner/invalid", "planner/on_plan",
+                "planner/executed", "episode/turns_mean")  # fmt: skip
 """episode means shown beside the success table"""
 
 

@@ -555,9 +555,19 @@ def test_plan_turns_scores_each_turn_where_it_ends():
     record = {"texts": turns, "info": env.rows[0].record}
     assert record["info"]["planner/turn_progress"] == (0.0, 0.5, 0.5)
     assert record["info"]["planner/turn_invalid"] == (1.0, 0.0, 0.0) and obs is None
+    assert record["info"]["planner/turn_match"] == (0.0, 1.0, 1.0)
     (steps,) = plan_turns(["".join(turns)], [{}], episodes=[record], invalid=-0.3)
     ends = [len("".join(turns[: k + 1])) for k in range(3)]
     assert [s.end for s in steps] == ends and [s.score for s in steps] == [-0.3, 0.5, 0.5]
+    (steps,) = plan_turns(["".join(turns)], [{}], episodes=[record], match=0.25)
+    assert [s.score for s in steps] == [-0.2, 0.75, 0.75]
+    # out of order: the second subgoal first is valid but not the next one; then the first is
+    env.reset([_sample("put_two", 5)])
+    for t in (second, first):
+        env.respond(0, f"<subgoal>{t}</subgoal>")
+    rec = env.rows[0].record
+    assert rec["planner/turn_match"] == (0.0, 1.0) and rec["planner/on_plan"] == 1
+    assert rec["planner/turn_progress"] == (0.0, 1.0) and rec["planner/success"] == 1.0
     assert plan_turns(["x"], [{}]) == [[]]  # no episode records: no steps
     # <done/> said while the task is not complete: scored on the done turn when asked
     early = {"texts": ["<done/>"], "stop": "answer", "info": {}}
