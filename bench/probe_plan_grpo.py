@@ -11,6 +11,8 @@ Usage (after ``bench_plan.py --executor policy --out runs/bench_plan_policy``):
     python bench/probe_plan_grpo.py --split test --variants outcome_only --minutes 10
     python bench/probe_plan_grpo.py --executor reader --runs runs/bench_plan_reader \
         --variants recipe lr_1e-4 lr_1e-4_outcome_only turns --minutes 6 [--reuse]
+    python bench/probe_plan_grpo.py --executor reader --runs runs/bench_plan_reader \
+        --split test --variants turns --minutes 30 --curve 280
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 from pathlib import Path
 
 from bench_plan import score
-from common import last_model, logged_seconds, machine, run_arm, write_results
+from common import last_model, logged_seconds, machine, metrics, run_arm, write_results
 
 SHOWN = ("accuracy", "planner/subgoals", "planner/progress")
 """the scores kept per arm"""
@@ -48,6 +50,8 @@ VARIANTS["turns_lr_1e-4"] = [*VARIANTS["turns"], "train.lr=1.0e-4"]
 VARIANTS["turns_early_done"] = [*VARIANTS["turns"], "rollout.process_params.early_done=-0.5"]
 VARIANTS["turns_match"] = [*VARIANTS["turns"], "rollout.process_params.match=0.5"]
 VARIANTS["turns_match_1"] = [*VARIANTS["turns"], "rollout.process_params.match=1.0"]
+VARIANTS["turns_t_0.7"] = [*VARIANTS["turns"], "rollout.temperature=0.7"]
+VARIANTS["turns_match_1_t_0.7"] = [*VARIANTS["turns_match_1"], "rollout.temperature=0.7"]
 VARIANTS["turns_group_8"] = [
     *VARIANTS["turns"],
     "rollout.group_size=8",
@@ -68,6 +72,22 @@ def kept_arms(name: str, split: str, n_states: int, minutes: float, rerun: list[
     return {k: v for k, v in old["arms"].items() if k not in rerun and k != "sft (start)"}
 
 
+def curve(run: Path, states: list[dict], executor_args: list[str], split: str,
+          last: dict) -> list[dict]:  # fmt: skip
+    """Success of each checkpoint a run kept on ``states`` (``last``: its last one's scores,
+    already taken), with the seconds its steps had taken by then."""
+    rows = [r for r in metrics(run) if "time/step" in r]
+    out = []
+    models = sorted((run / "checkpoints").glob("step_*"))
+    for ckpt in models:
+        step = int(ckpt.name[5:])
+        scores = last if ckpt == models[-1] else score(
+            ckpt / "model", states, run / f"{split}_eval_{step}", executor_args)[0]  # fmt: skip
+        seconds = sum(r["time/step"] for r in rows if r["step"] <= step)
+        out.append({"step": step, "seconds": seconds, **{k: scores[k] for k in SHOWN}})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default="runs/bench_plan_policy")
@@ -78,6 +98,9 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--split", choices=("val", "test"), default="val",
                     help="test: the chosen variant on bench_plan.py's held-out test states")  # fmt: skip
+    ap.add_argument("--curve", type=int, default=0,
+                    help="keep a checkpoint every this many steps and score each on the same "
+                    "states (a learning curve); 0: the last only")  # fmt: skip
     ap.add_argument("--reuse", action="store_true",
                     help="score the arms already trained under --runs instead of training them")  # fmt: skip
     args = ap.parse_args()
@@ -102,6 +125,8 @@ def main() -> None:
     common = ["train.seed=0", "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
               f"data.train={(runs / 'data' / 'train.jsonl').resolve()}", "data.val=",
               *executor_args]  # fmt: skip
+    kept = ([f"checkpoint.every={args.curve}", "checkpoint.keep_last=0"] if args.curve
+            else ["checkpoint.every=0"])  # fmt: skip
     rows = kept_arms(f"plan_grpo_probe{tag}", args.split, len(val), args.minutes, args.variants)
     for name in args.variants:
         out = runs / f"probe_{name}{'' if args.split == 'val' else '_test'}"
@@ -110,11 +135,13 @@ def main() -> None:
         else:
             wall = run_arm(["train", "plan_grpo", "train.steps=100000", *common,
                             f"train.time_limit_min={args.minutes}", f"model.path={sft}",
-                            "checkpoint.every=0", *VARIANTS[name]], out)  # fmt: skip
+                            *kept, *VARIANTS[name]], out)  # fmt: skip
         model = last_model(out)
-        metrics, _, _ = score(model, val, out / f"{args.split}_eval", executor_args)
+        scores, _, _ = score(model, val, out / f"{args.split}_eval", executor_args)
         rows[name] = {"overrides": VARIANTS[name], "wall_s": wall,
-                      "steps": int(model.parent.name[5:]), **{k: metrics[k] for k in SHOWN}}  # fmt: skip
+                      "steps": int(model.parent.name[5:]), **{k: scores[k] for k in SHOWN}}  # fmt: skip
+        if args.curve:
+            rows[name]["curve"] = curve(out, val, executor_args, args.split, scores)
     sft_metrics, _, _ = score(sft, val, runs / f"probe_sft_{args.split}", executor_args)
     rows["sft (start)"] = {"overrides": [], "wall_s": 0.0, "steps": 0,
                            **{k: sft_metrics[k] for k in SHOWN}}  # fmt: skip
@@ -139,6 +166,11 @@ def main() -> None:
         lines.append(f"| {name} | {' '.join(r['overrides']) or '-'} | {r['steps']} | "
                      f"{r['accuracy']:.3f} | {r['planner/subgoals']:.2f} | "
                      f"{r['planner/progress']:.3f} |")  # fmt: skip
+    for name, r in rows.items():
+        if r.get("curve"):
+            lines += ["", f"Learning curve of {name} (every kept checkpoint, the same states): "
+                      + "; ".join(f"step {c['step']} ({c['seconds'] / 60:.1f} min) "
+                                  f"{c['accuracy']:.3f}" for c in r["curve"]) + "."]  # fmt: skip
     js, md = write_results(f"plan_grpo_probe{tag}", data, "\n".join(lines))
     print("\n".join(lines))
     print(f"\nwrote {js} and {md}")
