@@ -69,7 +69,7 @@ def kept_arms(name: str, split: str, n_states: int, minutes: float, rerun: list[
     old = json.loads(path.read_text())
     if (old.get("split"), old.get("n_states"), old.get("minutes")) != (split, n_states, minutes):
         return {}
-    return {k: v for k, v in old["arms"].items() if k not in rerun and k != "sft (start)"}
+    return {k: v for k, v in old["arms"].items() if k not in rerun and not k.endswith(" (start)")}
 
 
 def curve(run: Path, states: list[dict], executor_args: list[str], split: str,
@@ -101,6 +101,9 @@ def main() -> None:
     ap.add_argument("--curve", type=int, default=0,
                     help="keep a checkpoint every this many steps and score each on the same "
                     "states (a learning curve); 0: the last only")  # fmt: skip
+    ap.add_argument("--start", default="sft",
+                    help="the arm under --runs the variants start from (sft_more: the "
+                    "equal-time SFT control); its own result file unless sft")  # fmt: skip
     ap.add_argument("--reuse", action="store_true",
                     help="score the arms already trained under --runs instead of training them")  # fmt: skip
     args = ap.parse_args()
@@ -121,7 +124,8 @@ def main() -> None:
     tag = ("" if args.executor == "policy" else f"_{args.executor}") + (
         "" if args.split == "val" else "_test"
     )
-    sft = last_model(runs / "sft")
+    tag += "" if args.start == "sft" else f"_from_{args.start}"
+    sft = last_model(runs / args.start)
     common = ["train.seed=0", "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
               f"data.train={(runs / 'data' / 'train.jsonl').resolve()}", "data.val=",
               *executor_args]  # fmt: skip
@@ -130,6 +134,7 @@ def main() -> None:
     rows = kept_arms(f"plan_grpo_probe{tag}", args.split, len(val), args.minutes, args.variants)
     for name in args.variants:
         out = runs / f"probe_{name}{'' if args.split == 'val' else '_test'}"
+        out = out if args.start == "sft" else out.with_name(f"{out.name}_from_{args.start}")
         if args.reuse and (out / "checkpoints").exists():
             wall = logged_seconds(out)
         else:
@@ -142,8 +147,8 @@ def main() -> None:
                       "steps": int(model.parent.name[5:]), **{k: scores[k] for k in SHOWN}}  # fmt: skip
         if args.curve:
             rows[name]["curve"] = curve(out, val, executor_args, args.split, scores)
-    sft_metrics, _, _ = score(sft, val, runs / f"probe_sft_{args.split}", executor_args)
-    rows["sft (start)"] = {"overrides": [], "wall_s": 0.0, "steps": 0,
+    sft_metrics, _, _ = score(sft, val, runs / f"probe_{args.start}_{args.split}", executor_args)
+    rows[f"{args.start} (start)"] = {"overrides": [], "wall_s": 0.0, "steps": 0,
                            **{k: sft_metrics[k] for k in SHOWN}}  # fmt: skip
     cpu = machine(note="2 CPU cores")
     data = {"machine": cpu, "split": args.split, "n_states": len(val), "minutes": args.minutes,
@@ -152,7 +157,7 @@ def main() -> None:
         f"# GRPO recipes with trained executors, on {args.split} states",
         "",
         f"{cpu['cpu']} ({cpu['cores']} cores). Each arm: GRPO "
-        f"from the same SFT planner for {args.minutes} min; greedy episodes on {len(val)} "
+        f"from the same SFT planner ({args.start}) for {args.minutes} min; greedy episodes on {len(val)} "
         + (
             "states of the val split (not the test states)."
             if args.split == "val"
