@@ -149,7 +149,7 @@ def main() -> None:
             rows[name]["curve"] = curve(out, val, executor_args, args.split, scores)
     sft_metrics, _, _ = score(sft, val, runs / f"probe_{args.start}_{args.split}", executor_args)
     rows[f"{args.start} (start)"] = {"overrides": [], "wall_s": 0.0, "steps": 0,
-                           **{k: sft_metrics[k] for k in SHOWN}}  # fmt: skip
+                                     **{k: sft_metrics[k] for k in SHOWN}}  # fmt: skip
     cpu = machine(note="2 CPU cores")
     data = {"machine": cpu, "split": args.split, "n_states": len(val), "minutes": args.minutes,
             "executor_args": executor_args, "arms": rows}  # fmt: skip
@@ -157,7 +157,8 @@ def main() -> None:
         f"# GRPO recipes with trained executors, on {args.split} states",
         "",
         f"{cpu['cpu']} ({cpu['cores']} cores). Each arm: GRPO "
-        f"from the same SFT planner ({args.start}) for {args.minutes} min; greedy episodes on {len(val)} "
+        f"from the same SFT planner ({args.start}) for {args.minutes} min; greedy episodes on "
+        f"{len(val)} "
         + (
             "states of the val split (not the test states)."
             if args.split == "val"

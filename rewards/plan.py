@@ -76,9 +76,9 @@ def plan_turns(
     plus ``invalid`` when it named nothing executable plus ``match`` when it named the task's
     next subgoal (the simulator's ground truth: right plan, whether or not the executor then
     managed it); and ``early_done`` on the turn that said ``<done/>`` while the task was not
-    complete. ``completions`` are the episodes' policy
-    turns joined (``episodes[i]["texts"]``), so turn k ends at the length of its first k texts.
-    A turn cut by a budget gets no step; episodes without the per-turn record get none."""
+    complete. ``completions`` are the episodes' policy turns joined (``episodes[i]["texts"]``),
+    so turn k ends at the length of its first k texts. A turn cut by a budget gets no step;
+    episodes without the per-turn record get none."""
     if episodes is None:
         return [[] for _ in completions]
     out = []
