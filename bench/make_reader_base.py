@@ -16,7 +16,8 @@ untouched.
 Measured on 2 cores (79 s alone, 800 steps, seed 0; bench/results/reader_base_drill.json):
 held-out squared errors (workspace units of 10 cm) 0.0010 for the subject and 0.0016 for the
 goal, against 1.25 and 1.62 on the same states with another row's instruction (a policy that
-does not read stays equal on both); reading appears between steps 400 and 500. Printed and written to ``<out>/drill.json``.
+does not read stays equal on both); reading appears between steps 400 and 500. Printed and
+written to ``<out>/drill.json``.
 
     python bench/make_reader_base.py --out runs/reader_base [--steps 800]
     perceptrl sft plan_exec_reader model.path=runs/reader_base --run-dir runs/exec_reader

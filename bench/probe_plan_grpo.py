@@ -125,12 +125,12 @@ def main() -> None:
         "" if args.split == "val" else "_test"
     )
     tag += "" if args.start == "sft" else f"_from_{args.start}"
-    sft = last_model(runs / args.start)
+    start = last_model(runs / args.start)
     common = ["train.seed=0", "log.progress=false", "train.eval_every=0", "train.eval_samples=0",
               f"data.train={(runs / 'data' / 'train.jsonl').resolve()}", "data.val=",
               *executor_args]  # fmt: skip
-    kept = ([f"checkpoint.every={args.curve}", "checkpoint.keep_last=0"] if args.curve
-            else ["checkpoint.every=0"])  # fmt: skip
+    checkpoints = ([f"checkpoint.every={args.curve}", "checkpoint.keep_last=0"] if args.curve
+                   else ["checkpoint.every=0"])  # fmt: skip
     rows = kept_arms(f"plan_grpo_probe{tag}", args.split, len(val), args.minutes, args.variants)
     for name in args.variants:
         out = runs / f"probe_{name}{'' if args.split == 'val' else '_test'}"
@@ -139,17 +139,17 @@ def main() -> None:
             wall = logged_seconds(out)
         else:
             wall = run_arm(["train", "plan_grpo", "train.steps=100000", *common,
-                            f"train.time_limit_min={args.minutes}", f"model.path={sft}",
-                            *kept, *VARIANTS[name]], out)  # fmt: skip
+                            f"train.time_limit_min={args.minutes}", f"model.path={start}",
+                            *checkpoints, *VARIANTS[name]], out)  # fmt: skip
         model = last_model(out)
         scores, _, _ = score(model, val, out / f"{args.split}_eval", executor_args)
         rows[name] = {"overrides": VARIANTS[name], "wall_s": wall,
                       "steps": int(model.parent.name[5:]), **{k: scores[k] for k in SHOWN}}  # fmt: skip
         if args.curve:
             rows[name]["curve"] = curve(out, val, executor_args, args.split, scores)
-    sft_metrics, _, _ = score(sft, val, runs / f"probe_{args.start}_{args.split}", executor_args)
+    start_scores, _, _ = score(start, val, runs / f"probe_{args.start}_{args.split}", executor_args)
     rows[f"{args.start} (start)"] = {"overrides": [], "wall_s": 0.0, "steps": 0,
-                                     **{k: sft_metrics[k] for k in SHOWN}}  # fmt: skip
+                                     **{k: start_scores[k] for k in SHOWN}}  # fmt: skip
     cpu = machine(note="2 CPU cores")
     data = {"machine": cpu, "split": args.split, "n_states": len(val), "minutes": args.minutes,
             "executor_args": executor_args, "arms": rows}  # fmt: skip

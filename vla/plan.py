@@ -16,8 +16,9 @@ the agent-view image and the long instruction. Each policy turn is read as:
 
 Executors (``vla/executors.py``): ``oracle`` (the scripted experts on the focused subgoal: the
 upper bound) or frozen VLA policies saved by the VLA recipes, one per primitive family or one
-that reads the subgoal's words for all (`PolicyExecutor`). A non-finite action becomes a no-op and is counted; a physics blow-up ends the subgoal as failed
-and puts the scene back as it was before it (``planner/unstable``). After each subgoal the
+that reads the subgoal's words for all (`PolicyExecutor`). A non-finite action becomes a no-op
+and is counted; a physics blow-up ends the subgoal as failed and puts the scene back as it was
+before it (``planner/unstable``). After each subgoal the
 gripper rises clear (the scripted `sim.expert.clear_action`) so the next starts from free space;
 a policy executor's arm then returns to the home pose (`sim.expert.home_action`), where every
 episode it was cloned from began (the next subgoal started above the last bowl before, a state
@@ -83,8 +84,8 @@ with ``from_home``)"""
 @dataclass
 class PlanSettings:
     executor: object
-    """`executors.OracleExecutor`, `executors.PolicyExecutor`, or anything with ``can(family) -> bool`` (a subgoal
-    family it cannot execute is refused like a bad plan) and ``start(env) -> act``, ``act(obs)
+    """`executors.OracleExecutor`, `executors.PolicyExecutor`, or anything with
+    ``can(family) -> bool`` (a subgoal family it cannot execute is refused like a bad plan) and ``start(env) -> act``, ``act(obs)
     -> actions [K, A]`` for the subgoal the env is focused on; optionally ``start_many(envs)``
     for several envs at once (`PolicyExecutor.start_many`: one policy forward for all)"""
     subgoal_steps: int = 0
