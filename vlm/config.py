@@ -166,6 +166,10 @@ class EpisodeConfig:
     """largest observation image area after resizing (0: model.max_pixels)"""
     tool_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """per-tool options, e.g. {zoom: {size: 224}} (the longer side of a zoomed crop)"""
+    stop: list[str] = field(default_factory=list)
+    """strings that end a policy turn like the stop token (vLLM's stop strings), e.g. the
+    planner's </subgoal> and <done/>: the turn keeps the string and the chat template's end of
+    turn opens the observation; empty: turns end at the stop token only"""
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """Multi-turn episodes as data: settings, the environment that answers a turn, the storage tape.
 
 An episode is a trajectory of segments after the prompt: policy turns (tokens the policy
-sampled, each turn ending with the stop token) and observations (what a tool or an environment
-answered, rendered as a new chat turn through the processor's own chat template: text and
-images). Its `RolloutBatch` row is laid out like a single completion, so the trainer needs
-nothing new:
+sampled, each turn ending with the stop token or, with ``rollout.episode.stop``, right after
+one of its stop strings, the stop token then opening the observation) and observations (what a
+tool or an environment answered, rendered as a new chat turn through the processor's own chat
+template: text and images). Its `RolloutBatch` row is laid out like a single completion, so the
+trainer needs nothing new:
 
 * ``tokens`` [B, T]: every token after the prompt, policy and observation, right-padded;
 * ``mask`` [B, T]: 1 on the policy's own tokens only (the loss), 0 on observations and padding;
@@ -52,6 +53,9 @@ STOP_REASONS = (
 )
 """Why an episode ended: a turn without a tool call (``answer``), a turn that reached
 ``rollout.max_new_tokens`` without ending, or a budget of ``rollout.episode``."""
+STOP_STRING = "stop_string"
+"""A turn that ended right after one of ``EpisodeSettings.stop`` (not why an episode ends: the
+turn is answered like one that ended with the stop token)."""
 
 
 @dataclass
@@ -77,6 +81,9 @@ class EpisodeSettings:
     """largest observation image area after resizing (None: the processor's)"""
     tool_names: tuple[str, ...] = ()
     """the tools listed to the model (system prompt), for the record"""
+    stop: tuple[str, ...] = ()
+    """strings that end a policy turn (e.g. ``</subgoal>``): the turn keeps the string, and the
+    stop token that closes it in the chat template opens the observation (out of the loss)"""
 
 
 class EpisodeEnv(Protocol):
@@ -231,6 +238,7 @@ class ObservationTemplate:
 
     def __init__(self, processor, stop_text: str, settings: EpisodeSettings):
         self.processor, self.role = processor, settings.observation_role
+        self.stop_text = stop_text
         self._msgs = [
             {"role": "user", "content": [{"type": "text", "text": "Q"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A"}]},
@@ -253,7 +261,9 @@ class ObservationTemplate:
             if settings.max_pixels:
                 self._size["longest_edge"] = settings.max_pixels
 
-    def text(self, obs: Observation) -> str:
+    def text(self, obs: Observation, close: bool = False) -> str:
+        """The observation's text after a policy turn; ``close``: the turn ended at a stop string,
+        so the text starts with the stop token that closes it."""
         content: list[dict] = [{"type": "image"} for _ in obs.images]
         if obs.text or not obs.images:
             content.append({"type": "text", "text": obs.text})
@@ -267,7 +277,7 @@ class ObservationTemplate:
                 "the chat template renders earlier turns differently once a turn is added; "
                 "episodes need a template that only appends"
             )
-        return self._glue + full[len(self._base) :]
+        return (self.stop_text if close else "") + self._glue + full[len(self._base) :]
 
     def keys(self) -> ObservationKeys:
         """The processor's output keys for observations (a probe with one small image, or text
@@ -281,13 +291,13 @@ class ObservationTemplate:
         return self._keys
 
     def encode_or_error(
-        self, obs: Observation, vision_ids: list[int]
+        self, obs: Observation, vision_ids: list[int], close: bool = False
     ) -> tuple[EncodedObservation, Observation]:
         """`encode`, or, when the processor refuses the observation's images (a zoom into a
         2-px sliver has an aspect ratio Qwen's resizer rejects), an error observation in its
         place, counted under the tool's name like any failed call. Returns what is shown."""
         try:
-            return self.encode(obs, vision_ids), obs
+            return self.encode(obs, vision_ids, close), obs
         except Exception as e:  # the processor's ValueError, or a PIL error on a bad image
             if not obs.images:
                 raise  # text alone always encodes; anything else is a bug, not bad input
@@ -296,14 +306,16 @@ class ObservationTemplate:
                 f"Error: {name} returned an image the model cannot take ({e})",
                 error=name, tool=obs.tool, info=obs.info,
             )  # fmt: skip
-            return self.encode(err, vision_ids), err
+            return self.encode(err, vision_ids, close), err
 
-    def encode(self, obs: Observation, vision_ids: list[int]) -> EncodedObservation:
+    def encode(
+        self, obs: Observation, vision_ids: list[int], close: bool = False
+    ) -> EncodedObservation:
         kwargs: dict[str, Any] = {}
         if obs.images and self._size:
             kwargs["images_kwargs"] = {"size": self._size}
         enc = self.processor(
-            text=[self.text(obs)], images=obs.images or None, return_tensors="pt", **kwargs
+            text=[self.text(obs, close)], images=obs.images or None, return_tensors="pt", **kwargs
         )
         ids = enc["input_ids"][0]
         extras, vision = {}, {}
@@ -482,9 +494,10 @@ def answer_turn(settings: EpisodeSettings, template: ObservationTemplate, env: E
     """Record policy turn ``text`` of episode ``row`` (its tokens are on ``tape``) and decide
     what follows: the environment's observation, encoded, or the end of the episode with its
     reason in the row's log (an answer, or a budget of ``settings``). ``stopped`` is None when
-    the turn ended with the stop token, else why it did not (``turn_length``, ``max_tokens``:
-    the episode ends there). Every sampler (HF, vLLM) closes its turns here, so budgets and
-    stop reasons mean the same whatever the engine.
+    the turn ended with the stop token, `STOP_STRING` when it ended at a stop string (answered
+    alike, the observation then closes the turn), else why it did not (``turn_length``,
+    ``max_tokens``: the episode ends there). Every sampler (HF, vLLM) closes its turns here, so
+    budgets and stop reasons mean the same whatever the engine.
 
     Returns:
         The observation to feed before the next turn, or None when the episode has ended.
@@ -492,7 +505,7 @@ def answer_turn(settings: EpisodeSettings, template: ObservationTemplate, env: E
     log = tape.logs[row]
     log.texts.append(text)
     log.turns += 1
-    if stopped is not None:
+    if stopped not in (None, STOP_STRING):
         log.stop = stopped
         return None
     obs = env.respond(row, text)
@@ -501,7 +514,7 @@ def answer_turn(settings: EpisodeSettings, template: ObservationTemplate, env: E
         return None
     enc = None
     if log.turns < settings.max_turns and log.images + len(obs.images) <= settings.max_images:
-        enc, obs = template.encode_or_error(obs, banned)
+        enc, obs = template.encode_or_error(obs, banned, stopped == STOP_STRING)
     log.observe(obs)
     log.observations.append(obs.text)
     if log.turns >= settings.max_turns:
@@ -517,6 +530,15 @@ def answer_turn(settings: EpisodeSettings, template: ObservationTemplate, env: E
     return None
 
 
+def stop_string_end(decode: Callable[[list[int]], str], ids: list[int], stops) -> int:
+    """How many of a turn's tokens ``ids`` run through the first that completes one of ``stops``
+    in the decoded text (``decode``), 0 when none does: where a sampler that checks the stop
+    strings after every token ends the turn (an engine that returns whole turns is cut here)."""
+    if not stops or not any(s in decode(ids) for s in stops):
+        return 0
+    return next(n for n in range(1, len(ids) + 1) if any(s in decode(ids[:n]) for s in stops))
+
+
 def answer_round(settings: EpisodeSettings, template: ObservationTemplate, env: EpisodeEnv,
                  tape: Tape, rows: list[int], texts: list[str], stopped: list[str | None],
                  banned: list[int]) -> list[EncodedObservation | None]:  # fmt: skip
@@ -525,7 +547,7 @@ def answer_round(settings: EpisodeSettings, template: ObservationTemplate, env: 
     ``prepare`` where it has one."""
     prepare = getattr(env, "prepare", None)
     if prepare is not None:
-        going = [i for i, why in enumerate(stopped) if why is None]
+        going = [i for i, why in enumerate(stopped) if why in (None, STOP_STRING)]
         prepare([rows[i] for i in going], [texts[i] for i in going])
     return [
         answer_turn(settings, template, env, tape, row, text, why, banned)

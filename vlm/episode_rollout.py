@@ -4,9 +4,10 @@ One rollout call runs ``n`` episodes for each prompt, all rows in one batch:
 
 1. the distinct prompts go through the model once (vision tower included) and their keys and
    values are indexed out to the ``n`` rows of each;
-2. a turn: every live row samples tokens until its stop token, ``rollout.max_new_tokens`` or the
-   episode's token budget; a row that ends early feeds padding with attention 0 (a hole in the
-   cache) while the others go on;
+2. a turn: every live row samples tokens until its stop token, one of its stop strings
+   (``rollout.episode.stop``, checked on the turn's text after every token),
+   ``rollout.max_new_tokens`` or the episode's token budget; a row that ends early feeds
+   padding with attention 0 (a hole in the cache) while the others go on;
 3. the environment answers each turn (`EpisodeEnv.respond`); rows that stop (an answer, a
    budget) leave the batch (their cache rows are dropped), the others get their observation
    rendered through the chat template and fed in one forward, left-padded, with only the new
@@ -31,6 +32,7 @@ from torch import Tensor
 
 from ..trainer.batch import RolloutBatch
 from .episode import (
+    STOP_STRING,
     EncodedObservation,
     EpisodeSettings,
     ObservationTemplate,
@@ -42,8 +44,8 @@ from .rollout import BANNED_LOGIT, SamplingParams, collate, generation_mode, pro
 
 ROPE_GRID_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 """Vision inputs the 3-D position index reads."""
-_STOP, _TURN_LENGTH, _MAX_TOKENS = 0, 1, 2
-_REASONS = {_TURN_LENGTH: "turn_length", _MAX_TOKENS: "max_tokens"}
+_STOP, _TURN_LENGTH, _MAX_TOKENS, _STOP_STRING = 0, 1, 2, 3
+_REASONS = {_TURN_LENGTH: "turn_length", _MAX_TOKENS: "max_tokens", _STOP_STRING: STOP_STRING}
 
 
 def rope_module(model):
@@ -279,7 +281,7 @@ class EpisodeSampler(KVSampler):
 
     def _turn(self, live: LiveRows, tape: Tape, sp: SamplingParams, node: Tensor) -> Tensor:
         """Sample one policy turn of every live row (``node`` [L]: its tree node). Returns [L]
-        why each turn ended (stop token, turn length, episode token budget)."""
+        why each turn ended (stop token, stop string, turn length, episode token budget)."""
         start = tape.cursor[live.rows].clone()
         budget = self.settings.max_tokens - start
         gen = budget > 0
@@ -292,11 +294,29 @@ class EpisodeSampler(KVSampler):
             count = tape.cursor[live.rows] - start
             ended = gen & torch.isin(tok, stop)
             reason[ended] = _STOP
+            if self.settings.stop:
+                at_string = self._at_stop_string(live, tape, start, gen & ~ended)
+                reason[at_string] = _STOP_STRING
+                ended = ended | at_string
             long_turn = gen & ~ended & (count >= sp.max_new_tokens)
             reason[long_turn & (count < budget)] = _TURN_LENGTH
             self._step(live, tok.to(self.device), gen.to(self.device))
             gen = gen & ~ended & ~long_turn & (count < budget)
         return reason
+
+    def _at_stop_string(self, live: LiveRows, tape: Tape, start: Tensor, rows: Tensor) -> Tensor:
+        """[L] which of the live rows flagged in ``rows`` have a stop string in their turn so
+        far (tokens from ``start``)."""
+        hit = torch.zeros_like(rows)
+        idx = rows.nonzero().flatten().tolist()
+        if not idx:
+            return hit
+        ids = [tape.tokens[int(live.rows[i]), int(start[i]) : int(tape.cursor[live.rows[i]])]
+               for i in idx]  # fmt: skip
+        texts = self.processor.batch_decode(ids, skip_special_tokens=True)
+        for i, text in zip(idx, texts):
+            hit[i] = any(s in text for s in self.settings.stop)
+        return hit
 
     # ---- the environment's answers ------------------------------------------------------------
 

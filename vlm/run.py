@@ -76,6 +76,8 @@ def episode_settings(cfg) -> EpisodeSettings | None:
     for name in ("max_turns", "max_tokens", "max_images", "max_vision_tokens"):
         if getattr(e, name) < (0 if name in ("max_images", "max_vision_tokens") else 1):
             raise ConfigError(f"rollout.episode.{name}={getattr(e, name)} is out of range")
+    if any(not isinstance(x, str) or not x for x in e.stop):
+        raise ConfigError(f"rollout.episode.stop={e.stop!r}: stop strings must be non-empty text")
     if e.env == "tools":
         env = functools.partial(ToolEnv, _tools(cfg), e.tool_options, e.tool_timeout_s or None)
     else:
@@ -85,6 +87,7 @@ def episode_settings(cfg) -> EpisodeSettings | None:
         max_vision_tokens=e.max_vision_tokens, observation_role=e.observation_role,
         min_pixels=e.min_pixels or m.min_pixels or None,
         max_pixels=e.max_pixels or m.max_pixels or None, tool_names=tuple(e.tools),
+        stop=tuple(e.stop),
     )  # fmt: skip
 
 

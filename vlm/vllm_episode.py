@@ -4,7 +4,10 @@
 One rollout call runs ``n`` episodes per prompt. A round sends every live episode's whole
 sequence so far (prompt, its turns and observations, token for token as the trainer will score
 them) as one request of one completion, stopped at the stop token, ``rollout.max_new_tokens`` or
-the episode's token budget; vLLM's prefix caching finds the shared history in its KV cache, so a
+the episode's token budget, then cut after its first stop string (``rollout.episode.stop``,
+`episode.stop_string_end`: where the HF sampler, checking after every token, ends the turn; the
+tokens past it are dropped, the ones kept are distributed as if the turn had stopped there);
+vLLM's prefix caching finds the shared history in its KV cache, so a
 turn costs its new tokens (the same saving the HF sampler gets by keeping its cache across
 turns). Turns are closed by the same `episode.answer_round` as on HF (the environment's answer,
 budgets, stop reasons), observations are rendered by the same `episode.ObservationTemplate`, and
@@ -31,7 +34,14 @@ from PIL import Image
 
 from ..trainer.batch import RolloutBatch
 from . import rollout
-from .episode import EpisodeSettings, ObservationTemplate, Tape, answer_round
+from .episode import (
+    STOP_STRING,
+    EpisodeSettings,
+    ObservationTemplate,
+    Tape,
+    answer_round,
+    stop_string_end,
+)
 from .prompts import EncodedPrompt, load_images
 from .rollout import SamplingParams
 from .vllm_rollout import collapse_vision_runs
@@ -52,6 +62,10 @@ def sample_episodes(
     env.reset([prompts[u].sample for u in prompt_of])
     stop_text = engine.processor.tokenizer.convert_ids_to_tokens(engine.stop_ids[0])
     template = ObservationTemplate(engine.processor, stop_text, settings)
+
+    def decode(ids: list[int]) -> str:
+        return engine.processor.batch_decode([ids], skip_special_tokens=True)[0]
+
     tape = Tape(B, settings.max_tokens, engine.pad_id, template.keys())
     images = RowImages(prompts, engine.vision_ids)
     base = int(torch.randint(0, 2**30, ()))
@@ -70,11 +84,14 @@ def sample_episodes(
         going, texts, stopped = [], [], []
         for r, (ids, lp, cut), p in zip(live, turns, params):
             stripped += cut
+            at = stop_string_end(decode, ids, settings.stop)
+            ids, lp = (ids[:at], lp[:at]) if at else (ids, lp)
             tape.put_text(r, ids, lp)
             stopped.append(
-                _why_not_stopped(ids, cut, engine.stop_ids, p.max_tokens, settings, tape, r)
-            )
-            texts.append(engine.processor.batch_decode([ids], skip_special_tokens=True)[0])
+                STOP_STRING if at
+                else _why_not_stopped(ids, cut, engine.stop_ids, p.max_tokens, settings, tape, r)
+            )  # fmt: skip
+            texts.append(decode(ids))
         answers = answer_round(settings, template, env, tape, live, texts, stopped,
                                engine.vision_ids)  # fmt: skip
         for r, enc in zip(live, answers):

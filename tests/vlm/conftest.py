@@ -114,3 +114,25 @@ def toy_reward():
 
     reward.calls = []
     return reward
+
+
+@pytest.fixture(scope="session")
+def first_stop():
+    """``(decode, ids) -> (j, s)``: a stop string ``s`` a sampled turn ``ids`` reaches at its
+    token ``j`` (2 or later) and not before (the clean text that token adds), to rerun the same
+    sampling with ``rollout.episode.stop`` and see the turn end there."""
+
+    def pick(decode, ids: list[int]) -> tuple[int, str]:
+        for j in range(2, len(ids)):
+            before, text = decode(ids[: j - 1]), decode(ids[:j])
+            piece = text[len(before) :]
+            if (
+                text.startswith(before)
+                and piece.strip()
+                and "\ufffd" not in piece
+                and piece not in before
+            ):
+                return j, piece
+        raise AssertionError(f"no usable stop string in the turn {decode(ids)!r}")
+
+    return pick

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from perceptrl.vlm.episode import EpisodeSettings, episode_metrics
+from perceptrl.vlm.episode import EpisodeSettings, episode_metrics, stop_string_end
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
 from perceptrl.vlm.tiny import ARCHS
@@ -170,6 +170,55 @@ def test_observations_are_turns_of_the_chat_template(pol, samples):
             msgs.append({"role": "user", "content": content})
     rendered = pol.processor.apply_chat_template(msgs, tokenize=False)
     assert rendered == decoded + "\n"
+
+
+def test_a_stop_string_ends_the_turn_and_the_observation_closes_it(pol, samples, first_stop):
+    """rollout.episode.stop: the turn ends right after the string (vLLM's stop strings), the
+    episode goes on, the stop token opens the observation (out of the loss), the sequence still
+    renders as the chat template's turns and scores as sampled."""
+    tok = pol.processor.tokenizer
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=True)
+
+    free = run(pol, samples[:2], ScriptedEnv(2, image=False), seed=3)
+    n_turn = int(free.mask[0].cumprod(0).sum())
+    ids = free.tokens[0, :n_turn].tolist()
+    j, stop = first_stop(decode, ids)
+    b = run(pol, samples[:2], ScriptedEnv(2, image=False), seed=3, stop=(stop,))
+    ep = b.meta[0]["episode"]
+    assert b.tokens[0, :j].tolist() == ids[:j] and ep["texts"][0] == decode(ids[:j])
+    assert ep["texts"][0].endswith(stop)
+    assert int(b.tokens[0, j]) == pol.stop_ids[0]  # closed by the observation, not sampled
+    assert float(b.mask[0, j]) == 0.0 and float(b.inputs["obs_mask"][0, j]) == 1.0
+    assert ep["turns"] == 2 and ep["observations"] == ["Look 1."]
+    used = int((b.mask + b.inputs["obs_mask"]).sum(1)[0])
+    decoded = tok.decode(torch.cat([b.prompts["prompt_ids"][0], b.tokens[0, :used]]))
+    decoded = re.sub(r"(<\|image_pad\|>)+", "<|image_pad|>", decoded)
+    question = [{"type": "image"}, {"type": "text", "text": samples[0]["question"]}]
+    msgs = [
+        {"role": "system", "content": [{"type": "text", "text": pol.prompt.system_prompt}]},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": [{"type": "text", "text": ep["texts"][0]}]},
+        {"role": "user", "content": [{"type": "text", "text": "Look 1."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": ep["texts"][1]}]},
+    ]
+    closed = int(b.tokens[0, used - 1]) == pol.stop_ids[0]  # the last turn: token or string
+    rendered = pol.processor.apply_chat_template(msgs, tokenize=False)
+    assert rendered == decoded + ("\n" if closed else "<|im_end|>\n")
+    for share in (True, False):
+        logp, _ = forwards(pol, b, share)
+        assert ((logp - b.logp_rollout) * b.mask).abs().max() <= TOL
+
+
+def test_stop_string_end_is_where_a_per_token_check_stops():
+    def decode(ids):
+        return "".join(chr(i) for i in ids)
+
+    ids = [ord(c) for c in "ab</sub>cd</sub>"]
+    assert stop_string_end(decode, ids, ("</sub>",)) == 8
+    assert stop_string_end(decode, ids, ("cd", "b<")) == 3
+    assert stop_string_end(decode, ids, ("zz",)) == 0 and stop_string_end(decode, ids, ()) == 0
 
 
 @pytest.mark.parametrize(

@@ -257,6 +257,42 @@ def test_episodes_on_vllm_score_like_the_trainer(setup, turns):
     assert all(len(e["turn_seconds"]) == e["turns"] for e in logs)
 
 
+def test_a_stop_string_cuts_a_vllm_turn_where_the_hf_sampler_stops(setup, first_stop):
+    """rollout.episode.stop on vLLM: the turn is cut right after the string (the tokens kept are
+    the ones sampled, with their log-probs), the stop token then opens the observation, and the
+    episode goes on scoring like the trainer."""
+    from perceptrl.vlm.episode import EpisodeSettings
+
+    policy, engine, prompts = setup
+    tok = policy.processor.tokenizer
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=True)
+
+    def episodes(stop):
+        policy.episode = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=160, stop=stop)
+        torch.manual_seed(7)
+        sp = SamplingParams(temperature=1.0, max_new_tokens=16)
+        return VLLMRolloutPolicy.colocate(policy, engine).sample(prompts[:1], 2, sp)
+
+    try:
+        with short_turns(policy, engine, bias=-100.0):  # turns never end by the stop token
+            free = episodes(())
+            ids = free.tokens[0, : int(free.mask[0].cumprod(0).sum())].tolist()
+            j, stop = first_stop(decode, ids)
+            batch = episodes((stop,))
+            gap = _gap(policy, batch)
+    finally:
+        policy.episode = None
+    ep = batch.meta[0]["episode"]
+    assert batch.tokens[0, :j].tolist() == ids[:j] and ep["texts"][0] == decode(ids[:j])
+    assert int(batch.tokens[0, j]) == policy.stop_ids[0]
+    assert float(batch.mask[0, j]) == 0.0 and float(batch.inputs["obs_mask"][0, j]) == 1.0
+    assert ep["turns"] == 2 and ep["calls"] == 1
+    assert torch.allclose(batch.logp_rollout[0, :j], free.logp_rollout[0, :j], atol=1e-5)
+    assert gap < 1e-4
+
+
 def test_training_steps_on_vllm_episodes(setup, tmp_path):
     """Two GRPO steps on 2-turn episodes sampled by vLLM: the episode metrics are logged and the
     rollouts score like the trainer's before and after an update."""
