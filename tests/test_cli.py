@@ -272,3 +272,23 @@ def test_lenient_skips_are_run_metrics_and_in_the_summary(tmp_path, capsys):
     assert step["data/skipped_malformed"] == 1.0 and step["data/skipped_images"] == 1.0
     assert step["data/skipped_too_long"] == 1.0 and "data/skipped_videos" not in step
     assert "skipped samples (data.strict=false): malformed 1, images 1, too_long 1" in out
+
+
+RENDER = """
+import perceptrl, mujoco, os
+from perceptrl.sim.render import make_renderer
+model = mujoco.MjModel.from_xml_string('<mujoco><worldbody><geom size="0.1"/></worldbody></mujoco>')
+r = make_renderer(model, 24, 32)
+r.update_scene(mujoco.MjData(model))
+print(os.environ["MUJOCO_GL"], r.render().shape)
+"""
+
+
+def test_headless_processes_render_offscreen_without_setting_mujoco_gl():
+    """MuJoCo's default GL backend needs a display; importing perceptrl picks EGL on a headless
+    machine unless the user chose a backend."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    out = subprocess.run([sys.executable, "-c", RENDER], env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "egl (24, 32, 3)"
