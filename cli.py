@@ -52,8 +52,24 @@ def make_run_dir(cfg: Config, recipe: Path | None, run_dir: str | None) -> Path:
             or f"{recipe.stem if recipe else cfg.side}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
         path = Path(cfg.log.dir) / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return new_run_dir(path)
+
+
+def new_run_dir(path: Path) -> Path:
+    """``path``, made, for a run that starts from scratch there.
+
+    Raises:
+        ConfigError: ``path`` holds an earlier run (its metrics or checkpoints): a fresh run
+            would append to its metrics and leave its checkpoints beside the new ones (its last
+            model would then be whichever step is higher).
+    """
+    held = [p.name for p in (path / "metrics.jsonl", path / "checkpoints") if p.exists()]
+    if held:
+        raise ConfigError(
+            f"{path} already holds a run ({', '.join(held)}). Continue it with --resume {path}, "
+            "or give a new --run-dir / --out (or delete that directory) to start over."
+        )
+    return _mkdir(path)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -249,7 +265,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "assets/vlm_demo_base; restore it (git checkout assets) or rebuild it with "
             "`python bench/make_demo_base.py`."
         )
-    run_dir = _mkdir(out / "vlm_grpo")
+    run_dir = new_run_dir(out / "vlm_grpo")
     save_config(cfg, run_dir / "config.yaml")
     print(
         f"perceptrl demo [1/2]: GRPO on synthetic counting, {cfg.train.steps} steps from "
@@ -314,7 +330,7 @@ def demo_vla(run_dir: Path, steps: int = 0) -> dict:
     cfg = load_config(CONFIGS / "vla_ppo_reach_state.yaml")
     if steps:
         cfg.train.steps = steps
-    save_config(cfg, _mkdir(run_dir) / "config.yaml")
+    save_config(cfg, new_run_dir(run_dir) / "config.yaml")
     print(f"\nperceptrl demo [2/2]: PPO on the reach task ({cfg.train.steps} steps) -> {run_dir}")
     t0 = time.perf_counter()
     trainer = wiring.side(cfg).build_trainer(cfg, run_dir)

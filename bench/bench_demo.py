@@ -60,6 +60,7 @@ def main() -> None:
 
     # pass@k on scenes of the held-out comparison's data seed (its validation split)
     test_seed = load_config(CONFIGS / "vlm_demo.yaml").data.seed + TEST_SEED_OFFSET
+    shutil.rmtree(out, ignore_errors=True)  # the demo refuses to start over an earlier one
     t = time.perf_counter()
     perceptrl("demo", "--out", str(out))
     wall = time.perf_counter() - t

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -50,6 +51,7 @@ def run_arm(side: str, mode: str, args, out: Path) -> dict:
     threads = "2" if mode == "sync" else "1"
     env = {**os.environ, "OMP_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1", "MUJOCO_GL": "egl"}
     cmd = [sys.executable, "-m", "perceptrl.cli", "train", RECIPES[side], *overrides]
+    shutil.rmtree(run_dir, ignore_errors=True)  # the CLI refuses to start over an earlier run
     t = time.perf_counter()
     subprocess.run([*cmd, "--run-dir", str(run_dir)], check=True, env=env)
     wall = time.perf_counter() - t

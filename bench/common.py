@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -61,7 +62,9 @@ def run_timed(argv: list[str]) -> float:
 
 
 def run_arm(cmd: list[str], run_dir: Path) -> float:
-    """``perceptrl <cmd> --run-dir run_dir`` in its own process (`run_timed`); wall seconds."""
+    """``perceptrl <cmd> --run-dir run_dir`` in its own process (`run_timed`), from scratch (an
+    earlier run there is deleted first: the CLI refuses to start over it); wall seconds."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     return run_timed([sys.executable, "-m", "perceptrl.cli", *cmd, "--run-dir", str(run_dir)])
 
 

@@ -112,6 +112,21 @@ def test_config_errors_are_reported_not_raised(tmp_path):
     assert out.returncode == 2 and "did you mean 'algo.kl_coef'" in out.stderr
 
 
+@pytest.mark.parametrize("left", ["metrics.jsonl", "checkpoints"])
+def test_a_fresh_run_refuses_a_directory_that_holds_a_run(tmp_path, capsys, left):
+    """Starting over an earlier run would append to its metrics and leave its checkpoints
+    beside the new ones; the CLI says to resume it or pick another directory."""
+    from perceptrl.cli import main
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / left).mkdir() if left == "checkpoints" else (run / left).write_text("{}\n")
+    assert main(["train", "vlm_clevr", "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and f"--resume {run}" in err
+    assert sorted(p.name for p in run.iterdir()) == [left]  # nothing written over it
+
+
 def test_unknown_data_generator_is_a_config_error(tmp_path):
     from perceptrl.trainer.config import ConfigError
     from perceptrl.vlm.run import samples as vlm_samples
