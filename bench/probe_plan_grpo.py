@@ -52,6 +52,18 @@ VARIANTS["turns_match"] = [*VARIANTS["turns"], "rollout.process_params.match=0.5
 VARIANTS["turns_match_1"] = [*VARIANTS["turns"], "rollout.process_params.match=1.0"]
 VARIANTS["turns_t_0.7"] = [*VARIANTS["turns"], "rollout.temperature=0.7"]
 VARIANTS["turns_match_1_t_0.7"] = [*VARIANTS["turns_match_1"], "rollout.temperature=0.7"]
+VARIANTS["turns_stop"] = [*VARIANTS["turns"], "rollout.episode.stop=[</subgoal>, <done/>]"]
+VARIANTS["tree"] = [
+    "algo.adv_estimator=treepo",
+    "rollout.tree.branches=[2, 2, 2]",
+    "rollout.group_size=8",
+    "rollout.prompts_per_step=2",
+    "rollout.reward.plan_validity=0.0",
+    "rollout.reward.subgoal_cost=0.0",
+]
+"""episodes that fork after turns 1 and 2 (a later subgoal compared between siblings that share
+the turns before it), TreePO advantages on success and progress"""
+VARIANTS["tree_stop"] = [*VARIANTS["tree"], "rollout.episode.stop=[</subgoal>, <done/>]"]
 VARIANTS["turns_group_8"] = [
     *VARIANTS["turns"],
     "rollout.group_size=8",
