@@ -64,6 +64,11 @@ VARIANTS["tree"] = [
 """episodes that fork after turns 1 and 2 (a later subgoal compared between siblings that share
 the turns before it), TreePO advantages on success and progress"""
 VARIANTS["tree_stop"] = [*VARIANTS["tree"], "rollout.episode.stop=[</subgoal>, <done/>]"]
+VARIANTS["turns_rerun"] = VARIANTS["turns"]
+"""the same recipe run again (another day, a slower machine: fewer steps in the same minutes),
+for the spread of one probe arm"""
+VARIANTS["turns_stop_t_1.3"] = [*VARIANTS["turns_stop"], "rollout.temperature=1.3"]
+"""sampling hotter, so that a confidently wrong copy of a clause meets its alternatives"""
 VARIANTS["turns_group_8"] = [
     *VARIANTS["turns"],
     "rollout.group_size=8",
