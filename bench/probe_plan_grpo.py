@@ -69,6 +69,8 @@ VARIANTS["turns_rerun"] = VARIANTS["turns"]
 for the spread of one probe arm"""
 VARIANTS["turns_stop_t_1.3"] = [*VARIANTS["turns_stop"], "rollout.temperature=1.3"]
 """sampling hotter, so that a confidently wrong copy of a clause meets its alternatives"""
+VARIANTS["turns_seed_1"] = [*VARIANTS["turns"], "train.seed=1"]
+"""the per-turn recipe with another training seed: the spread between seeds of one arm"""
 VARIANTS["turns_group_8"] = [
     *VARIANTS["turns"],
     "rollout.group_size=8",

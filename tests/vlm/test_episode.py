@@ -205,7 +205,7 @@ def test_a_stop_string_ends_the_turn_and_the_observation_closes_it(pol, samples,
     ]
     closed = int(b.tokens[0, used - 1]) == pol.stop_ids[0]  # the last turn: token or string
     rendered = pol.processor.apply_chat_template(msgs, tokenize=False)
-    assert rendered == decoded + ("\n" if closed else "<|im_end|>\n")
+    assert rendered == decoded + ("" if closed else pol.stop_text) + "\n"
     for share in (True, False):
         logp, _ = forwards(pol, b, share)
         assert ((logp - b.logp_rollout) * b.mask).abs().max() <= TOL
