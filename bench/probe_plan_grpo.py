@@ -71,6 +71,8 @@ VARIANTS["turns_stop_t_1.3"] = [*VARIANTS["turns_stop"], "rollout.temperature=1.
 """sampling hotter, so that a confidently wrong copy of a clause meets its alternatives"""
 VARIANTS["turns_seed_1"] = [*VARIANTS["turns"], "train.seed=1"]
 """the per-turn recipe with another training seed: the spread between seeds of one arm"""
+VARIANTS["turns_seed_2"] = [*VARIANTS["turns"], "train.seed=2"]
+VARIANTS["turns_stop_seed_1"] = [*VARIANTS["turns_stop"], "train.seed=1"]
 VARIANTS["turns_group_8"] = [
     *VARIANTS["turns"],
     "rollout.group_size=8",
