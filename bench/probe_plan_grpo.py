@@ -52,32 +52,29 @@ VARIANTS["turns_match"] = [*VARIANTS["turns"], "rollout.process_params.match=0.5
 VARIANTS["turns_match_1"] = [*VARIANTS["turns"], "rollout.process_params.match=1.0"]
 VARIANTS["turns_t_0.7"] = [*VARIANTS["turns"], "rollout.temperature=0.7"]
 VARIANTS["turns_match_1_t_0.7"] = [*VARIANTS["turns_match_1"], "rollout.temperature=0.7"]
-VARIANTS["turns_stop"] = [*VARIANTS["turns"], "rollout.episode.stop=[</subgoal>, <done/>]"]
+STOP = "rollout.episode.stop=[</subgoal>, <done/>]"
+"""turns end at the planner's closing tags"""
+GROUPS_OF_8 = ["rollout.group_size=8", "rollout.prompts_per_step=2"]
+"""8 episodes from each of 2 states per step (the recipe: 4 from 4)"""
+VARIANTS["turns_stop"] = [*VARIANTS["turns"], STOP]
 VARIANTS["tree"] = [
     "algo.adv_estimator=treepo",
     "rollout.tree.branches=[2, 2, 2]",
-    "rollout.group_size=8",
-    "rollout.prompts_per_step=2",
-    "rollout.reward.plan_validity=0.0",
-    "rollout.reward.subgoal_cost=0.0",
+    *GROUPS_OF_8,
+    *VARIANTS["outcome_only"],
 ]
 """episodes that fork after turns 1 and 2 (a later subgoal compared between siblings that share
 the turns before it), TreePO advantages on success and progress"""
-VARIANTS["tree_stop"] = [*VARIANTS["tree"], "rollout.episode.stop=[</subgoal>, <done/>]"]
+VARIANTS["tree_stop"] = [*VARIANTS["tree"], STOP]
 VARIANTS["turns_rerun"] = VARIANTS["turns"]
-"""the same recipe run again (another day, a slower machine: fewer steps in the same minutes),
-for the spread of one probe arm"""
+"""the same recipe run again (seeded: how much the steps a run gets in its minutes move it)"""
 VARIANTS["turns_stop_t_1.3"] = [*VARIANTS["turns_stop"], "rollout.temperature=1.3"]
 """sampling hotter, so that a confidently wrong copy of a clause meets its alternatives"""
 VARIANTS["turns_seed_1"] = [*VARIANTS["turns"], "train.seed=1"]
 """the per-turn recipe with another training seed: the spread between seeds of one arm"""
 VARIANTS["turns_seed_2"] = [*VARIANTS["turns"], "train.seed=2"]
 VARIANTS["turns_stop_seed_1"] = [*VARIANTS["turns_stop"], "train.seed=1"]
-VARIANTS["turns_group_8"] = [
-    *VARIANTS["turns"],
-    "rollout.group_size=8",
-    "rollout.prompts_per_step=2",
-]
+VARIANTS["turns_group_8"] = [*VARIANTS["turns"], *GROUPS_OF_8]
 
 
 def kept_arms(name: str, split: str, n_states: int, minutes: float, rerun: list[str]) -> dict:

@@ -85,9 +85,10 @@ with ``from_home``)"""
 class PlanSettings:
     executor: object
     """`executors.OracleExecutor`, `executors.PolicyExecutor`, or anything with
-    ``can(family) -> bool`` (a subgoal family it cannot execute is refused like a bad plan) and ``start(env) -> act``, ``act(obs)
-    -> actions [K, A]`` for the subgoal the env is focused on; optionally ``start_many(envs)``
-    for several envs at once (`PolicyExecutor.start_many`: one policy forward for all)"""
+    ``can(family) -> bool`` (a subgoal family it cannot execute is refused like a bad plan) and
+    ``start(env) -> act``, ``act(obs) -> actions [K, A]`` for the subgoal the env is focused on;
+    optionally ``start_many(envs)`` for several envs at once (`PolicyExecutor.start_many`: one
+    policy forward for all)"""
     subgoal_steps: int = 0
     """env steps the executor gets per subgoal (0: the primitive task's time limit)"""
     home: bool | None = None

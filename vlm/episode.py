@@ -56,6 +56,9 @@ STOP_REASONS = (
 STOP_STRING = "stop_string"
 """A turn that ended right after one of ``EpisodeSettings.stop`` (not why an episode ends: the
 turn is answered like one that ended with the stop token)."""
+ANSWERED = (None, STOP_STRING)
+"""How a turn the environment answers ended (``None``: at the stop token); any other reason
+ends the episode."""
 
 
 @dataclass
@@ -505,7 +508,7 @@ def answer_turn(settings: EpisodeSettings, template: ObservationTemplate, env: E
     log = tape.logs[row]
     log.texts.append(text)
     log.turns += 1
-    if stopped not in (None, STOP_STRING):
+    if stopped not in ANSWERED:
         log.stop = stopped
         return None
     obs = env.respond(row, text)
@@ -547,7 +550,7 @@ def answer_round(settings: EpisodeSettings, template: ObservationTemplate, env: 
     ``prepare`` where it has one."""
     prepare = getattr(env, "prepare", None)
     if prepare is not None:
-        going = [i for i, why in enumerate(stopped) if why in (None, STOP_STRING)]
+        going = [i for i, why in enumerate(stopped) if why in ANSWERED]
         prepare([rows[i] for i in going], [texts[i] for i in going])
     return [
         answer_turn(settings, template, env, tape, row, text, why, banned)
