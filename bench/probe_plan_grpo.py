@@ -75,6 +75,11 @@ VARIANTS["turns_seed_1"] = [*VARIANTS["turns"], "train.seed=1"]
 VARIANTS["turns_seed_2"] = [*VARIANTS["turns"], "train.seed=2"]
 VARIANTS["turns_stop_seed_1"] = [*VARIANTS["turns_stop"], "train.seed=1"]
 VARIANTS["turns_group_8"] = [*VARIANTS["turns"], *GROUPS_OF_8]
+VARIANTS["turns_oracle_exec"] = [*VARIANTS["turns"], "plan.executor=oracle"]
+"""a diagnosis, not a recipe: trained against the scripted oracle executor, scored with the
+trained one like every arm (is it the executor's failures in training that hold RL back?)"""
+VARIANTS["recipe_oracle_exec"] = ["plan.executor=oracle"]
+"""the same with the GRPO recipe, which met the goal with the oracle executor (bench/results/plan.md)"""
 
 
 def kept_arms(name: str, split: str, n_states: int, minutes: float, rerun: list[str]) -> dict:
