@@ -75,6 +75,13 @@ VARIANTS["turns_seed_1"] = [*VARIANTS["turns"], "train.seed=1"]
 VARIANTS["turns_seed_2"] = [*VARIANTS["turns"], "train.seed=2"]
 VARIANTS["turns_stop_seed_1"] = [*VARIANTS["turns_stop"], "train.seed=1"]
 VARIANTS["turns_group_8"] = [*VARIANTS["turns"], *GROUPS_OF_8]
+VARIANTS["turns_guide"] = [*VARIANTS["turns"], "rollout.guide=1"]
+"""off-policy guidance: one member of each group is the oracle plan, executed by the trained
+executor (LUFFY's mixed groups; it scores and counts like the samples)"""
+VARIANTS["turns_guide_seed_1"] = [*VARIANTS["turns_guide"], "train.seed=1"]
+VARIANTS["turns_guide_lr_2e-4"] = [*VARIANTS["turns_guide"], "train.lr=2.0e-4"]
+"""guide rows at a learning rate nearer SFT's (3e-4): at 5e-5 they move the planner little"""
+VARIANTS["turns_guide_lr_2e-4_seed_1"] = [*VARIANTS["turns_guide_lr_2e-4"], "train.seed=1"]
 VARIANTS["turns_oracle_exec"] = [*VARIANTS["turns"], "plan.executor=oracle"]
 """a diagnosis, not a recipe: trained against the scripted oracle executor, scored with the
 trained one like every arm (is it the executor's failures in training that hold RL back?)"""

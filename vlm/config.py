@@ -202,6 +202,11 @@ class RolloutConfig:
     """prompts (groups) sampled per training step"""
     group_size: int = 4
     """completions per prompt (G)"""
+    guide: int = 0
+    """off-policy guidance (as LUFFY): this many of each group's G members are the generator's
+    reference trace of the sample (`perceptrl sft`'s target; an episode's turns run for real)
+    instead of samples; rewarded and given advantages within the group like the others, so a
+    group whose samples all fail still learns from the trace when it succeeds. 0: none"""
     temperature: float = 1.0
     """sampling temperature"""
     top_p: float = 1.0

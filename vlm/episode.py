@@ -577,23 +577,29 @@ def forced_batch(policy, samples: list[dict], traces: list[list[str]]) -> Rollou
     template = ObservationTemplate(policy.processor, policy.stop_text, policy.episode)
     tape = Tape(len(samples), 64, policy.pad_id, template.keys())
     tok = policy.processor.tokenizer
-    for row, turns in enumerate(traces):
-        for k, text in enumerate(turns):
+    prepare = getattr(env, "prepare", None)
+    for k in range(max(map(len, traces), default=0)):  # turn by turn, rows side by side
+        rows = [row for row, turns in enumerate(traces) if k < len(turns)]
+        for row in rows:
+            text = traces[row][k]
             tape.put_text(
                 row, tok(text, add_special_tokens=False)["input_ids"] + [policy.stop_ids[0]]
             )
             tape.logs[row].texts.append(text)
             tape.logs[row].turns += 1
-            if k == len(turns) - 1:
-                break
-            obs = env.respond(row, text)
+        going = [row for row in rows if k < len(traces[row]) - 1]
+        if prepare is not None and going:
+            prepare(going, [traces[row][k] for row in going])
+        for row in going:
+            obs = env.respond(row, traces[row][k])
             if obs is None or obs.error is not None:
                 why = "calls no tool" if obs is None else f"fails: {obs.text}"
                 raise ValueError(f"trace of sample {samples[row].get('id')!r}: turn {k + 1} {why}")
             tape.logs[row].observe(obs)
             tape.logs[row].observations.append(obs.text)
             tape.put_observation(row, template.encode(obs, policy.banned_ids))
-        tape.logs[row].stop = "answer"
+    for log in tape.logs:
+        log.stop = "answer"
     index = torch.arange(len(samples))
     return tape.to_batch(
         [p.sample for p in prompts], index, rollout.prompt_table(prompts), index, False

@@ -447,6 +447,7 @@ def build_trainer(cfg, run_dir: Path, worker: Callable | None = None) -> Trainer
     engine = build_engine(policy, cfg.train)
     train, rollout_cfg, seed = data_shard(cfg, data.train, engine.rank, engine.world_size)
     if cfg.train.pipeline != "sync":
+        guide_traces(cfg, [])  # refused with a pipeline
         if cfg.rollout.process_reward:
             raise ConfigError(
                 "rollout.process_reward runs in the trainer's process; use train.pipeline=sync"
@@ -457,6 +458,7 @@ def build_trainer(cfg, run_dir: Path, worker: Callable | None = None) -> Trainer
         source = VLMRolloutSource(
             train, reward, rollout_cfg, seed=seed, strict=cfg.data.strict,
             data_skipped=data.skipped, process=process_reward(cfg, policy),
+            guide=guide_traces(cfg, train),
         )  # fmt: skip
     return Trainer(
         cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg, data.val),
@@ -534,17 +536,9 @@ def run_sft(
     policy = build_policy(cfg, run_dir)
     data = fit_prompts(cfg, policy.processor, data)
     train = data.train
-    try:
-        gen, tools = get_generator(cfg.data.generator), cfg.rollout.episode.tools
-        targets = [gen.reasoning_trace(s, tools) for s in train]
-        if teacher is not None:
-            targets = [teacher(s, t) for s, t in zip(train, targets)]
-    except (KeyError, ValueError) as e:
-        raise ConfigError(
-            f"perceptrl sft builds targets from the synthetic generator's scene metadata; sample "
-            f"lacks it ({e}). Use data.train= empty (synthetic) or samples written by "
-            "`perceptrl data generate`."
-        ) from e
+    targets = reference_traces(cfg, train, "perceptrl sft builds targets")
+    if teacher is not None:
+        targets = [teacher(s, t) for s, t in zip(train, targets)]
     source = VLMSFTSource(
         policy, train, targets, batch_size=cfg.rollout.prompts_per_step, seed=cfg.train.seed
     )
@@ -554,6 +548,45 @@ def run_sft(
     if data.metrics():  # once, at step 0 (an SFT run is never resumed)
         trainer.logger.log(0, data.metrics())
     return trainer.fit()
+
+
+def reference_traces(cfg, samples: list[dict], who: str) -> list[str | list[str]]:
+    """The generator's reference trace of each sample (a text, or an episode's turns): the SFT
+    target, and the guide rows of ``rollout.guide``. ``who`` opens the error when a sample lacks
+    the generator's scene metadata."""
+    try:
+        gen, tools = get_generator(cfg.data.generator), cfg.rollout.episode.tools
+        return [gen.reasoning_trace(s, tools) for s in samples]
+    except (KeyError, ValueError) as e:
+        raise ConfigError(
+            f"{who} from the synthetic generator's scene metadata; sample lacks it ({e}). Use "
+            "data.train= empty (synthetic) or samples written by `perceptrl data generate`."
+        ) from e
+
+
+def guide_traces(cfg, train: list[dict]) -> Callable[[dict], str | list[str]] | None:
+    """``rollout.guide``'s reference trace of a training sample (None when the recipe has no
+    guide rows), checked against the rest of the recipe and on every sample of ``train``."""
+    r = cfg.rollout
+    if not r.guide:
+        return None
+    where = f"rollout.guide={r.guide}"
+    if not 0 < r.guide < r.group_size:
+        raise ConfigError(
+            f"{where}: a group needs at least one sample; set 0 < rollout.guide < "
+            f"rollout.group_size ({r.group_size})"
+        )
+    if r.tree.branches:
+        raise ConfigError(f"{where} with rollout.tree.branches: a trace is no branch of a tree")
+    if cfg.algo.tis_cap > 0:
+        raise ConfigError(
+            f"{where} with algo.tis_cap > 0: guide rows have no sampling log-probs to correct"
+        )
+    if cfg.train.pipeline != "sync":
+        raise ConfigError(f"{where} runs in the trainer's process; use train.pipeline=sync")
+    reference_traces(cfg, train, f"{where} takes each sample's trace")
+    gen, tools = get_generator(cfg.data.generator), cfg.rollout.episode.tools
+    return functools.partial(gen.reasoning_trace, tools=tools)
 
 
 def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:

@@ -154,6 +154,7 @@ class VLMRolloutSource:
         strict: bool = True,
         data_skipped: dict[str, int] | None = None,
         process=None,
+        guide: Callable[[dict], str | list[str]] | None = None,
     ):
         if not samples:
             raise ValueError("VLMRolloutSource needs at least one sample")
@@ -166,6 +167,8 @@ class VLMRolloutSource:
         self.tgrpo_key = tgrpo_correct_key(cfg.reward) if cfg.tgrpo_alpha > 0 else None
         self.process = process
         """process reward (``vlm/process.py``: ``(batch, policy, correct) -> ([B, T], stats)``)"""
+        self.guide = guide if cfg.guide else None
+        """``rollout.guide``: a sample's reference trace (``run.guide_traces``)"""
         self.monitor = ProcessMonitor()
         self.epoch, self.pos, self.skipped_total = 0, 0, 0
         self._order: np.ndarray | None = None
@@ -208,8 +211,12 @@ class VLMRolloutSource:
         t0 = time.perf_counter()
         prompts, skipped = self._next_prompts(policy)
         with _step_rng(self.seed, step, policy.device):
-            batch = policy.sample(prompts, self.cfg.group_size)
+            batch = policy.sample(
+                prompts, self.cfg.group_size - (self.cfg.guide if self.guide else 0)
+            )
             shuffled = self._shuffled_rollouts(policy, prompts, step) if self.tgrpo_key else None
+        if self.guide is not None:
+            batch = self._with_guide(policy, prompts, batch)
         t1 = time.perf_counter()
         completions = [m["completion"] for m in batch.meta]
         ctx = {}
@@ -230,7 +237,7 @@ class VLMRolloutSource:
         if self.process is not None:
             metrics.update(self._process(batch, policy, totals, comps, step))
             t2 = time.perf_counter()
-        metrics.update(episode_metrics(batch))
+        metrics.update(episode_metrics(self._sampled(batch, metrics)))
         metrics.update(
             {
                 "rollout/skipped_images": float(skipped),
@@ -242,6 +249,36 @@ class VLMRolloutSource:
             }
         )
         return batch, metrics
+
+    # ---- off-policy guidance ------------------------------------------------------------------
+
+    def _with_guide(self, policy, prompts: list[EncodedPrompt], sampled: RolloutBatch):
+        """``sampled`` with ``rollout.guide`` rows of each prompt's reference trace added to its
+        group (the policy scores the trace's tokens; an episode's turns run in its environment),
+        rows of one group adjacent; guide rows carry ``meta["guide"]``."""
+        k = self.cfg.guide
+        samples = [p.sample for p in prompts for _ in range(k)]
+        guided = policy.completions_batch(samples, [self.guide(s) for s in samples])
+        guided.group_id = (
+            torch.arange(len(prompts)).repeat_interleave(k).to(sampled.group_id.device)
+        )
+        for m in guided.meta:
+            m["guide"] = True
+        batch = RolloutBatch.concat([sampled, guided])
+        return batch.select(torch.argsort(batch.group_id.cpu(), stable=True))
+
+    @staticmethod
+    def _sampled(batch: RolloutBatch, metrics: dict) -> RolloutBatch:
+        """The rows the policy sampled (all but guide rows), after adding the guide rows'
+        count and mean reward to ``metrics``: the episode metrics describe the policy."""
+        guide = [i for i, m in enumerate(batch.meta) if m.get("guide")]
+        if not guide:
+            return batch
+        own = [i for i, m in enumerate(batch.meta) if not m.get("guide")]
+        metrics["rollout/guide_rows"] = float(len(guide))
+        metrics["reward/guide_mean"] = float(batch.rewards[guide].mean())
+        metrics["reward/sampled_mean"] = float(batch.rewards[own].mean())
+        return batch.select(own)
 
     # ---- T-GRPO -------------------------------------------------------------------------------
 

@@ -294,6 +294,58 @@ def test_oracle_traces_are_executed_as_sft_targets(tmp_path):
     )
 
 
+def test_guide_rows_are_executed_oracle_plans_and_training_raises_them(tmp_path):
+    """``rollout.guide=1`` on the planner: one member of each group is the oracle plan, its
+    subgoals run by the executor (the task done); the planner's own episodes (8 tokens cannot
+    close a turn) score less, so the update raises the plans' likelihood."""
+    from perceptrl.vlm.episode import forced_batch
+
+    cfg = load_config("configs/plan_grpo.yaml", [
+        *TINY, "rollout.guide=1", "rollout.episode.max_turns=4", "train.steps=3",
+        "train.lr=1.0e-3", "train.eval_every=0",
+    ])  # fmt: skip
+    trainer = side(cfg).build_trainer(cfg, tmp_path)
+    src, policy = trainer.source, trainer.policy
+    batch, m = src.collect(policy, 0)
+    assert batch.group_id.tolist() == [0, 0, 1, 1]
+    guide = [i for i, x in enumerate(batch.meta) if x.get("guide")]
+    assert guide == [1, 3]
+    for i in guide:
+        e = batch.meta[i]["episode"]
+        assert e["texts"] == reasoning_trace(batch.meta[i]["sample"])
+        assert e["info"]["planner/success"] == 1.0
+    assert m["episode/stop/turn_length"] == 1.0  # the sampled rows only
+    assert m["rollout/guide_rows"] == 2.0 and m["reward/guide_mean"] > m["reward/sampled_mean"]
+
+    samples = [src.samples[0], src.samples[1]]
+    plans = forced_batch(policy, samples, [reasoning_trace(s) for s in samples])
+
+    def likelihood() -> float:
+        with torch.no_grad():
+            logp = policy.evaluate(plans).logp
+        return float((logp * plans.mask).sum() / plans.mask.sum())
+
+    before = likelihood()
+    trainer.fit()
+    assert likelihood() > before + 0.3  # -1.15 to -0.34 here; without guide rows unchanged
+
+
+def test_guide_rows_are_refused_where_they_cannot_be_built(tmp_path):
+    from perceptrl.vlm.run import guide_traces
+
+    for extra, match in [
+        (["rollout.guide=2"], "at least one sample"),
+        (["rollout.guide=1", "algo.tis_cap=2.0"], "no sampling log-probs"),
+        (["rollout.guide=1", "train.pipeline=async"], "train.pipeline=sync"),
+    ]:
+        cfg = load_config("configs/plan_grpo.yaml", [*TINY, *extra])
+        with pytest.raises(ConfigError, match=match):
+            guide_traces(cfg, [])
+    cfg = load_config("configs/plan_grpo.yaml", [*TINY, "rollout.guide=1"])
+    with pytest.raises(ConfigError, match="sample lacks it"):
+        guide_traces(cfg, [{"id": "x", "meta": {}}])
+
+
 def test_the_plan_side_needs_the_plan_environment(tmp_path):
     cfg = load_config("configs/plan_grpo.yaml", [*TINY, "rollout.episode.env=tools"])
     with pytest.raises(ConfigError, match="rollout.episode.env=plan"):

@@ -143,3 +143,28 @@ def test_skips_are_data_errors_and_load_time_skips_are_metrics(
     src = make_source(samples, toy_reward, strict=False, data_skipped={"images": 2, "too_long": 0})
     _, m = src.collect(policy, 0)
     assert m["data/skipped_images"] == 2.0 and "data/skipped_too_long" not in m
+
+
+def test_guide_rows_join_each_group_and_the_metrics_describe_the_samples(
+    policy, samples, toy_reward
+):
+    """``rollout.guide=1``: each group is one sample and the reference trace, adjacent; the
+    trace's row holds its tokens and the stop token (all in the loss), is rewarded like a
+    sample, and stays out of the policy's own metrics."""
+    cfg = RolloutConfig(prompts_per_step=3, group_size=2, max_new_tokens=10, guide=1)
+    trace = lambda s: f"<answer>{s['answer']}</answer>"  # noqa: E731
+    src = VLMRolloutSource(samples, toy_reward, cfg, seed=7, guide=trace)
+    batch, m = src.collect(policy, step=0)
+    assert len(batch) == 6 and batch.group_id.tolist() == [0, 0, 1, 1, 2, 2]
+    guide = [i for i, x in enumerate(batch.meta) if x.get("guide")]
+    assert guide == [1, 3, 5]
+    tok = policy.processor.tokenizer
+    for i in guide:
+        ids = batch.tokens[i][batch.mask[i] > 0].tolist()
+        assert tok.decode(ids[:-1]) == trace(batch.meta[i]["sample"])
+        assert ids[-1] == policy.stop_ids[0]
+        assert batch.rewards[i] == 1.5  # the answer and the format
+        assert batch.meta[i]["sample"]["id"] == batch.meta[i - 1]["sample"]["id"]
+    assert m["rollout/guide_rows"] == 3.0 and m["reward/guide_mean"] == 1.5
+    sampled = [float(batch.rewards[i]) for i in (0, 2, 4)]
+    assert m["reward/sampled_mean"] == pytest.approx(sum(sampled) / 3)
