@@ -89,6 +89,19 @@ VARIANTS["recipe_oracle_exec"] = ["plan.executor=oracle"]
 """the same with the GRPO recipe, which met the goal with the oracle executor (bench/results/plan.md)"""
 
 
+TRAINING = {"zero_std": "rollout/zero_std_groups", "entropy": "actor/entropy"}
+"""means over an arm's training steps: the share of groups whose episodes all scored alike (no
+signal), and the planner's sampling entropy per token"""
+
+
+def training_means(run: Path) -> dict[str, float]:
+    """`TRAINING`'s means over the steps of the run at ``run``."""
+    rows = [r for r in metrics(run) if "time/step" in r]
+    return {
+        k: sum(r.get(key, 0.0) for r in rows) / max(len(rows), 1) for k, key in TRAINING.items()
+    }
+
+
 def kept_arms(name: str, split: str, n_states: int, minutes: float, rerun: list[str]) -> dict:
     """The arms of the result file ``name`` that this call does not rerun, when it was made on
     the same states with the same budget (so that probing a few variants adds rows to the
@@ -174,7 +187,8 @@ def main() -> None:
         model = last_model(out)
         scores, _, _ = score(model, val, out / f"{args.split}_eval", executor_args)
         rows[name] = {"overrides": VARIANTS[name], "wall_s": wall,
-                      "steps": int(model.parent.name[5:]), **{k: scores[k] for k in SHOWN}}  # fmt: skip
+                      "steps": int(model.parent.name[5:]), **{k: scores[k] for k in SHOWN},
+                      **training_means(out)}  # fmt: skip
         if args.curve:
             rows[name]["curve"] = curve(out, val, executor_args, args.split, scores)
     start_scores, _, _ = score(start, val, runs / f"probe_{args.start}_{args.split}", executor_args)
@@ -195,13 +209,19 @@ def main() -> None:
             else "held-out test states (bench_plan.py's), for the variant chosen on validation."
         ),
         "",
-        "| arm | overrides | steps | success | subgoals / episode | progress |",
-        "|---|---|---|---|---|---|",
+        "Groups alike: the share of training groups whose episodes all scored the same (no "
+        "signal); entropy: the planner's sampling entropy per token (nats); both means over the "
+        "arm's steps (rows without them were scored before they were kept).",
+        "",
+        "| arm | overrides | steps | success | subgoals / episode | progress | groups alike "
+        "| entropy |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():
+        train = " | ".join(f"{r[k]:.3f}" if k in r else "-" for k in TRAINING)
         lines.append(f"| {name} | {' '.join(r['overrides']) or '-'} | {r['steps']} | "
                      f"{r['accuracy']:.3f} | {r['planner/subgoals']:.2f} | "
-                     f"{r['planner/progress']:.3f} |")  # fmt: skip
+                     f"{r['planner/progress']:.3f} | {train} |")  # fmt: skip
     for name, r in rows.items():
         if r.get("curve"):
             lines += ["", f"Learning curve of {name} (every kept checkpoint, the same states): "
