@@ -258,7 +258,13 @@ class VLMRolloutSource:
         rows of one group adjacent; guide rows carry ``meta["guide"]``."""
         k = self.cfg.guide
         samples = [p.sample for p in prompts for _ in range(k)]
-        guided = policy.completions_batch(samples, [self.guide(s) for s in samples])
+        try:
+            guided = policy.completions_batch(samples, [self.guide(s) for s in samples])
+        except ValueError as e:  # a trace's turn the environment refuses
+            raise DataError(
+                f"rollout.guide: a reference trace does not run: {e}. Check that sample's "
+                "metadata, or train without guide rows (rollout.guide=0)"
+            ) from e
         guided.group_id = (
             torch.arange(len(prompts)).repeat_interleave(k).to(sampled.group_id.device)
         )

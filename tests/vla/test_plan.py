@@ -330,6 +330,17 @@ def test_guide_rows_are_executed_oracle_plans_and_training_raises_them(tmp_path)
     assert likelihood() > before + 0.3  # -1.15 to -0.34 here; without guide rows unchanged
 
 
+def test_a_guide_trace_that_does_not_run_is_a_data_error(tmp_path):
+    from perceptrl.datasets.loader import DataError
+
+    cfg = load_config("configs/plan_grpo.yaml", [*TINY, "rollout.guide=1"])
+    trainer = side(cfg).build_trainer(cfg, tmp_path)
+    for s in trainer.source.samples:
+        s["meta"]["plan"] = ["put the gold block in the silver bowl", "stack nothing"]
+    with pytest.raises(DataError, match="reference trace does not run.*turn 1 fails"):
+        trainer.source.collect(trainer.policy, 0)
+
+
 def test_guide_rows_are_refused_where_they_cannot_be_built(tmp_path):
     from perceptrl.vlm.run import guide_traces
 
