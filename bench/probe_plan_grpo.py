@@ -82,11 +82,20 @@ VARIANTS["turns_guide_seed_1"] = [*VARIANTS["turns_guide"], "train.seed=1"]
 VARIANTS["turns_guide_lr_2e-4"] = [*VARIANTS["turns_guide"], "train.lr=2.0e-4"]
 """guide rows at a learning rate nearer SFT's (3e-4): at 5e-5 they move the planner little"""
 VARIANTS["turns_guide_lr_2e-4_seed_1"] = [*VARIANTS["turns_guide_lr_2e-4"], "train.seed=1"]
+VARIANTS["turns_t_2_top_p_0.9"] = [
+    *VARIANTS["turns"],
+    "rollout.temperature=2.0",
+    "rollout.top_p=0.9",
+]
+"""sampling far hotter, the tail cut: a confident wrong copy (0.08 nats a token at 1.0) meets
+its alternatives while the tokens around it stay"""
+VARIANTS["turns_t_2_top_p_0.9_seed_1"] = [*VARIANTS["turns_t_2_top_p_0.9"], "train.seed=1"]
 VARIANTS["turns_oracle_exec"] = [*VARIANTS["turns"], "plan.executor=oracle"]
 """a diagnosis, not a recipe: trained against the scripted oracle executor, scored with the
 trained one like every arm (is it the executor's failures in training that hold RL back?)"""
 VARIANTS["recipe_oracle_exec"] = ["plan.executor=oracle"]
-"""the same with the GRPO recipe, which met the goal with the oracle executor (bench/results/plan.md)"""
+"""the same with the GRPO recipe, which met the goal with the oracle executor
+(bench/results/plan.md)"""
 
 
 TRAINING = {"zero_std": "rollout/zero_std_groups", "entropy": "actor/entropy"}
