@@ -550,13 +550,19 @@ def run_sft(
     return trainer.fit()
 
 
+def reference_trace(cfg) -> Callable[[dict], str | list[str]]:
+    """The recipe's generator's reference trace of a sample (a text, or an episode's turns):
+    the SFT target, and the guide rows of ``rollout.guide``."""
+    gen = get_generator(cfg.data.generator)
+    return functools.partial(gen.reasoning_trace, tools=cfg.rollout.episode.tools)
+
+
 def reference_traces(cfg, samples: list[dict], who: str) -> list[str | list[str]]:
-    """The generator's reference trace of each sample (a text, or an episode's turns): the SFT
-    target, and the guide rows of ``rollout.guide``. ``who`` opens the error when a sample lacks
-    the generator's scene metadata."""
+    """`reference_trace` of each sample; ``who`` opens the error when a sample lacks the
+    generator's scene metadata."""
     try:
-        gen, tools = get_generator(cfg.data.generator), cfg.rollout.episode.tools
-        return [gen.reasoning_trace(s, tools) for s in samples]
+        trace = reference_trace(cfg)
+        return [trace(s) for s in samples]
     except (KeyError, ValueError) as e:
         raise ConfigError(
             f"{who} from the synthetic generator's scene metadata; sample lacks it ({e}). Use "
@@ -584,9 +590,8 @@ def guide_traces(cfg, train: list[dict]) -> Callable[[dict], str | list[str]] | 
         )
     if cfg.train.pipeline != "sync":
         raise ConfigError(f"{where} runs in the trainer's process; use train.pipeline=sync")
-    reference_traces(cfg, train, f"{where} takes each sample's trace")
-    gen, tools = get_generator(cfg.data.generator), cfg.rollout.episode.tools
-    return functools.partial(gen.reasoning_trace, tools=tools)
+    reference_traces(cfg, train, f"{where} takes each sample's trace")  # fails at start-up
+    return reference_trace(cfg)
 
 
 def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
