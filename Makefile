@@ -23,13 +23,19 @@ sysdeps:
 			libegl1 libgl1 libopengl0 libegl-mesa0 libgl1-mesa-dri libgbm1 >/dev/null; \
 	fi
 
+# The repo root is the package `perceptrl`, so setuptools installs it editable through a meta
+# path finder and always adds an informational note about it, labelled as a warning; that one
+# note is filtered (PYTHONWARNINGS below). Package discovery itself is declared in pyproject.toml.
 $(VENV)/.installed: pyproject.toml | sysdeps
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# torch first: deepspeed's build reads the installed torch
-	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $@
+	@echo "setup: virtual environment $(VENV) with $$($(PYTHON) --version)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip
+	@echo "setup: torch 2.14.1 and torchvision 0.29.1 (first: deepspeed's build reads the installed torch)"
+	@$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
+	@echo "setup: perceptrl (editable) with the pinned dependencies of pyproject.toml and the dev tools"
+	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+	@echo "setup: done ($(BIN)/perceptrl)"
 
 demo: setup
 	$(BIN)/perceptrl demo
