@@ -1,7 +1,8 @@
 """The synthetic generators, one entry each: name -> module, modality, splits and options.
 
 The wiring (``data.generator``), ``perceptrl data generate --kind`` and the evaluation table
-(modality order) read this table; a new generator is one entry here plus its module, which
+(modality order) read this table; a new generator is one entry here (or, from user code,
+``register_generator(Generator(...))`` before the recipe loads) plus its module, which
 provides ``FAMILIES``, ``generate(out_dir, splits, families, seed, **options)`` and
 ``reasoning_trace(sample)`` (optionally ``reasoning_trace(sample, tools)``: the tools an
 episode may call, for multi-turn traces given as a list of turns). Modules load only when a
@@ -24,7 +25,8 @@ class Generator:
 
     name: str
     module: str
-    """module under ``perceptrl.datasets`` with FAMILIES, generate and reasoning_trace"""
+    """module with FAMILIES, generate and reasoning_trace: relative to ``perceptrl.datasets``
+    when it starts with a dot (``.clevr``), else a full module name (``mypkg.stripes``)"""
     modality: str
     """what its samples show the model: image | video | 3d (the evaluation table's groups)"""
     description: str
@@ -36,7 +38,7 @@ class Generator:
     """common option name -> the keyword its ``generate`` takes (others are not passed)"""
 
     def load(self) -> ModuleType:
-        return importlib.import_module(f"perceptrl.datasets.{self.module}")
+        return importlib.import_module(self.module, "perceptrl.datasets")
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -81,35 +83,48 @@ GENERATORS: dict[str, Generator] = {
     g.name: g
     for g in (
         Generator(
-            "clevr", "clevr", "image", "CLEVR-like shapes on a grey background (PNG)",
+            "clevr", ".clevr", "image", "CLEVR-like shapes on a grey background (PNG)",
             splits=("train", "val", "test", "ood"),
             default_families=("count_all", "count_color", "count_shape"),
             options={"image_size": "image_size"},
         ),
         Generator(
-            "video", "video", "video",
+            "video", ".video", "video",
             "moving-shape clips (mp4): temporal order, direction, event count, grounding",
             options={"image_size": "size", "seconds": "seconds", "fps": "fps"},
         ),
         Generator(
-            "spatial", "spatial", "3d",
+            "spatial", ".spatial", "3d",
             "MuJoCo rooms in several views: VSI-style count, distance, size, direction, order",
             options={"image_size": "image_size", "views": "n_views", "depth": "depth"},
         ),
         Generator(
-            "zoom", "zoom", "image",
+            "zoom", ".zoom", "image",
             "small checkered tiles in large images (448 px): read only by zooming in; with a "
             "large-tile control family",
             options={"image_size": "image_size"},
         ),
         Generator(
-            "plan", "plan", "robot",
+            "plan", ".plan", "robot",
             "long-horizon MuJoCo tasks (agent-view PNG + instruction) for a VLM planner whose "
             "subgoals a VLA executes", splits=("train", "val", "test"),
             options={"image_size": "image_size"},
         ),
     )
 }  # fmt: skip
+
+
+def register_generator(gen: Generator) -> Generator:
+    """Add ``gen`` to `GENERATORS` under ``gen.name`` (``data.generator`` then accepts it);
+    registering an equal entry again is a no-op, another entry under a taken name raises."""
+    old = GENERATORS.get(gen.name)
+    if old is not None and old != gen:
+        raise ValueError(
+            f"generator {gen.name!r} is already registered (module {old.module!r}); "
+            "register yours under another name"
+        )
+    GENERATORS[gen.name] = gen
+    return gen
 
 
 def get_generator(name: str) -> Generator:
