@@ -1,4 +1,6 @@
-"""Real-size rollout and training throughput: a random-initialised Qwen2.5-VL with the
+"""What rollout and training throughput (MFU, memory) does Qwen2.5-VL-3B reach on one GPU?
+
+Real-size rollout and training throughput: a random-initialised Qwen2.5-VL with the
 Qwen2.5-VL-3B-Instruct configuration, through the HF rollout engine and our GRPO Trainer step.
 
 Nothing is downloaded: the architecture is written out below (values from the public
@@ -357,7 +359,8 @@ def report(args, counts: dict, build_s: float, runs: list[dict], skipped: list[s
     }
     if args.out:
         common.RESULTS = Path(args.out)  # write_results' folder
-    js, md = write_results(args.name, res, markdown(res))
+    seeds = [recipe(args, Path(".")).train.seed]  # weights, data order and sampling
+    js, md = write_results(args.name, res, markdown(res), seeds=seeds)
     print(f"wrote {js} and {md}", flush=True)
     return res
 

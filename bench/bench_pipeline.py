@@ -1,4 +1,6 @@
-"""``train.pipeline`` side by side: sync vs one_step_off vs async at equal wall time.
+"""Does a pipelined trainer (one_step_off, async) process more samples/s than sync?
+
+``train.pipeline`` side by side: sync vs one_step_off vs async at equal wall time.
 
 For one side (``--side vlm``: GRPO on the counting task from the shipped base, the
 ``vlm_clevr`` recipe; ``--side vla``: pixel PPO on reach, the ``vla_ppo_reach`` recipe), each
@@ -128,11 +130,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tis-cap", type=float, default=2.0)
     ap.add_argument("--out", default="runs/bench_pipeline")
     args = ap.parse_args(argv)
+    from perceptrl.cli import CONFIGS
+    from perceptrl.wiring import load_config
+
     out = Path(args.out)
     arms = [run_arm(args.side, m, args, out) for m in args.modes.split(",")]
     settings = {k: v for k, v in vars(args).items() if k != "out"}  # no local paths in results
     data = {"machine": machine(), "side": args.side, "args": settings, "arms": arms}
-    paths = write_results(f"pipeline_{args.side}", data, report(args.side, arms, args))
+    seeds = [load_config(CONFIGS / f"{RECIPES[args.side]}.yaml").train.seed]  # the recipe's
+    paths = write_results(f"pipeline_{args.side}", data, report(args.side, arms, args), seeds=seeds)
     print(Path(paths[1]).read_text())
 
 

@@ -1,9 +1,11 @@
-"""Reason, then act: a VLM planner trained by what its executor achieves in MuJoCo (issue 17).
+"""Does GRPO on the simulator's rewards make a better reason-then-act planner than SFT?
+
+Reason, then act: a VLM planner trained by what its executor achieves in MuJoCo (issue 17).
 
 Task: the long-horizon composites of ``sim/composite.py`` (put_two, put_then_stack,
 push_then_put, put_three; 2-3 subgoals each), samples from ``datasets/plan.py``. The planner is
 the planner base (assets/vlm_plan_base: the shipped tiny VLM after a text-only drill on planner
-dialogues, bench/make_plan_base.py) under ``configs/plan_grpo.yaml``; the executor is the
+dialogues, assets/build/make_plan_base.py) under ``configs/plan_grpo.yaml``; the executor is the
 scripted oracle (``plan.executor=oracle``), or with ``--executor policy`` frozen VLAs trained
 by this run (``configs/plan_exec_bc.yaml``: behaviour cloning of each primitive's scripted expert
 from entity poses, ``--exec-steps`` steps per family; the planner arms then train and score with
@@ -55,9 +57,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import arm_runner, machine, metrics, run_timed, write_results
+from common import RESULTS, ROOT, arm_runner, machine, metrics, run_timed, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 EXEC_ENVS = {"put": "perceptrl/Put-v0", "stack": "perceptrl/Stack-v0", "push": "perceptrl/Push-v0"}
 """primitive family -> the env its executor is cloned on"""
 EXEC_RECIPES = {
@@ -113,13 +114,13 @@ def oracle(samples: list[dict], extra: list[str], retries: int = 0) -> tuple[dic
 
 def reader_start(out: Path, seed: int, wall: dict, executor: str) -> list[str]:
     """``--executor reader``: the overrides that start its BC from the drilled reader
-    (``bench/make_reader_base.py``, run into ``out/reader_base_s<seed>`` unless it is there; its
-    seconds go into ``wall``); nothing for the other executors."""
+    (``assets/build/make_reader_base.py``, run into ``out/reader_base_s<seed>`` unless it is
+    there; its seconds go into ``wall``); nothing for the other executors."""
     if executor != "reader":
         return []
     base = out / f"reader_base_s{seed}"
     if not (base / "drill.json").exists():
-        run_timed([sys.executable, str(Path(__file__).parent / "make_reader_base.py"),
+        run_timed([sys.executable, str(ROOT / "assets" / "build" / "make_reader_base.py"),
                    "--out", str(base), "--seed", str(seed)])  # fmt: skip
     drill = json.loads((base / "drill.json").read_text())
     wall[base.name] = sum(drill["seconds"].values())
@@ -300,7 +301,10 @@ def main() -> None:
     tasks = [t for t in data["success"]["oracle_plan"] if t != "all"]
     bar_chart(results, tasks, RESULTS / f"{name}.png",
               title=f"held-out task success ({len(test)} states)")  # fmt: skip
-    js, mdp = write_results(name, data, markdown(data))
+    seeds = {"planner": [args.seed]}  # training; the data's are seed and 1000 + seed
+    if args.executor != "oracle":
+        seeds["executors"] = args.exec_seeds
+    js, mdp = write_results(name, data, markdown(data), seeds=seeds)
     print(markdown(data))
     print(f"\nwrote {js}, {mdp}, {name}.png and {name}_episode.png")
 
@@ -381,7 +385,7 @@ def executor_text(s: dict) -> str:
     if s.get("executor") == "reader":
         return (f"one frozen state VLA for every subgoal family that reads its instruction "
                 f"(configs/plan_exec_reader.yaml: its encoder drilled by "
-                f"bench/make_reader_base.py, then {s['exec_steps']} BC steps; best of seeds "
+                f"assets/build/make_reader_base.py, then {s['exec_steps']} BC steps; best of seeds "
                 f"{s['exec_seeds']}), for both training and scoring; 'alone' is that executor "
                 f"given the task's long instruction with no planner")  # fmt: skip
     if s.get("executor") == "policy":

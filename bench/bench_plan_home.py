@@ -1,4 +1,6 @@
-"""Trained executors on the oracle plan: subgoals started where the last one ended, against
+"""How much of the oracle plan do trained executors complete: from where left, home, retries?
+
+Trained executors on the oracle plan: subgoals started where the last one ended, against
 subgoals started at the home pose, and from home with a failed subgoal issued again, on the same
 held-out composite states.
 
@@ -82,7 +84,8 @@ def main() -> None:
         "repeats": [results["home_retry"]["retries"], results["home_retry"]["retries/finished"]],
         "wall_s": wall,
     }
-    js, md = write_results("plan_home", data, markdown(data))
+    js, md = write_results("plan_home", data, markdown(data),
+                           seeds={"data": [args.seed], "executors": seeds})  # fmt: skip
     print(markdown(data))
     print(f"\nwrote {js} and {md}")
 

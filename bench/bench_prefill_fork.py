@@ -1,4 +1,6 @@
-"""GRPO sampling: Hugging Face ``generate`` against the prefill-once samplers, flat and tree.
+"""How much faster than HF `generate` do the prefill-once samplers draw GRPO groups?
+
+GRPO sampling: Hugging Face ``generate`` against the prefill-once samplers, flat and tree.
 
 Issue 15 asks that the root of every group (its prompt) be prefilled once and its KV cache forked
 to the G rows. Arms, on the same encoded prompts:
@@ -163,7 +165,7 @@ def main() -> None:
             a: v["tokens_per_s"] / arms["hf_generate"]["tokens_per_s"] for a, v in arms.items()
         },
     }
-    write_results("prefill_fork", data, markdown(data))
+    write_results("prefill_fork", data, markdown(data), seeds=[args.seed])
     print(markdown(data))
 
 

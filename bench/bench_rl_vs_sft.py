@@ -1,10 +1,12 @@
-"""RL against SFT out of distribution: GRPO and three SFT controls, equal wall time, several seeds.
+"""Does GRPO beat SFT given the same wall time, on questions unlike the training ones?
+
+RL against SFT out of distribution: GRPO and three SFT controls, equal wall time, several seeds.
 
 The question (issue: "an RL-versus-SFT study that can come out either way"): from one base, does
 GRPO with a verifiable reward beat supervised fine-tuning given the same wall time, on questions
 unlike the training ones? Every arm starts from ``--base`` (default the demo's base,
 ``assets/vlm_demo_base``: the shipped SFT base after SFT on a sloppy teacher whose count is one
-short in 60% of its traces; `bench/make_demo_base.py`) and trains on "how many objects" questions
+short in 60% of its traces; `assets/build/make_demo_base.py`) and trains on "how many objects" questions
 of the same scenes (data seed 1) for ``--minutes``:
 
 - ``grpo``: `configs/vlm_demo.yaml` (ground-truth reward; lr chosen on the validation split);
@@ -37,8 +39,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from common import RESULTS, last_model, machine, run_arm, run_timed, write_results
-from make_demo_base import COUNT, sloppy_teacher
+from common import RESULTS, ROOT, last_model, machine, run_arm, run_timed, write_results
+
+sys.path.insert(0, str(ROOT / "assets" / "build"))
+from make_demo_base import COUNT, sloppy_teacher  # noqa: E402
 
 SFT_ARMS = ("sft_teacher", "sft_gold", "sft_answer")
 ARMS = ("grpo", *SFT_ARMS)
@@ -162,8 +166,7 @@ def pass_k(
         for name, m in models.items()
     }  # fmt: skip
     run_pass_k(cfgs, out, [1, 2, 4, 8, 16], 16)
-    for ext in ("json", "md", "png"):
-        shutil.copy(out / f"passk.{ext}", RESULTS / f"rl_vs_sft_passk.{ext}")
+    shutil.copy(out / "passk.png", RESULTS / "rl_vs_sft_passk.png")  # json, md: by main
     result = json.loads((out / "passk.json").read_text())
     ids = [q["id"] for q in questions[:n]]
     by_kind = {}
@@ -250,7 +253,11 @@ def main() -> None:
         "sampled_pass1_ood": passk_subsets,
     }  # fmt: skip
     md = markdown(data)
-    js, mdp = write_results("rl_vs_sft", data, md)
+    seeds = {"train": list(range(args.seeds)), "train_data": DATA_SEED, "eval_data": EVAL_SEED}
+    js, mdp = write_results("rl_vs_sft", data, md, seeds=seeds)
+    passk_dir = out / "passk"
+    write_results("rl_vs_sft_passk", json.loads((passk_dir / "passk.json").read_text()),
+                  (passk_dir / "passk.md").read_text(), seeds=seeds)  # fmt: skip
     print(md)
     print(f"\nwrote {js} and {mdp}")
 

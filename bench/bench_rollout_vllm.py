@@ -1,4 +1,6 @@
-"""Rollout throughput: the HF engine (``model.generate``) versus the vLLM engine, side by side.
+"""How many rollout tokens/s does the vLLM engine give against the HF engine on the CPU?
+
+Rollout throughput: the HF engine (``model.generate``) versus the vLLM engine, side by side.
 
 Same tiny text-only Qwen2 models (built locally, the tiny VLMs' tokenizer), same chat prompts,
 same n, max_new_tokens, temperature and top_p for both engines, in one process and one run. vLLM
@@ -30,6 +32,9 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+SEEDS = {"model": 0, "rounds": "1000 + round"}
+"""the tiny models' initialisation seed; each round's sampling seed"""
 
 
 def _setup_threads(threads: int) -> None:
@@ -348,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         print(md)
         if not args.no_write:
             name = "episodes" if args.turns > 1 else "trees"
-            write_results(f"rollout_hf_vs_vllm_{name}", data, md)
+            write_results(f"rollout_hf_vs_vllm_{name}", data, md, seeds=SEEDS)
         return
     lines = [
         "# Rollout throughput: HF engine vs vLLM engine (bench/bench_rollout_vllm.py)",
@@ -381,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     md = "\n".join(lines)
     print(md)
     if not args.no_write:
-        write_results("rollout_hf_vs_vllm", data, md)
+        write_results("rollout_hf_vs_vllm", data, md, seeds=SEEDS)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Simulation throughput: env steps/s for 1, 4 and 8 envs, state-only and with one 128x128 camera,
+"""How fast does a MuJoCo env step (state-only, rendered) against its raw physics?
+
+Simulation throughput: env steps/s for 1, 4 and 8 envs, state-only and with one 128x128 camera,
 peak RSS, and raw ``mj_step`` on the same model in the same run.
 
 Run: ``MUJOCO_GL=egl python bench/bench_sim.py [--seconds 3] [--task pick]``. Each configuration
@@ -20,9 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import machine
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from common import machine, write_results
 
 
 def _machine() -> dict:
@@ -215,7 +215,7 @@ def _markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(seconds: float = 3.0, task: str = "pick", out_dir: Path = RESULTS) -> dict:
+def main(seconds: float = 3.0, task: str = "pick") -> dict:
     """Run every configuration and write ``sim_bench.json`` / ``sim_bench.md``."""
     base = ["--one", "--task", task, "--seconds", str(seconds)]
     raw = _child([*base, "--kind", "raw"])
@@ -248,9 +248,7 @@ def main(seconds: float = 3.0, task: str = "pick", out_dir: Path = RESULTS) -> d
             "render_ok": single["rgb"]["steps_per_s_per_env"] >= 60,
         },
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sim_bench.json").write_text(json.dumps(res, indent=1))
-    (out_dir / "sim_bench.md").write_text(_markdown(res))
+    write_results("sim_bench", res, _markdown(res), seeds=[0])  # every env reset(seed=0)
     print(_markdown(res))
     return res
 

@@ -1,4 +1,6 @@
-"""Batched simulation: env steps/s of CPU MuJoCo against MJWarp, with and without rendering.
+"""How many env steps/s do CPU MuJoCo and MJWarp give, with and without rendering?
+
+Batched simulation: env steps/s of CPU MuJoCo against MJWarp, with and without rendering.
 
 Both backends run the way collection runs them: `vla.envs.VecRunner` steps N envs of a task
 with random delta-EE actions, episodes end at the time limit and restart by masked resets.
@@ -29,6 +31,8 @@ from common import machine, write_results  # noqa: E402
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "vla_ppo_reach_warp.yaml"
 GOAL = 20_000
 """GPU goal: rendered env steps/s at 64x64 with two cameras (issue 18)"""
+SEEDS = [0]
+"""every runner's seed (initial states and random actions)"""
 
 
 def make_runner(backend: str, task: str, n: int, mode: str, device: str):
@@ -164,7 +168,7 @@ def cpu_report(args) -> None:
         "MuJoCo's at these sizes: it is the correctness lane (what CI has), not a fast path. "
         "On a CPU, use env.backend=mujoco.",
     ]
-    write_results(args.name or "sim_warp", result, "\n".join(lines))
+    write_results(args.name or "sim_warp", result, "\n".join(lines), seeds=SEEDS)
 
 
 def gpu_report(args) -> None:
@@ -183,7 +187,9 @@ def gpu_report(args) -> None:
             record["skipped"] = "no CUDA device visible to torch and warp"
     if "skipped" in record:
         print(f"bench_sim_warp: skipped: {record['skipped']}", flush=True)
-        write_results(name, record, f"# MJWarp on a GPU: skipped\n\n{record['skipped']}\n")
+        write_results(
+            name, record, f"# MJWarp on a GPU: skipped\n\n{record['skipped']}\n", seeds=SEEDS
+        )
         return
     rows, collect = [], []
     for n in args.worlds:
@@ -209,7 +215,7 @@ def gpu_report(args) -> None:
     lines += ["", "PPO collection (vla_ppo_reach_warp, compact VLA on the same device):", "",
               "| worlds | env steps/s |", "|---|---|"]  # fmt: skip
     lines += [f"| {c['worlds']} | {c['env_steps_per_s']} |" for c in collect]
-    write_results(name, record, "\n".join(lines))
+    write_results(name, record, "\n".join(lines), seeds=SEEDS)
 
 
 def main(argv: list[str] | None = None) -> None:

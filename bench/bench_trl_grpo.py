@@ -1,4 +1,6 @@
-"""Our GRPO step against TRL's ``GRPOTrainer``, side by side: wall time per step and peak RSS.
+"""How fast is our GRPO step against TRL's GRPOTrainer on the same work, and at what memory?
+
+Our GRPO step against TRL's ``GRPOTrainer``, side by side: wall time per step and peak RSS.
 
 Both arms train the shipped tiny Qwen2.5-VL base (fp32, CPU) on the same synthetic counting
 prompts with images, in the same order, with the same system prompt and chat template, group
@@ -501,7 +503,8 @@ def main() -> None:
         name = result_name(args.kl)
         data = json.loads((RESULTS / f"{name}.json").read_text())
         data["summary"] = summarize(data["runs"])
-        write_results(name, data, markdown(data))
+        seeds = data.get("provenance", {}).get("seeds", [args.seed])
+        write_results(name, data, markdown(data), seeds=seeds, keep_provenance=True)
         return print(markdown(data))
 
     from common import machine, write_results
@@ -556,7 +559,8 @@ def main() -> None:
         "runs": runs,
     }
     md = markdown(data)
-    js, mdp = write_results(result_name(args.kl), data, md)
+    seeds = {"train": [args.seed], "data": 1}
+    js, mdp = write_results(result_name(args.kl), data, md, seeds=seeds)
     print(md)
     print(f"\nwrote {js} and {mdp}")
 

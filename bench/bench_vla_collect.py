@@ -1,4 +1,6 @@
-"""VLA collection throughput: env steps/s including policy inference, and peak RSS.
+"""How many env steps/s does VLA collection reach, policy inference included, at what RSS?
+
+VLA collection throughput: env steps/s including policy inference, and peak RSS.
 
 Runs the PPO collector of ``configs/vla_ppo_reach.yaml`` (two 64x64 cameras, the compact VLA with
 its keypoint encoder, on the CPU) for ``--rollouts`` collections at each number of envs, each
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         f"| {r['peak_rss_mb']} |"
         for r in rows
     ]
-    write_results("vla_collect", result, "\n".join(lines))
+    write_results("vla_collect", result, "\n".join(lines), seeds=[0])  # VecRunner seed
 
 
 if __name__ == "__main__":

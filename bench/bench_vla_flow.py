@@ -1,4 +1,6 @@
-"""Flow-matching action head against the Gaussian head: behaviour cloning, then GRPO, same budget.
+"""Does a flow-matching action head beat the Gaussian head, after BC and after GRPO?
+
+Flow-matching action head against the Gaussian head: behaviour cloning, then GRPO, same budget.
 
 One arm = one head on one task with one seed, run in its own process (one torch thread, so two
 arms share a 2-core machine side by side):
@@ -15,6 +17,8 @@ arms share a 2-core machine side by side):
 
     MUJOCO_GL=egl python bench/bench_vla_flow.py arm --head flow --task perceptrl/Pick-v0 --seed 0
     python bench/bench_vla_flow.py report      # every arm under --out -> bench/results/vla_flow.*
+
+Each arm's ``arm.json`` records its command; the report lists them with the arms.
 
 Writes ``<out>/<task>_<head>_bc<steps>_s<seed>/arm.json`` (head ``flow-<noise>-<logp>`` or
 ``gaussian``) per arm and, with ``report``,
@@ -33,7 +37,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from bench_vla_grpo import bc_then_grpo  # noqa: E402
-from common import machine, peak_rss_mb, write_results  # noqa: E402
+from common import command_line, machine, peak_rss_mb, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {
@@ -75,7 +79,7 @@ def run_arm(args) -> dict:
         "overrides": args.overrides, "tag": args.tag, "before": before, "after": after,
         "train_success": [round(r.get("rollout/success_rate", float("nan")), 3) for r in steps],
         "mean_step_s": round(float(np.mean([r["time/step"] for r in steps])), 2) if steps else None,
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1), "command": command_line(),
     }  # fmt: skip
     (out / "arm.json").write_text(json.dumps(arm, indent=1))
     print(json.dumps(arm), flush=True)
@@ -138,7 +142,8 @@ def write_report(name: str, arms: list[dict]) -> None:
             f"{100 * (f['sampled'] - b['sampled']):+.1f} |"
         )
     data = {"machine": m, "arms": arms}
-    js, mdp = write_results(name, data, "\n".join(md))
+    seeds = {"train": sorted({a["seed"] for a in arms}), "eval": arms[0]["eval_seed"]}
+    js, mdp = write_results(name, data, "\n".join(md), seeds=seeds)
     print("\n".join(md))
     print(f"\nwrote {js} and {mdp}")
 

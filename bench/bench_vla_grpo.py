@@ -1,4 +1,6 @@
-"""GRPO from a behaviour-cloning warm start on pick (or put), the SimpleVLA-RL recipe in small.
+"""Does GRPO raise a behaviour-cloning warm start's held-out success on pick?
+
+GRPO from a behaviour-cloning warm start on pick (or put), the SimpleVLA-RL recipe in small.
 
 1. Behaviour cloning of the scripted expert (``configs/vla_bc_pick.yaml``; with ``--policy
    token`` the token VLA's ``configs/vla_bc_token.yaml``) for ``--bc-steps`` steps: a
@@ -97,10 +99,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bc-note", default="", help="how --bc-model was trained (for the report)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for the GRPO recipe")
     args = ap.parse_args(argv)
-    from bench_vla_token import ALONE, register_alone
-
-    if args.task == ALONE:  # reach without distractors, a task of the token diagnosis only
-        register_alone()
 
     from perceptrl.vla.evaluate import task_name
 
@@ -185,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         md += ["", "| GRPO step | held-out success, deterministic (eval_episodes) |", "|---|---|"]
         md += [f"| {c['step']} | {c['success']:.3f} |" for c in curve]
     name = "vla_grpo_" + ("token_" if args.policy == "token" else "") + task.lower()
-    js, mdp = write_results(name, data, "\n".join(md))
+    seeds = {"train": [args.seed], "eval": grpo_cfg.env.eval_seed}
+    js, mdp = write_results(name, data, "\n".join(md), seeds=seeds)
     print("\n".join(md))
     print(f"\nwrote {js} and {mdp}")
 

@@ -1,7 +1,6 @@
-"""The same PPO run on both simulator backends: does the compact VLA learn reach on MJWarp as it
-does on CPU MuJoCo?
+"""Does the compact VLA learn reach with PPO on MJWarp as it does on CPU MuJoCo?
 
-Runs ``configs/vla_ppo_reach_state.yaml`` (entity poses, no rendering) with 64 envs x 8-step
+The same PPO run on both simulator backends: ``configs/vla_ppo_reach_state.yaml`` (entity poses, no rendering) with 64 envs x 8-step
 rollouts (many worlds per step, where a batched simulator is meant to be used) for ``--steps``
 PPO steps, once with ``env.backend=mujoco`` and once with ``env.backend=warp`` (warp's CPU device
 here; ``--device cuda`` on a GPU), the same seed, each in its own process. Held-out evaluation:
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -64,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         print(backend, arms[backend], flush=True)
     m = machine()
     result = {"recipe": RECIPE, "overrides": common, "device": args.device, "arms": arms,
-              "machine": m, "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])}  # fmt: skip
+              "machine": m}  # fmt: skip
     mj, wp = arms["mujoco"], arms["warp"]
     lines = [
         "# PPO on reach (entity poses): CPU MuJoCo against MJWarp, same seed",
@@ -87,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Wall time: MuJoCo {mj['wall_s']} s ({mj['env_steps_per_s']} env steps/s while "
         f"collecting), MJWarp {wp['wall_s']} s ({wp['env_steps_per_s']} env steps/s).",
     ]
-    write_results("vla_warp_reach", result, "\n".join(lines))
+    write_results("vla_warp_reach", result, "\n".join(lines), seeds=[args.seed])
 
 
 if __name__ == "__main__":

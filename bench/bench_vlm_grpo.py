@@ -1,4 +1,6 @@
-"""GRPO vs continued SFT on synthetic visual counting, from the same SFT base.
+"""Does GRPO beat continued SFT on visual counting from the same base at equal wall time?
+
+GRPO vs continued SFT on synthetic visual counting, from the same SFT base.
 
 Three models are scored with greedy decoding on the same held-out questions: the base, the
 base after ``--minutes`` of GRPO, and the base after the same wall time of continued SFT (the
@@ -131,7 +133,8 @@ def main() -> None:
         f"+ old log-probs {b['old_logp']:.2f} + forward/backward {b['forward_backward']:.2f} + optimizer {b['optimizer']:.3f}; "
         f"peak RSS {b['peak_rss_mb']:.0f} MB. SFT: {data['sft_steps']} steps, peak RSS {data['sft_peak_rss_mb']:.0f} MB.",
     ]
-    js, mdp = write_results("vlm_grpo_counting", data, "\n".join(md))
+    seeds = {"train": [args.seed], "eval_data": 1000 + args.seed}
+    js, mdp = write_results("vlm_grpo_counting", data, "\n".join(md), seeds=seeds)
     print("\n".join(md))
     print(f"\nwrote {js} and {mdp}")
 

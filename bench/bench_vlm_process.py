@@ -1,4 +1,6 @@
-"""Outcome-only rewards versus outcome + process rewards on a task of several steps (issue 15).
+"""Do process rewards reach the outcome-only arm's accuracy in less training time?
+
+Outcome-only rewards versus outcome + process rewards on a task of several steps (issue 15).
 
 Task (``--family``, datasets/clevr.py): ``count_size`` (the default): "How many objects are
 there? Count the small and the large ones first", or ``count_sum``: "How many red and blue
@@ -232,7 +234,9 @@ def main() -> None:
 
     if args.report:
         data = json.loads((RESULTS / f"{args.name}.json").read_text())
-        return print(write_results(args.name, data, markdown(data))[1])
+        seeds = data.get("provenance", {}).get("seeds", sorted(data["seeds"]))
+        return print(write_results(args.name, data, markdown(data), seeds=seeds,
+                                   keep_provenance=True)[1])  # fmt: skip
 
     from perceptrl.datasets.clevr import generate
     from perceptrl.datasets.loader import load_samples
@@ -268,7 +272,8 @@ def main() -> None:
         },  # fmt: skip
         "seeds": seeds,
     }
-    js, md = write_results(args.name, data, markdown(data))
+    seeds = {"train": [int(s) for s in seeds], "train_data": 1, "eval_data": 1000}
+    js, md = write_results(args.name, data, markdown(data), seeds=seeds)
     print(markdown(data))
     print(f"\nwrote {js} and {md}")
 

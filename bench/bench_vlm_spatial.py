@@ -1,4 +1,6 @@
-"""GRPO on the 3D spatial tasks (MuJoCo rooms, VSI-style questions) with the tiny VLM.
+"""Does GRPO after an SFT warm start teach the tiny VLM the 3D spatial tasks?
+
+GRPO on the 3D spatial tasks (MuJoCo rooms, VSI-style questions) with the tiny VLM.
 
 The shipped base (assets/vlm_base) was trained on image counting only, so the run is:
 base -> SFT warm start on templated spatial traces (``--minutes``) -> GRPO from that checkpoint
@@ -190,7 +192,8 @@ def main() -> None:
         f"{data['sft_steps']}. Data generation ({len(train_samples) + len(test)} questions): "
         f"{gen_s:.0f} s.",
     ]
-    js, mdp = write_results("vlm_spatial", data, "\n".join(md))
+    seeds = {"train": [args.seed], "train_data": 1, "eval_data": 1000 + args.seed}
+    js, mdp = write_results("vlm_spatial", data, "\n".join(md), seeds=seeds)
     print("\n".join(md))
     print(f"\nwrote {js} and {mdp}")
 

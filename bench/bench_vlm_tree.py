@@ -1,4 +1,6 @@
-"""Tree rollouts versus flat GRPO groups at the same number of leaves per prompt (issue 15).
+"""Do tree rollouts train as well as flat GRPO groups while decoding fewer tokens?
+
+Tree rollouts versus flat GRPO groups at the same number of leaves per prompt (issue 15).
 
 Both arms start from the shipped base (assets/vlm_base), train on the same counting data for the
 same wall time, each in its own process, and are scored greedily on held-out questions (a data
@@ -132,7 +134,8 @@ def main() -> None:
             }
             for a, s in steps.items() if a != "flat"
         }  # fmt: skip
-    js, md = write_results("vlm_tree", data, markdown(data))
+    seeds = {"train": [args.seed], "train_data": 1, "eval_data": 1000 + args.seed}
+    js, md = write_results("vlm_tree", data, markdown(data), seeds=seeds)
     print(markdown(data))
     print(f"\nwrote {js} and {md}")
 

@@ -1,4 +1,6 @@
-"""Video RL on the tiny model: SFT warm start, GRPO on all video families, T-GRPO vs GRPO.
+"""Does GRPO (or T-GRPO) improve video questions over an SFT warm start, using frame order?
+
+Video RL on the tiny model: SFT warm start, GRPO on all video families, T-GRPO vs GRPO.
 
 1. A short SFT warm start of the shipped base (image counting only) on templated traces of the
    synthetic video questions (``datasets/video.py``).
@@ -194,7 +196,8 @@ def main() -> None:
         },
         "scores": scores,
     }
-    write_results("vlm_video", result, markdown(result))
+    seeds = {"train": [0], "data": [1, 2], "shuffle": 0}  # train: the recipes' train.seed
+    write_results("vlm_video", result, markdown(result), seeds=seeds)
     print(markdown(result))
 
 

@@ -1,4 +1,6 @@
-"""Multi-turn episodes with the zoom tool versus the same budget without tools (issue 14).
+"""Does a zoom tool in multi-turn episodes beat the same budget without tools?
+
+Multi-turn episodes with the zoom tool versus the same budget without tools (issue 14).
 
 Task: ``datasets/zoom.py``, 448-px images seen at 112 px; ``small_tile`` questions ask for the
 colours of a checkered tile that the downscaled view renders as uniform grey (only a zoom can
@@ -141,7 +143,8 @@ def main() -> None:
     }
     data = report_data(args, results, wall, out, len(test))
     data["episode_cost"] = episode_cost(models["tools_grpo"], test[:100], out / "eval")
-    js, mdp = write_results("vlm_zoom", data, markdown(data))
+    seeds = {"train": [args.seed], "train_data": 1, "eval_data": 1000 + args.seed}
+    js, mdp = write_results("vlm_zoom", data, markdown(data), seeds=seeds)
     print(markdown(data))
     print(f"\nwrote {js} and {mdp}")
 

@@ -13,7 +13,9 @@ the right count often enough for GRPO to find and reinforce it.
 The result is the model in ``assets/vlm_demo_base`` (written with its tokenizer and processor);
 the recipe is ``configs/vlm_demo.yaml``. Deterministic in ``--seed``.
 
-    python bench/make_demo_base.py [--steps 1000] [--miscount 0.6] [--out assets/vlm_demo_base]
+    python assets/build/make_demo_base.py [--steps 1000] [--miscount 0.6] [--out assets/vlm_demo_base]
+
+``make asset-demo-base`` runs it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import argparse
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 
-from common import last_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from common import last_model  # noqa: E402
 
 COUNT = re.compile(r"Count: (\d+)\.</think><answer>(\d+)</answer>$")
 

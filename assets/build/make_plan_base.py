@@ -19,10 +19,10 @@ after 900 steps 0.986 of the turn tokens and 0.44 of whole dialogues are exact. 
 ``assets/vlm_plan_base`` (with its tokenizer and processor; the vision tower is the shipped one,
 untouched) was made by these two runs, deterministic in ``--seed``:
 
-    python bench/make_plan_base.py --steps 600 --out runs/plan_base_600
-    python bench/make_plan_base.py --steps 300 --seed 2 --base runs/plan_base_600
+    python assets/build/make_plan_base.py --steps 600 --out runs/plan_base_600
+    python assets/build/make_plan_base.py --steps 300 --seed 2 --base runs/plan_base_600
 
-It is the base of ``configs/plan_grpo.yaml``. It has never seen a scene: with the image in its
+(``make asset-plan-base`` runs both.) It is the base of ``configs/plan_grpo.yaml``. It has never seen a scene: with the image in its
 prompt it writes no valid subgoal until the recipe's SFT on executed oracle plans
 (bench/results/plan.md).
 """

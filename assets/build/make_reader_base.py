@@ -13,25 +13,33 @@ dropped afterwards, the goal's (a bowl, a zone or the block to stack on). Superv
 privileged simulator state, like the recipe's own auxiliary loss; the actor's action head is
 untouched.
 
-Measured on 2 cores (79 s alone, 800 steps, seed 0; bench/results/reader_base_drill.json):
+Measured on 2 cores (79 s alone, 800 steps, seed 0; assets/build/reader_base_drill.json):
 held-out squared errors (workspace units of 10 cm) 0.0010 for the subject and 0.0016 for the
 goal, against 1.25 and 1.62 on the same states with another row's instruction (a policy that
 does not read stays equal on both); reading appears between steps 400 and 500. Printed and
 written to ``<out>/drill.json``.
 
-    python bench/make_reader_base.py --out runs/reader_base [--steps 800]
+    python assets/build/make_reader_base.py --out runs/reader_base [--steps 800]
     perceptrl sft plan_exec_reader model.path=runs/reader_base --run-dir runs/exec_reader
+
+The reader's start is not a committed asset: ``bench/bench_plan.py --executor reader`` runs this
+into its own run folder (``reader_base_s<seed>``); ``make asset-reader-base`` writes
+runs/reader_base. ``drill.json`` records the run's provenance (command, commit, machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from common import provenance  # noqa: E402
 
 
 def states(env, n: int, first: int) -> dict:
@@ -138,6 +146,7 @@ def main() -> None:
         "states": args.states, "batch": args.batch, "lr": args.lr, "seed": args.seed,
         "seconds": {"states": made, "drill": time.perf_counter() - t0}, "held_out": curve,
     }  # fmt: skip
+    record["provenance"] = provenance([args.seed])
     (out / "drill.json").write_text(json.dumps(record, indent=1))
     print(f"wrote {out} (drill.json: the held-out errors per 100 steps)")
 
