@@ -21,7 +21,7 @@ from pathlib import Path
 from . import wiring
 from .datasets.loader import DataError
 from .datasets.registry import GENERATORS
-from .trainer.config import ConfigError, describe, save_config
+from .trainer.config import ConfigError, describe, format_valid, save_config, valid_values
 from .wiring import Config, load_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -73,14 +73,22 @@ def new_run_dir(path: Path) -> Path:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    """Print the resolved config, one key per line with its help."""
+    """Print the resolved config, one key per line with its help and valid values (or, with
+    ``--reference``, the configuration reference as Markdown)."""
+    if args.reference:
+        if args.recipe or args.overrides:
+            raise ConfigError("config --reference documents the defaults: give no recipe")
+        print(wiring.reference(), end="")
+        return 0
     recipe, overrides = split_recipe(args.recipe, args.overrides)
     cfg = load_config(recipe, overrides)
+    valid = valid_values(Config, wiring.REGISTRIES)
     for key, kind, _default, help_ in describe(Config):
         value = cfg
         for part in key.split("."):
             value = getattr(value, part)
-        print(f"{key} = {value!r}  ({kind}) {help_}")
+        names = f" [{format_valid(valid[key], label=True)}]" if key in valid else ""
+        print(f"{key} = {value!r}  ({kind}) {help_}{names}")
     from .rewards import list_rewards
 
     print(f"# rewards for rollout.reward: {', '.join(list_rewards())} (or module:function)")
@@ -484,6 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
         "recipe", nargs="?", help="YAML recipe or shipped recipe name (default: all defaults)"
     )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.kl_coef=0.01")
+    p.add_argument(
+        "--reference", action="store_true",
+        help="print the configuration reference instead (Markdown: every key's type, default, "
+        f"help and valid values, and the registries; {wiring.REFERENCE_COMMAND})",
+    )  # fmt: skip
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("train", help="RL training from a recipe (GRPO/PPO/... on the vlm side)")

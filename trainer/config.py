@@ -10,13 +10,14 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import re
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import yaml
 
@@ -33,6 +34,20 @@ def choices(f) -> list | None:
     if valid is None:
         return None
     return list(valid() if callable(valid) else valid)
+
+
+@dataclass(frozen=True)
+class Registry:
+    """A table of names that config keys read (a `choice` field's valid values, or the names a
+    free string may take), listed by the configuration reference."""
+
+    title: str
+    source: str
+    """where the names are registered (a file and its table or decorator, in backticks)"""
+    keys: tuple[str, ...]
+    """the dotted config keys that name its entries (as their value, or a mapping's keys)"""
+    names: Callable[[], Iterable[str] | Mapping[str, Iterable[str]]]
+    """its names now (a mapping: names per group, e.g. each generator's question families)"""
 
 
 def _advantages() -> list[str]:
@@ -68,7 +83,9 @@ def _agg_modes() -> list[str]:
 @dataclass
 class AlgoConfig:
     adv_estimator: str = choice("grpo", _advantages)
-    """advantage estimator: grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae | grpo_passk"""
+    """advantage estimator, a name of the registry of trainer/advantages.py (gae is for critic
+    policies; treepo and treerl credit the segments of tree rollouts; prime keeps the process
+    rewards apart)"""
     norm_by_std: bool = True
     """grpo: divide by the group std (False gives Dr.GRPO)"""
     gamma: float = 1.0
@@ -76,7 +93,8 @@ class AlgoConfig:
     lam: float = 1.0
     """GAE lambda"""
     policy_loss: str = choice("ppo_clip", _policy_losses)
-    """policy loss: ppo_clip | gspo | cispo"""
+    """policy loss, a name of the registry of trainer/algos.py (each has its own clip settings
+    below)"""
     clip_low: float = 0.2
     """PPO lower clip range: ratio >= 1 - clip_low"""
     clip_high: float = 0.2
@@ -92,16 +110,18 @@ class AlgoConfig:
     cispo_clip_low: float = 0.0
     """CISPO: the importance weight is floored at 1 - cispo_clip_low (0 disables the floor)"""
     loss_agg_mode: str = choice("token-mean", _agg_modes)
-    """token-mean | seq-mean-token-sum | seq-mean-token-mean (means over rows with a valid token) |
-    seq-mean-token-sum-norm (summed row token sums / loss_norm_len, no division by rows), as
-    verl; the policy, KL, entropy and value losses all use it"""
+    """how per-token losses are averaged, as verl: token-mean over the batch's valid tokens; the
+    seq-mean modes take a mean over rows with a valid token of each row's token sum or mean, but
+    seq-mean-token-sum-norm divides the summed row sums by loss_norm_len (no division by rows);
+    the policy, KL, entropy and value losses all use it"""
     loss_norm_len: int = 0
     """constant divisor for seq-mean-token-sum-norm (Dr.GRPO); 0 uses the batch's T"""
     kl_coef: float = 0.0
     """weight of the KL(policy || reference) term in the loss; 0 skips the reference model"""
     kl_estimator: str = choice("k3", _kl_estimators)
-    """KL estimator: k1 | k2 | k3 (low variance) | abs | k1+ | k3+ (value of k1/k3, gradient
-    of k2: straight-through); verl's kl / mse / low_var_kl are k1 / k2 / k3"""
+    """per-token KL estimator, a name of the registry of trainer/algos.py: k3 has low variance;
+    a name ending in + takes the value of its estimator and the gradient of k2 (straight-through);
+    verl's kl / mse / low_var_kl are k1 / k2 / k3"""
     kl_in_reward: bool = False
     """fold the KL penalty into the per-token reward instead of the loss"""
     entropy_coef: float = 0.0
@@ -120,9 +140,9 @@ class AlgoConfig:
     rollout_correction: str = choice("tis", _corrections)
     """how the rollout log-probs correct the loss when the behaviour policy (an inference
     engine, or older weights in an asynchronous pipeline) differs from the proximal one (the
-    weights at the start of the update): tis (token truncated IS = AReaL's decoupled PPO) |
-    seq_tis | token_mask | seq_mask (masked IS) | geo_mask (geometric-mean rejection) | icepop
-    (two-sided token masking) | none; see trainer/corrections.py"""
+    weights at the start of the update), a name of the registry of trainer/corrections.py: tis
+    is token truncated IS (AReaL's decoupled PPO), the mask forms reject tokens or rows, icepop
+    masks tokens on both sides, none leaves the loss uncorrected"""
     correction_low: float = 0.5
     """lower threshold of the two-sided corrections (geo_mask, icepop) on pi_prox / pi_behav"""
     passk_k: int = 0
@@ -227,6 +247,21 @@ class TrainerConfig(Protocol):
     train: TrainConfig
     log: LogConfig
     checkpoint: CheckpointConfig
+
+
+REGISTRIES = (
+    Registry("Advantage estimators", "`trainer/advantages.py`, `ADVANTAGES`",
+             ("algo.adv_estimator",), _advantages),
+    Registry("Policy losses", "`trainer/algos.py`, `POLICY_LOSSES`",
+             ("algo.policy_loss",), _policy_losses),
+    Registry("KL estimators", "`trainer/algos.py`, `KL_ESTIMATORS`",
+             ("algo.kl_estimator",), _kl_estimators),
+    Registry("Loss aggregation modes", "`trainer/algos.py`, `AGG_MODES`",
+             ("algo.loss_agg_mode",), _agg_modes),
+    Registry("Rollout corrections", "`trainer/corrections.py`, `CORRECTIONS`",
+             ("algo.rollout_correction",), _corrections),
+)  # fmt: skip
+"""The registries the trainer's sections read (the sides' are added in wiring.py)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,6 +389,166 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
     return rows
 
 
+class Valid(NamedTuple):
+    """The valid values of a key, as the reference and ``perceptrl config`` print them."""
+
+    names: list[str] | dict[str, list[str]]
+    """sorted names, or sorted names per group"""
+    checked: bool
+    """True: a `choice` field's values (any other fails to load); False: the names of a registry
+    the key reads (its help says what else it takes, e.g. ``module:function``)"""
+
+
+def valid_values(root: type, registries: Iterable[Registry] = ()) -> dict[str, Valid]:
+    """Dotted key -> its valid values, read now: the choices of every `choice` field (a
+    registry's sorted, a fixed tuple's in its order), and the names of ``registries`` for the
+    free keys they list."""
+    out: dict[str, Valid] = {}
+    for reg in registries:
+        names = reg.names()
+        if isinstance(names, Mapping):
+            grouped = {str(k): sorted(map(str, v)) for k, v in sorted(names.items())}
+            for key in reg.keys:
+                out[key] = Valid(grouped, False)
+        else:
+            for key in reg.keys:
+                out[key] = Valid(sorted(map(str, names)), False)
+    for key, f, _ in leaf_fields(root):
+        valid = choices(f)
+        if valid is not None:
+            registry = callable(f.metadata["choices"])
+            names = sorted(map(str, valid)) if registry else [str(v) for v in valid]
+            out[key] = Valid(names, True)
+    return out
+
+
+def format_valid(valid: Valid, code: str = "", label: bool = False) -> str:
+    """``valid`` on one line (``code`` quotes each name, e.g. a backtick for Markdown; ``label``
+    starts a `choice` field's values with "valid:" as a registry's start with "registered:")."""
+
+    def join(names: list[str]) -> str:
+        return ", ".join(f"{code}{n}{code}" for n in names)
+
+    if isinstance(valid.names, dict):
+        text = "; ".join(f"{group}: {join(names)}" for group, names in valid.names.items())
+    else:
+        text = join(valid.names)
+    if valid.checked:
+        return f"valid: {text}" if label else text
+    return f"registered: {text}"
+
+
+def reference(root: type, registries: Sequence[Registry] = (), intro: str = "") -> str:
+    """The configuration reference of ``root`` as Markdown: ``intro``, then one section per
+    field of ``root`` in order, a table per section (key, type, default, help, valid values;
+    nested sections follow as subsections), and a last section listing each registry's names.
+
+    Deterministic: names are sorted and defaults are written as YAML; a default read from the
+    machine or the environment must say so in its field's help and is written as the
+    placeholder of the field's ``reference_default`` metadata instead."""
+    valid = valid_values(root, registries)
+    out = ["# Configuration reference", "", intro.strip(), ""]
+    hints = typing.get_type_hints(root)
+    docs = field_docs(root)
+    links = ", ".join(f"[{f.name}](#{f.name})" for f in fields(root))
+    out += [f"Sections: {links}, [registries](#registries).", ""]
+    defaults = root()
+    for f in fields(root):
+        kind = hints[f.name]
+        if is_dataclass(kind):
+            _md_section(out, kind, f.name, docs.get(f.name, ""), valid, level=2)
+        else:
+            out += [f"## {f.name}", ""]
+            out += _md_table([_md_row(f.name, f, kind, defaults, docs, valid)])
+    out += ["## Registries", ""]
+    out += [
+        "The tables the valid values above come from, as registered when `perceptrl` is "
+        "imported (a name that a user's own module registers joins them when that module is "
+        "imported).",
+        "",
+    ]
+    for reg in registries:
+        keys = ", ".join(f"`{k}`" for k in reg.keys)
+        names = reg.names()
+        out += [f"### {reg.title}", "", f"{_md(reg.source)}; read by {keys}.", ""]
+        if isinstance(names, Mapping):
+            out += [f"- {k}: " + ", ".join(f"`{n}`" for n in sorted(map(str, v)))
+                    for k, v in sorted(names.items())]  # fmt: skip
+        else:
+            out.append(", ".join(f"`{n}`" for n in sorted(map(str, names))))
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def leaf_fields(cls: type, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, dataclass field, annotation) of every leaf field of ``cls``, in order."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            out += leaf_fields(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            out.append((f"{prefix}{f.name}", f, hints[f.name]))
+    return out
+
+
+def _md_section(out: list[str], cls: type, key: str, help_: str, valid: dict, level: int) -> None:
+    """Section ``key`` (dataclass ``cls``): its help, a table of its leaf fields, then its
+    nested sections one level down."""
+    out += [f"{'#' * level} {key}", ""]
+    own = cls.__doc__ if cls.__doc__ and not cls.__doc__.startswith(f"{cls.__name__}(") else ""
+    for text in (help_, " ".join(own.split())):
+        if text:
+            out += [_md(text), ""]
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    defaults = cls()
+    rows, nested = [], []
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            nested.append(f)
+        else:
+            rows.append(_md_row(f"{key}.{f.name}", f, hints[f.name], defaults, docs, valid))
+    out += _md_table(rows)
+    for f in nested:
+        _md_section(out, hints[f.name], f"{key}.{f.name}", docs.get(f.name, ""), valid, level + 1)
+
+
+def _md_row(key: str, f, kind: Any, defaults: Any, docs: dict, valid: dict) -> list[str]:
+    default = f.metadata.get("reference_default")
+    if default is None:
+        default = _yaml(getattr(defaults, f.name))
+    values = format_valid(valid[key], code="`") if key in valid else ""
+    return [
+        f"`{key}`",
+        _md(f"`{_type_name(kind)}`"),
+        _md(f"`{default}`"),
+        _md(docs.get(f.name, "")),
+        _md(values),
+    ]
+
+
+def _md_table(rows: list[list[str]]) -> list[str]:
+    out = ["| Key | Type | Default | Help | Valid values |", "|---|---|---|---|---|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out + [""]
+
+
+def _md(text: str) -> str:
+    """``text`` for a Markdown table cell: pipes escaped, and ``<`` outside code spans (a tag
+    such as ``<answer>`` in prose would be read as HTML)."""
+    parts = re.split(r"(`+[^`]*?`+)", text)
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("<", "\\<")
+    return "".join(parts).replace("|", "\\|")
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as a one-line YAML flow value (what a recipe would write)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30, sort_keys=False)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
 def _set_dotted(raw: dict, key: str, value: Any) -> None:
     parts = key.split(".")
     node = raw
@@ -377,6 +572,9 @@ def _unknown_key_message(dotted: str, where: str, names: list[str], root: type) 
 
 
 def _type_name(kind: Any) -> str:
+    """``int``, ``list[str]``, ``dict[str, float | dict[str, Any]]`` ..."""
+    if typing.get_origin(kind) is not None:
+        return str(kind).replace("typing.", "")
     return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
 
 

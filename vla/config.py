@@ -141,8 +141,8 @@ class PlanConfig:
     """what executes a subgoal: oracle (the scripted experts: an upper bound) | policy (frozen
     VLA policies from plan.policies)"""
     policies: dict[str, str] = field(default_factory=dict)
-    """primitive family (put, stack, push) -> directory of a VLA saved by a VLA recipe, or
-    ``all`` -> one that reads its instruction for every family (vla.encoder=entities,
+    """subgoal primitive family -> directory of a VLA saved by a VLA recipe, or ``all`` -> one
+    that reads its instruction for every family (vla.encoder=entities,
     configs/plan_exec_reader.yaml)"""
     subgoal_steps: int = 0
     """env steps the executor gets per subgoal (0: the primitive task's time limit)"""

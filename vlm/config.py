@@ -28,7 +28,7 @@ class ModelConfig:
     path: str = ""
     """local directory of a Hugging Face model (or a VLA checkpoint); empty builds the tiny default"""
     tiny_arch: str = choice("qwen2_5_vl", _tiny_archs)
-    """architecture of the tiny random-initialised default when `path` is empty: qwen2_5_vl | qwen3_vl"""
+    """architecture of the tiny random-initialised default when `path` is empty (vlm/tiny.py)"""
     dtype: str = choice("float32", ("float32", "bfloat16", "float16"))
     """parameter dtype: float32 | bfloat16 | float16"""
     gradient_checkpointing: bool = False
@@ -73,8 +73,8 @@ class DataConfig:
     val: str = ""
     """held-out JSONL/Parquet for periodic evaluation; empty uses the synthetic validation split"""
     families: list[str] = field(default_factory=list)
-    """synthetic question families to generate (empty: the generator's defaults; clevr:
-    count_all, count_color, count_shape; video and spatial: all of theirs)"""
+    """synthetic question families to generate, of data.generator's (empty: its default
+    families, all of them unless the generator names a subset)"""
     n_train: int = 2000
     """synthetic training questions"""
     n_val: int = 200
@@ -86,9 +86,8 @@ class DataConfig:
     seed: int = 0
     """seed of the synthetic generator"""
     generator: str = choice("clevr", _generators)
-    """synthetic set when data.train is empty: clevr (images) | video (moving shapes, mp4) |
-    spatial (MuJoCo rooms, several views per question) | zoom (small tiles in large images,
-    for the zoom tool; set data.image_size: 448)"""
+    """synthetic set when data.train is empty, a generator of datasets/registry.py (``perceptrl
+    data generate --help`` describes each; zoom's small tiles need data.image_size: 448)"""
     video_seconds: float = 4.0
     """video generator: clip length in seconds"""
     video_fps: int = 4
@@ -142,10 +141,11 @@ class VLLMConfig:
 @dataclass
 class EpisodeConfig:
     env: str = "tools"
-    """what answers a policy turn: tools (the tools below) or an environment another side
-    registers (plan: a robot executes the planner's subgoals; recipes with side: plan)"""
+    """what answers a policy turn: tools (the tools below, built in) or an episode environment
+    a side registers when imported (the plan side's: a robot executes the planner's subgoals,
+    for recipes with side: plan)"""
     tools: list[str] = field(default_factory=list)
-    """tools the policy may call in multi-turn episodes (zoom, frame, depth, or
+    """tools the policy may call in multi-turn episodes (registered names of vlm/tools.py, or
     package.module:function); empty: one completion per rollout. A sample may list the subset it
     allows (its "tools" key)"""
     max_turns: int = 4
@@ -229,10 +229,10 @@ class RolloutConfig:
     {weight, gate, parameters}, e.g. {accuracy: 1, overlong: {max_len: 256, cache_len: 64}}"""
     process_reward: str = ""
     """process rewards next to the outcome reward (RolloutBatch.step_rewards, weighed by
-    algo.process_coef; algo.adv_estimator=prime keeps the two apart): a step reward of
-    rewards/process.py (step_values: rule-based sub-result checks; judge_steps: a judge model
-    grades each step, with the judge reward's parameters), implicit_prm (PRIME's
-    implicit PRM, vlm/process.py), or module:function; empty: outcome only"""
+    algo.process_coef; algo.adv_estimator=prime keeps the two apart): a registered step reward
+    (rewards/process.py; e.g. step_values checks sub-results by rule, judge_steps has a judge
+    model grade each step with the judge reward's parameters), implicit_prm (PRIME's implicit
+    PRM, vlm/process.py), or module:function; empty: outcome only"""
     process_params: dict[str, Any] = field(default_factory=dict)
     """parameters of the process reward: a step reward's keywords (step_values: right, wrong),
     or implicit_prm's beta (0.05) and lr (1e-5)"""
@@ -241,7 +241,8 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """vLLM engine settings (rollout.engine=vllm)"""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
-    """multi-turn episodes with tools (rollout.episode.tools non-empty turns them on)"""
+    """multi-turn episodes (rollout.episode.tools non-empty, or an env other than tools, turns
+    them on)"""
     workers: int = 1
     """rollout workers (Ray actors) when train.pipeline is one_step_off or async"""
     worker_cpus: float = 1.0
