@@ -1,10 +1,15 @@
-"""The package installs as a plain wheel (not only editable) and every subpackage imports."""
+"""The package installs as a plain wheel (not only editable): every subpackage imports, and in a
+clean venv the installed command prints a recipe and runs the demo's first steps."""
 
+import json
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["trainer", "vlm", "vla", "sim", "rewards", "datasets"]
@@ -15,44 +20,34 @@ def _subpackages() -> list[str]:
     return [p for p in PACKAGES if any((ROOT / p).glob("*.py"))]
 
 
-def test_wheel_installs_and_imports_every_subpackage(tmp_path):
-    wheel_dir = tmp_path / "wheel"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The package built as a plain wheel from the repo (once for this module)."""
+    wheel_dir = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(wheel_dir),
-            str(ROOT),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(wheel_dir), str(ROOT)],
         check=True,
-    )
-    (wheel,) = wheel_dir.glob("perceptrl-*.whl")
+    )  # fmt: skip
+    (path,) = wheel_dir.glob("perceptrl-*.whl")
+    return path
+
+
+def test_wheel_installs_and_imports_every_subpackage(tmp_path, wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "perceptrl/cli.py" in names and not any(
-        n.startswith(("perceptrl/tests/", "tests/")) for n in names
+        n.startswith(("perceptrl/tests/", "tests/", "perceptrl/bench/", "perceptrl/assets/build/"))
+        for n in names
     )
     assert any(n.startswith("perceptrl/configs/") and n.endswith(".yaml") for n in names)
+    for base in ("vlm_base", "vlm_demo_base", "vlm_plan_base"):
+        assert f"perceptrl/assets/{base}/model.safetensors" in names, base
     target = tmp_path / "site"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "-q",
-            "--target",
-            str(target),
-            str(wheel),
-        ],
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+         str(wheel)],
         check=True,
-    )
+    )  # fmt: skip
     modules = [
         f"perceptrl.{p}.{m.stem}"
         for p in _subpackages()
@@ -70,6 +65,46 @@ def test_wheel_installs_and_imports_every_subpackage(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_wheel_in_a_clean_venv_runs_config_and_the_demo(tmp_path, wheel):
+    """A new venv that holds only the wheel (its dependencies reached through a path entry to
+    this environment's site-packages, whose editable install of the repo is not activated):
+    the installed `perceptrl` command prints a shipped recipe and runs the demo's first steps,
+    from a directory outside the repo, with the models and recipes the wheel ships."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.run([py, "-c", purelib], capture_output=True, text=True, check=True)
+    deps = sysconfig.get_paths()["purelib"]
+    # a plain path line: .pth files inside `deps` (the repo's editable finder) are not processed
+    (Path(site.stdout.strip()) / "dependencies.pth").write_text(deps + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q",
+         str(wheel)],
+        check=True,
+    )  # fmt: skip
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    where = subprocess.run(
+        [py, "-c", "import perceptrl; print(perceptrl.__file__)"],
+        cwd=cwd, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout
+    exe = venv / "bin" / "perceptrl"
+    out = subprocess.run([exe, "config", "vlm_clevr"], cwd=cwd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "algo.adv_estimator = 'grpo'" in out.stdout
+    demo = [
+        exe, "demo", "--out", "demo", "--steps", "1", "--test-questions", "4", "--vla-steps", "1",
+        "data.n_train=8", "data.n_val=4", "train.eval_samples=4", "rollout.prompts_per_step=2",
+    ]  # fmt: skip
+    env = {**os.environ, "MUJOCO_GL": "egl", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(demo, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+    result = json.loads((cwd / "demo" / "demo.json").read_text())
+    assert result["vlm_grpo"]["steps"] == 1 and result["vla_ppo_reach"]["steps"] == 1
 
 
 def test_datasets_folder_never_shadows_the_hf_datasets_library(tmp_path):
