@@ -4,6 +4,8 @@ must not list by hand names that a registry supplies."""
 
 import difflib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,14 @@ RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 
 @pytest.fixture(scope="module")
 def text() -> str:
-    return reference()
+    """The reference as the command prints it, in a fresh process: other tests register names of
+    their own (tools, rewards) that the page must not list."""
+    out = subprocess.run(
+        [sys.executable, "-m", "perceptrl.cli", "config", "--reference"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
 
 
 def test_committed_reference_matches_the_code(text):
@@ -40,11 +49,11 @@ def test_committed_reference_matches_the_code(text):
         )
 
 
-def test_perceptrl_config_reference_prints_it(text, capsys):
+def test_perceptrl_config_reference_prints_it(capsys):
     from perceptrl.cli import main
 
     assert main(["config", "--reference"]) == 0
-    assert capsys.readouterr().out == text
+    assert capsys.readouterr().out == reference()
     assert main(["config", "vlm_demo", "--reference"]) == 2  # the reference takes no recipe
 
 
