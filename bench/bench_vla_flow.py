@@ -20,9 +20,9 @@ arms share a 2-core machine side by side):
 
 Each arm's ``arm.json`` records its command; the report lists them with the arms.
 
-Writes ``<out>/<task>_<head>_bc<steps>_s<seed>/arm.json`` (head ``flow-<noise>-<logp>`` or
-``gaussian``) per arm and, with ``report``,
-bench/results/vla_flow.{json,md}.
+Writes ``<out>/<task>_<head>_bc<steps>_m<minutes>_s<seed>/arm.json`` (head
+``flow-<noise>-<logp>`` or ``gaussian``) per arm and, with ``report``,
+bench/results/vla_flow.{json,md}. ``make bench-vla-flow`` runs the committed result's arms.
 """
 
 from __future__ import annotations
@@ -54,10 +54,8 @@ def run_arm(args) -> dict:
     torch.set_num_threads(1)
     task = task_name(args.task)
     head = f"flow-{args.noise}-{args.logp}" if args.head == "flow" else args.head
-    out = (
-        Path(args.out)
-        / f"{task}_{head}{'-' + args.tag if args.tag else ''}_bc{args.bc_steps}_s{args.seed}"
-    )
+    tag = f"-{args.tag}" if args.tag else ""
+    out = Path(args.out) / f"{task}_{head}{tag}_bc{args.bc_steps}_m{args.minutes:g}_s{args.seed}"
     bc_recipe, rl_recipe = RECIPES[args.head]
     common = [f"env.id={args.task}", f"train.seed={args.seed}", f"env.action_chunk={args.chunk}",
               "log.progress=false", "log.tensorboard=false", *args.overrides]  # fmt: skip
