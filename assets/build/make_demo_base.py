@@ -15,7 +15,7 @@ the recipe is ``configs/vlm_demo.yaml``. Deterministic in ``--seed``.
 
     python assets/build/make_demo_base.py [--steps 1000] [--miscount 0.6] [--out assets/vlm_demo_base]
 
-``make asset-demo-base`` runs it.
+``make assets-demo-base`` runs it.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ untouched) was made by these two runs, deterministic in ``--seed``:
     python assets/build/make_plan_base.py --steps 600 --out runs/plan_base_600
     python assets/build/make_plan_base.py --steps 300 --seed 2 --base runs/plan_base_600
 
-(``make asset-plan-base`` runs both.) It is the base of ``configs/plan_grpo.yaml``. It has never seen a scene: with the image in its
-prompt it writes no valid subgoal until the recipe's SFT on executed oracle plans
-(bench/results/plan.md).
+(``make assets-plan-base`` runs both.) It is the base of ``configs/plan_grpo.yaml``. It has
+never seen a scene: with the image in its prompt it writes no valid subgoal until the recipe's
+SFT on executed oracle plans (bench/results/plan.md).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ written to ``<out>/drill.json``.
     perceptrl sft plan_exec_reader model.path=runs/reader_base --run-dir runs/exec_reader
 
 The reader's start is not a committed asset: ``bench/bench_plan.py --executor reader`` runs this
-into its own run folder (``reader_base_s<seed>``); ``make asset-reader-base`` writes
+into its own run folder (``reader_base_s<seed>``); ``make assets-reader-base`` writes
 runs/reader_base. ``drill.json`` records the run's provenance (command, commit, machine).
 """
 

@@ -9,7 +9,7 @@ its last checkpoint's model folder (weights, tokenizer and processor) copied to 
     python assets/build/make_vlm_base.py [--run-dir runs/vlm_sft] [--out assets/vlm_base]
 
 which is ``perceptrl sft configs/vlm_sft.yaml --run-dir runs/vlm_sft`` followed by the copy.
-``make asset-vlm-base`` runs it. Overrides after the options go to
+``make assets-vlm-base`` runs it. Overrides after the options go to
 the recipe.
 """
 
