@@ -241,13 +241,14 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
     families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else []
     splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test, "ood": args.n_ood}
     try:
+        given = {"image_size": args.image_size, "seconds": args.seconds, "fps": args.fps,
+                 "views": args.views, "depth": args.depth}  # fmt: skip
+        options = {k: v for k, v in given.items() if v is not None}  # unset: the generator's own
         paths = gen.generate(
-            args.out, splits, families or list(gen.families), seed=args.seed,
-            image_size=args.image_size, seconds=args.seconds, fps=args.fps, views=args.views,
-            depth=args.depth,
-        )  # fmt: skip
+            args.out, splits, families or list(gen.families), seed=args.seed, **options
+        )
     except ValueError as e:
-        raise ConfigError(f"--families: {e}") from e
+        raise ConfigError(f"data generate --kind {args.kind}: {e}") from e
     for split, path in paths.items():
         print(f"{split}: {path}")
     return 0
@@ -271,7 +272,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"model.path={cfg.model.path}: no model there. The demo's base is committed in "
             "assets/vlm_demo_base; restore it (git checkout assets) or rebuild it with "
-            "`python bench/make_demo_base.py`."
+            "`make assets-demo-base` (assets/build/make_demo_base.py)."
         )
     run_dir = new_run_dir(out / "vlm_grpo")
     save_config(cfg, run_dir / "config.yaml")
@@ -467,16 +468,15 @@ def _add_data_parser(sub) -> None:
     g.add_argument(
         "--families",
         default=None,
-        help="comma-separated families (default: all of the kind; clevr: count_all,count_color,"
-        "count_shape,attr_mcq,spatial,grounding; video: temporal_order,direction,event_count,"
-        "grounding; spatial: obj_count,abs_distance,obj_size,rel_direction,rel_distance,"
-        "appearance_order)",
+        help="comma-separated families (default: all of the kind); docs/config.md lists each "
+        "generator's families under data.families",
     )
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--image-size", type=int, default=112, help="image side / video frame side")
-    g.add_argument("--seconds", type=float, default=4.0, help="video clip length (video)")
-    g.add_argument("--fps", type=int, default=4, help="frames per second written (video)")
-    g.add_argument("--views", type=int, default=4, help="views along the camera path (spatial)")
+    own = "default: the generator's own"
+    g.add_argument("--image-size", type=int, help=f"image side / video frame side ({own})")
+    g.add_argument("--seconds", type=float, help=f"video clip length (video; {own})")
+    g.add_argument("--fps", type=int, help=f"frames per second written (video; {own})")
+    g.add_argument("--views", type=int, help=f"views along the camera path (spatial; {own})")
     g.add_argument("--depth", action="store_true", help="also write depth PNGs in mm (spatial)")
     g.set_defaults(func=cmd_data_generate)
 
@@ -546,8 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         action="append",
-        help="saved model directory (HF dir for vlm, VLA checkpoint for vla); with --pass-k it "
-        "may repeat, as name=path, to put several models on one chart",
+        help="saved model directory (HF dir for vlm and plan, VLA checkpoint for vla); repeat it "
+        "as name=path to compare several models side by side (VLAs, planners, or with --pass-k "
+        "on one chart)",
     )
     p.add_argument(
         "--pass-k", help="vlm: pass@k for these k (e.g. 1,2,4,8,16) from sampled answers"

@@ -6,7 +6,7 @@ character offset just past the step in the completion text. The rollout source p
 score on the token that holds that character (``RolloutBatch.step_rewards`` [B, T]) and the
 estimators weigh it against the outcome reward (``algo.process_coef``; ``prime`` keeps the two
 apart). Rewards know nothing of models; the learned process reward (PRIME's implicit PRM) is a
-model of the VLM side (``vlm/prm.py``).
+model of the VLM side (``vlm/process.py``).
 
 Register with ``@register_step_reward("name")``; ``rollout.process_reward`` names one (or
 ``implicit_prm``, or ``module:function``).

@@ -205,7 +205,7 @@ def test_demo_runs_both_parts_and_writes_its_summary(tmp_path):
 
 def test_demo_without_its_base_says_how_to_restore_it(tmp_path):
     out = perceptrl("demo", "--out", "d", "model.path=nowhere/base", cwd=tmp_path, check=False)
-    assert out.returncode == 2 and "bench/make_demo_base.py" in out.stderr
+    assert out.returncode == 2 and "assets/build/make_demo_base.py" in out.stderr
     assert "Traceback" not in out.stderr
 
 

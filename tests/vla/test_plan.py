@@ -454,7 +454,7 @@ def test_the_plan_side_trains_through_the_ray_pipeline(tmp_path):
 
 
 def test_the_shipped_planner_base_copies_the_first_clause_of_an_instruction(tmp_path):
-    """assets/vlm_plan_base (bench/make_plan_base.py) has learnt to name a subgoal in the
+    """assets/vlm_plan_base (assets/build/make_plan_base.py) has learnt to name a subgoal in the
     instruction's words: greedy, from a text prompt, its first turn is the first subgoal of
     unseen layouts (the shipped tiny VLM it was made from writes none)."""
     import numpy as np
