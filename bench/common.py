@@ -202,6 +202,16 @@ def last_model(run_dir: Path) -> Path:
     return sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "model"
 
 
+def install_last_model(run_dir: Path, out: Path) -> Path:
+    """Copy the model folder of ``run_dir``'s last checkpoint to ``out`` (replaced); returns the
+    source folder. How the asset builders put a trained base in place."""
+    source = last_model(run_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(source, out)
+    return source
+
+
 def metrics(run_dir: Path) -> list[dict]:
     """The run's ``metrics.jsonl`` rows."""
     from perceptrl.trainer.metrics import read_metrics

@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import random
 import re
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from common import last_model  # noqa: E402
+from common import install_last_model  # noqa: E402
 
 COUNT = re.compile(r"Count: (\d+)\.</think><answer>(\d+)</answer>$")
 
@@ -75,9 +74,7 @@ def main() -> None:
     run_dir = Path(args.run_dir)
     run_sft(cfg, run_dir, teacher=sloppy_teacher(args.miscount, args.seed))
     out = resolve_path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(last_model(run_dir), out)
+    install_last_model(run_dir, out)
     print(f"wrote {out}")
 
 

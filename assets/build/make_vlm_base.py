@@ -16,13 +16,12 @@ the recipe.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from common import last_model, run_arm  # noqa: E402
+from common import install_last_model, run_arm  # noqa: E402
 
 
 def main() -> None:
@@ -35,10 +34,8 @@ def main() -> None:
     run_dir = Path(args.run_dir)
     seconds = run_arm(["sft", str(ROOT / "configs" / "vlm_sft.yaml"), *args.overrides], run_dir)
     out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(last_model(run_dir), out)
-    print(f"wrote {out} from {last_model(run_dir)} ({seconds / 60:.1f} min)")
+    source = install_last_model(run_dir, out)
+    print(f"wrote {out} from {source} ({seconds / 60:.1f} min)")
 
 
 if __name__ == "__main__":
