@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -585,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"perceptrl: data error: {_paragraph(e)}", file=sys.stderr)
         return EXIT_DATA_ERROR
+    except BrokenPipeError:  # the reader went away (`perceptrl config x | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     finally:
         if "torch.distributed" in sys.modules:  # a rank leaves its group on every exit path
             from .trainer.deepspeed_engine import shutdown_distributed

@@ -307,3 +307,14 @@ def test_headless_processes_render_offscreen_without_setting_mujoco_gl():
                          timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "egl (24, 32, 3)"
+
+
+def test_output_into_a_closed_pipe_is_not_a_traceback():
+    """`perceptrl config x | head -1`: the reader closes the pipe early; the command ends
+    quietly with status 0."""
+    cmd = [sys.executable, "-m", "perceptrl.cli", "config", "vlm_clevr"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in stderr, stderr
