@@ -1,0 +1,54 @@
+"""The one registry mechanism: register with declared needs, look up, list, and name errors."""
+
+import pytest
+
+from perceptrl.registry import Registry, UnknownName
+
+
+def test_register_lookup_and_declared_meta():
+    r = Registry("thing", "x.thing")
+
+    @r.register("alpha", needs=("values",))
+    def alpha():
+        return 1
+
+    r.register("beta", object(), per_step=True)
+    assert r.names() == ["alpha", "beta"] and "alpha" in r and len(r) == 2
+    assert r.get("alpha") is alpha and r.meta("alpha")["needs"] == ("values",)
+    assert r.meta("beta")["per_step"] is True
+    with pytest.raises(TypeError):
+        r.meta("alpha")["needs"] = ()  # declarations are read-only
+
+
+def test_unknown_name_lists_valid_names_and_the_nearest():
+    r = Registry("thing", "x.thing")
+    r.register("gamma", object())
+    with pytest.raises(
+        UnknownName, match=r"unknown thing 'gama' \(x.thing\); did you mean 'gamma'"
+    ):
+        r.get("gama")
+
+
+def test_same_function_again_is_a_no_op_another_one_raises():
+    r = Registry("thing")
+
+    def f():
+        pass
+
+    r.register("f", f)
+    r.register("f", f)
+
+    def g():
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):
+        r.register("f", g)
+    for bad in ("", "a:b"):
+        with pytest.raises(ValueError, match="invalid thing name"):
+            r.register(bad, f)
+
+
+def test_builtins_are_imported_on_first_read():
+    r = Registry("thing", builtins=("json",))
+    assert not r._loaded
+    assert r.names() == [] and r._loaded
