@@ -132,6 +132,12 @@ def _env_ids() -> list[str]:
     return list(ENV_IDS.values())
 
 
+def _vla_heads() -> list[str]:
+    from .registry import VLA_HEADS
+
+    return VLA_HEADS.names()
+
+
 def _executor_families() -> list[str]:
     from .vla.executors import ALL, PRIMITIVES
 
@@ -156,6 +162,8 @@ REGISTRIES = (
     Registry("Tools", "`vlm/tools.py`, `@register_tool`", ("rollout.episode.tools",), _tools),
     Registry("Simulator tasks", "`sim/tasks.py`, `TASKS`, as the gymnasium ids `sim/__init__.py` "
              "registers", ("env.id", "env.eval_tasks"), _env_ids),
+    Registry("VLA action heads", "`registry.py`, `VLA_HEADS` (registered beside each policy "
+             "class: `vla/compact.py`, `vla/flow.py`)", ("vla.head",), _vla_heads),
     Registry("Executor policy families", "`sim/composite.py`, `PRIMITIVES`, and `all` "
              "(`vla/executors.py`)", ("plan.policies",), _executor_families),
 )  # fmt: skip

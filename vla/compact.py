@@ -44,10 +44,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from ..registry import VLA_HEADS
 from ..sim.composite import ENTITY_SIZE, POSE_SIZE
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
-from .config import AUX, CRITICS, ENCODERS, HEADS, IMAGE_ENCODERS, VLAConfig
+from .config import AUX, CRITICS, ENCODERS, IMAGE_ENCODERS, VLAConfig
 
 PAD, UNK = 0, 1
 WORKSPACE_CENTRE = (0.5, 0.0, 0.2)
@@ -215,10 +216,11 @@ class EntityReader(nn.Module):
 def _check_spec(spec: CompactSpec) -> None:
     """The names a spec built without a recipe may still get wrong, and the privileged options
     without the poses they read."""
-    for name, valid in (("encoder", ENCODERS), ("critic", CRITICS), ("aux", AUX), ("head", HEADS)):
+    for name, valid in (("encoder", ENCODERS), ("critic", CRITICS), ("aux", AUX)):
         value = getattr(spec.vla, name)
         if value not in valid:
             raise ValueError(f"vla.{name}={value!r}; valid: {' | '.join(valid)}")
+    VLA_HEADS.entry(spec.vla.head)  # UnknownName (a ValueError) lists the registered heads
     for what, on in (
         ("vla.critic=state", spec.vla.critic == "state"),
         (f"vla.aux={spec.vla.aux}", spec.vla.aux != "none"),
@@ -480,14 +482,13 @@ class CompactVLA(nn.Module):
         return policy
 
 
-def build_compact(spec: CompactSpec) -> CompactVLA:
-    """The compact policy ``spec.vla.head`` names: `CompactVLA` (Gaussian head) or
-    `vla.flow.FlowVLA` (flow-matching head)."""
-    if spec.vla.head == "flow":
-        from .flow import FlowVLA
+VLA_HEADS.register("gaussian", CompactVLA)
 
-        return FlowVLA(spec)
-    return CompactVLA(spec)
+
+def build_compact(spec: CompactSpec) -> CompactVLA:
+    """The compact policy of the head ``spec.vla.head`` names in `VLA_HEADS`: `CompactVLA`
+    (``gaussian``) or `vla.flow.FlowVLA` (``flow``)."""
+    return VLA_HEADS.get(spec.vla.head)(spec)
 
 
 def _checked(path: str | Path) -> Path:

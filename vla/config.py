@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..registry import VLA_HEADS
 from ..trainer.config import choice
 
 OBS_MODES = ("rgb", "state")
@@ -20,7 +21,6 @@ ENCODERS = (*IMAGE_ENCODERS, "state", "entities")
 INSTRUCTION_ENCODERS = ("bag", "gru")
 CRITICS = ("shared", "state")
 AUX = ("none", "subject")
-HEADS = ("gaussian", "flow")
 FLOW_NOISE = ("sde", "learned")
 FLOW_LOGP = ("step", "chain")
 
@@ -111,10 +111,10 @@ class VLAConfig:
     env.privileged_state=true)"""
     aux_coef: float = 1.0
     """weight of the auxiliary loss in the trainer's loss"""
-    head: str = choice("gaussian", HEADS)
-    """action head of the compact policy: gaussian (diagonal Gaussian over the K*A chunk) |
-    flow (a flow-matching action-chunk head, pi0-style; BC by flow matching, RL on its
-    stochastic sampler: see ``vla/flow.py``)"""
+    head: str = choice("gaussian", VLA_HEADS.choices())
+    """action head of the compact policy, an entry of ``VLA_HEADS``: gaussian is a diagonal
+    Gaussian over the K*A chunk, flow a flow-matching action-chunk head (pi0-style; BC by flow
+    matching, RL on its stochastic sampler: see ``vla/flow.py``)"""
     flow_steps: int = 10
     """flow head: denoising (Euler) steps S from noise to an action chunk"""
     flow_noise: str = choice("sde", FLOW_NOISE)

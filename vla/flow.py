@@ -46,6 +46,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..registry import VLA_HEADS
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
 from .compact import CompactVLA, flatten_inputs
@@ -224,6 +225,9 @@ class FlowVLA(CompactVLA):
                 "policy?)"
             )
         return tokens.view(len(tokens), self.steps + 1, self.dim)
+
+
+VLA_HEADS.register("flow", FlowVLA)
 
 
 def _normal_logp(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
