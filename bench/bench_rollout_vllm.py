@@ -142,7 +142,7 @@ def episode_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict
     import torch
 
     from perceptrl.vlm.episode import EpisodeSettings, episode_metrics
-    from perceptrl.vlm.vllm_rollout import VLLMRolloutPolicy
+    from perceptrl.vlm.vllm_policy import VLLMRolloutPolicy
 
     stop = policy.stop_ids[0]
     policy.model.lm_head.register_forward_hook(
@@ -197,8 +197,9 @@ def tree_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict:
 
     import torch
 
-    from perceptrl.vlm.tree_rollout import TreeShape, sampled_tokens
-    from perceptrl.vlm.vllm_rollout import VLLMRolloutPolicy
+    from perceptrl.vlm.kv_sampler import TreeShape
+    from perceptrl.vlm.tree_rollout import sampled_tokens
+    from perceptrl.vlm.vllm_policy import VLLMRolloutPolicy
 
     shape = TreeShape(tuple(int(b) for b in args.tree.split(",")), args.segment_tokens)
     vpolicy = VLLMRolloutPolicy.colocate(policy, engine)

@@ -23,9 +23,7 @@ to the training forward to 1e-5 in float32).
 
 from __future__ import annotations
 
-import inspect
 import time
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -39,145 +37,22 @@ from .episode import (
     Tape,
     answer_round,
 )
+from .kv_sampler import (
+    ROPE_GRID_KEYS,
+    KVSampler,
+    LiveRows,
+    TreeShape,
+    fork_plan,
+    rank_within,
+    row_chunks,
+    sample_token,
+    sequence_positions,
+)
 from .prompts import EncodedPrompt
-from .rollout import BANNED_LOGIT, SamplingParams, collate, generation_mode, prompt_table
+from .rollout import SamplingParams, generation_mode, prompt_table
 
-ROPE_GRID_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
-"""Vision inputs the 3-D position index reads."""
 _STOP, _TURN_LENGTH, _MAX_TOKENS, _STOP_STRING = 0, 1, 2, 3
 _REASONS = {_TURN_LENGTH: "turn_length", _MAX_TOKENS: "max_tokens", _STOP_STRING: STOP_STRING}
-
-
-def rope_module(model):
-    """The submodule with ``get_rope_index`` (Qwen-VL's inner model), or None (1-D positions)."""
-    return next((m for m in model.modules() if hasattr(m, "get_rope_index")), None)
-
-
-def sequence_positions(rope, ids: Tensor, extras: dict, grids: dict) -> Tensor:
-    """[3, L] positions of one unpadded sequence: ``get_rope_index`` when it holds images or
-    videos (``grids``: image_grid_thw ... of its vision, in order), else 0..L-1."""
-    L = ids.numel()
-    if rope is None or not any(grids.get(k) is not None for k in ROPE_GRID_KEYS[:2]):
-        return torch.arange(L, device=ids.device).expand(3, L)
-    types = extras.get("mm_token_type_ids")
-    if types is None:
-        raise ValueError("3-D positions need the processor's mm_token_type_ids")
-    kw = {k: v for k, v in grids.items() if k in ROPE_GRID_KEYS and v is not None}
-    pos, _ = rope.get_rope_index(ids[None], types[None].to(ids.device), **kw)
-    return pos[:, 0]
-
-
-def batch_positions(rope, kwargs: dict) -> Tensor:
-    """[3, B, L] positions of left-padded rows, each row's first token at 0 (as
-    `sequence_positions` of the unpadded row, so later segments continue them exactly)."""
-    ids, attn = kwargs["input_ids"], kwargs["attention_mask"]
-    if rope is not None and "mm_token_type_ids" in kwargs and "image_grid_thw" in kwargs:
-        kw = {k: kwargs[k] for k in ROPE_GRID_KEYS if k in kwargs}
-        pos, _ = rope.get_rope_index(ids, kwargs["mm_token_type_ids"], attention_mask=attn, **kw)
-        return pos
-    return (attn.long().cumsum(-1) - 1).clamp(min=0).expand(3, -1, -1)
-
-
-@dataclass
-class LiveRows:
-    """The rows still in the batch, aligned with the cache's rows."""
-
-    rows: Tensor
-    """[L] tape row of each live row"""
-    attn: Tensor
-    """[L, S] attention over the cache (0 on padding and holes)"""
-    next_pos: Tensor
-    """[L] position of the next text token"""
-    logits: Tensor
-    """[L, V] logits of the next token"""
-    cache: object
-
-    def fork(self, idx: Tensor, clone) -> None:
-        """`keep` rows ``idx`` (sorted, a row's children adjacent), their storage rows as
-        `forked_rows` gives them."""
-        rows = forked_rows(self.rows, idx, clone)
-        self.keep(idx)
-        self.rows = rows
-
-    def keep(self, idx: Tensor) -> None:
-        """Keep rows ``idx`` [L'] in this order: a row left out is dropped, a row named twice is
-        forked (its cache row copied)."""
-        if len(idx) == len(self.rows) and bool((idx == torch.arange(len(idx))).all()):
-            return
-        self.cache.batch_select_indices(idx.to(self.attn.device))
-        self.rows, self.next_pos = self.rows[idx], self.next_pos[idx.to(self.next_pos.device)]
-        self.attn, self.logits = (
-            self.attn[idx.to(self.attn.device)],
-            self.logits[idx.to(self.logits.device)],
-        )
-
-
-def forked_rows(rows: Tensor, idx: Tensor, clone) -> Tensor:
-    """Storage rows of the children ``rows[idx]`` (``idx`` sorted, a row's children adjacent):
-    a row's first child keeps its parent's storage row, each further child gets the row
-    ``clone(parent rows [M])`` returns ([M]: fresh rows holding copies of the parents')."""
-    first = torch.ones(len(idx), dtype=torch.bool)
-    first[1:] = idx[1:] != idx[:-1]
-    out = rows[idx].clone()
-    if not first.all():
-        out[~first] = clone(out[~first])
-    return out
-
-
-class KVSampler:
-    """Token-by-token sampling with a Hugging Face KV cache that rows share and fork: the distinct
-    prompts are prefilled once and their keys/values indexed out to the rows (`_prefill`), one
-    token per live row is fed per step (`_step`), and `LiveRows.keep` drops or repeats cache rows.
-    The episode sampler and the tree sampler (``vlm/tree_rollout.py``) are built on it.
-
-    Args:
-        model, processor: the policy's.
-        stop_ids, pad_id, banned: the policy's stop tokens, padding and never-sampled ids.
-    """
-
-    def __init__(self, model, processor, stop_ids: list[int], pad_id: int, banned: list[int]):
-        self.model, self.processor = model, processor
-        self.stop_ids, self.pad_id, self.banned = stop_ids, pad_id, banned
-        self.rope = rope_module(model)
-        self.device = next(model.parameters()).device
-        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
-
-    # ---- model calls ------------------------------------------------------------------------
-
-    def _forward(self, ids: Tensor, live_attn: Tensor, pos: Tensor, cache, **vision):
-        pos = pos if self.rope is not None else pos[0]
-        if self._keep_arg:
-            vision["logits_to_keep"] = 1
-        return self.model(
-            input_ids=ids, attention_mask=live_attn, position_ids=pos, past_key_values=cache,
-            use_cache=True, **vision,
-        )  # fmt: skip
-
-    def _prefill(self, table: dict, index: Tensor) -> LiveRows:
-        """The distinct prompts once, their keys/values indexed out to the rows."""
-        from transformers import DynamicCache
-
-        kwargs = collate(table, self.pad_id, self.device)  # [U, P], left-padded
-        pos = batch_positions(self.rope, kwargs)
-        vision = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
-        if self.rope is not None:
-            vision.pop("mm_token_type_ids", None)  # positions are given
-        cache = DynamicCache()
-        out = self._forward(kwargs["input_ids"], kwargs["attention_mask"], pos, cache, **vision)
-        idx = index.to(self.device)
-        cache.batch_select_indices(idx)
-        return LiveRows(
-            rows=torch.arange(len(index)), attn=kwargs["attention_mask"][idx],
-            next_pos=pos.amax(dim=(0, 2))[idx] + 1, logits=out.logits[idx, -1], cache=cache,
-        )  # fmt: skip
-
-    def _step(self, live: LiveRows, tok: Tensor, feed: Tensor) -> None:
-        """Feed one token per live row (padding with attention 0 where ``feed`` is False)."""
-        ids = torch.where(feed, tok, torch.full_like(tok, self.pad_id))[:, None]
-        live.attn = torch.cat([live.attn, feed.long()[:, None]], dim=1)
-        pos = live.next_pos[:, None].expand(3, -1, 1)
-        live.logits = self._forward(ids, live.attn, pos, live.cache).logits[:, -1]
-        live.next_pos = live.next_pos + feed.long()
 
 
 class EpisodeSampler(KVSampler):
@@ -198,13 +73,13 @@ class EpisodeSampler(KVSampler):
 
     def sample(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams,
                shape=None) -> RolloutBatch:  # fmt: skip
-        """``n`` episodes per prompt, or the leaves of ``shape`` (a ``tree_rollout.TreeShape``
+        """``n`` episodes per prompt, or the leaves of ``shape`` (a `TreeShape`
         with ``n`` leaves: its segments are turns, forks come after a turn's observation).
         Returns a `RolloutBatch` (layout in ``vlm/episode.py``; ``segments`` for trees) with
         ``logp_rollout`` when ``sp.return_logprobs``; rows of one prompt adjacent."""
         parts, start = [], 0
         width = self.settings.max_tokens
-        for chunk in _chunks([p.input_ids.numel() for p in prompts], n, width, sp.token_budget):
+        for chunk in row_chunks([p.input_ids.numel() for p in prompts], n, width, sp.token_budget):
             b = self._sample_chunk([prompts[i] for i in chunk], n, sp, shape)
             b.group_id = b.group_id + start
             start += len(chunk)
@@ -212,8 +87,6 @@ class EpisodeSampler(KVSampler):
         return RolloutBatch.concat(parts)
 
     def _sample_chunk(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams, shape):
-        from .tree_rollout import TreeShape, rank_within
-
         shape = shape or TreeShape.flat(n)
         U, first = len(prompts), shape.branches[0]
         table = prompt_table(prompts)
@@ -253,11 +126,9 @@ class EpisodeSampler(KVSampler):
 
     def _fork(self, live: LiveRows, tape: Tape, env, shape, depth: int, prompt_of: Tensor,
               used: int, U: int) -> int:  # fmt: skip
-        """Fork the live episodes after a turn (see ``tree_rollout.fork_plan``): a child after
+        """Fork the live episodes after a turn (see `fork_plan`): a child after
         the first gets a fresh tape row and environment episode copied from its parent's.
         Returns the rows in use."""
-        from .tree_rollout import fork_plan
-
         if not hasattr(env, "fork"):
             raise ValueError(
                 f"{type(env).__name__} cannot fork episodes (no fork(src, dst) method); tree "
@@ -384,45 +255,3 @@ class EpisodeSampler(KVSampler):
         grids["second_per_grid_ts"] = table.get("second_per_grid_ts", [None] * (u + 1))[u]
         extras = {"mm_token_type_ids": torch.cat([types, obs_types.to(types.dtype)])}
         return sequence_positions(self.rope, full_ids.to(self.device), extras, grids)
-
-
-def sample_token(logits: Tensor, sp: SamplingParams, banned: list[int]) -> tuple[Tensor, Tensor]:
-    """One token per row from [L, V] logits (greedy at temperature 0; else tempered, then top-k
-    and top-p as Hugging Face's warpers apply them) and its log-prob under the tempered
-    distribution without top-k/top-p, which ``VLMPolicy.evaluate`` scores. Returns [L], [L]."""
-    logits = logits.float()
-    if banned:
-        logits[:, banned] = BANNED_LOGIT
-    if sp.temperature > 0:
-        logits = logits / sp.temperature
-    logp_all = logits.log_softmax(-1)
-    if sp.temperature <= 0:
-        tok = logits.argmax(-1)
-    else:
-        filt = logits
-        if sp.top_k > 0:
-            kth = filt.topk(min(sp.top_k, filt.shape[-1]), dim=-1).values[:, -1:]
-            filt = filt.masked_fill(filt < kth, -float("inf"))
-        if sp.top_p < 1.0:
-            srt, order = filt.sort(dim=-1)
-            drop = srt.softmax(-1).cumsum(-1) <= 1 - sp.top_p
-            drop[:, -1] = False
-            filt = filt.masked_fill(drop.scatter(1, order, drop), -float("inf"))
-        tok = torch.multinomial(filt.softmax(-1), 1).squeeze(1)
-    return tok, logp_all.gather(-1, tok[:, None]).squeeze(1)
-
-
-def _chunks(lens: list[int], n: int, width: int, budget: int):
-    """Consecutive prompt indices whose rows (``n`` each) fit ``budget`` tokens of prompt plus
-    ``width`` tokens of episode."""
-    chunk: list[int] = []
-    longest = 0
-    for i, p in enumerate(lens):
-        new = max(longest, p)
-        if chunk and (len(chunk) + 1) * n * (new + width) > budget:
-            yield chunk
-            chunk, new = [], p
-        chunk.append(i)
-        longest = new
-    if chunk:
-        yield chunk

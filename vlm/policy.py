@@ -41,10 +41,11 @@ from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
 from . import rollout
 from .episode import EpisodeSettings
+from .kv_sampler import TreeShape
 from .model import check_model_dir, load_vlm
 from .prompts import EncodedPrompt, PromptConfig, encode_prompts, vision_token_ids
 from .rollout import BANNED_LOGIT, SamplingParams
-from .tree_rollout import TreeSampler, TreeShape
+from .tree_rollout import TreeSampler
 
 OBS_PREFIX = "obs_"
 """``RolloutBatch.inputs`` keys of episode observations (see ``vlm/episode.py``)."""

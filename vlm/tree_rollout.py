@@ -22,57 +22,30 @@ branch gets one child, each further child goes to the branch whose next-token en
 by its children so far is highest, so the tree branches where the policy is unsure).
 
 Log-probs are those of the tempered distribution ``VLMPolicy.evaluate`` scores (one sampling
-function with the episode sampler: ``episode_rollout.sample_token``).
+function with the episode sampler: ``kv_sampler.sample_token``).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ..trainer.batch import RolloutBatch
-from .episode_rollout import KVSampler, LiveRows, _chunks, sample_token
+from .kv_sampler import (
+    KVSampler,
+    LiveRows,
+    TreeShape,
+    fork_plan,
+    rank_within,
+    row_chunks,
+    sample_token,
+)
 from .prompts import EncodedPrompt
 from .rollout import SamplingParams, generation_mode, prompt_table
 
-ALLOCATIONS = ("uniform", "entropy")
 COMPACT_FRACTION = 0.25
 """stopped rows leave the cache once they are this fraction of the live rows (a cache
 ``index_select`` then costs less than feeding them padding)"""
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """How a prompt's completions branch (see the module docstring)."""
-
-    branches: tuple[int, ...]
-    """children per node at each depth; branches[0] rows start from the prompt; the product is
-    the prompt's leaves (the group size)"""
-    segment_tokens: int = 0
-    """tokens of every segment but the last (unused for a tree of depth one)"""
-    allocate: str = "uniform"
-    """uniform | entropy: how a depth's forks are spread over its live branches"""
-
-    def __post_init__(self):
-        if not self.branches or any(b < 1 for b in self.branches):
-            raise ValueError(f"tree branches must be positive integers, got {self.branches}")
-        if len(self.branches) > 1 and self.segment_tokens < 1:
-            raise ValueError("a tree deeper than one segment needs segment_tokens >= 1")
-        if self.allocate not in ALLOCATIONS:
-            raise ValueError(f"tree allocate {self.allocate!r}: use one of {ALLOCATIONS}")
-
-    @property
-    def leaves(self) -> int:
-        out = 1
-        for b in self.branches:
-            out *= b
-        return out
-
-    @classmethod
-    def flat(cls, n: int) -> TreeShape:
-        return cls((n,))
 
 
 class LeafRows:
@@ -135,7 +108,7 @@ class TreeSampler(KVSampler):
         ``sp.return_logprobs``) plus ``segments`` for trees deeper than one segment."""
         parts, start = [], 0
         lens = [p.input_ids.numel() for p in prompts]
-        for chunk in _chunks(lens, shape.leaves, sp.max_new_tokens, sp.token_budget):
+        for chunk in row_chunks(lens, shape.leaves, sp.max_new_tokens, sp.token_budget):
             b = self._sample_chunk([prompts[i] for i in chunk], shape, sp)
             b.group_id = b.group_id + start
             start += len(chunk)
@@ -239,49 +212,3 @@ def sampled_tokens(batch: RolloutBatch) -> tuple[int, int]:
     for row_nodes, row_valid in zip(nodes, valid):
         sharing += torch.isin(keys, row_nodes[row_valid]).long()
     return int((counts // sharing.clamp(min=1)).sum()), leaf
-
-
-def fork_plan(live_prompt: Tensor, done_prompt: Tensor, U: int, shape: TreeShape, depth: int,
-              logits: Tensor) -> Tensor:  # fmt: skip
-    """Which live rows to keep, repeated by their number of children, at fork ``depth``: each
-    prompt's finished leaves (``done_prompt``: the prompt of every finished row) plus its live
-    rows' children make ``prod(branches[:depth + 1])`` (at least one child each; spread as
-    ``shape.allocate`` says, entropy read from the next-token ``logits`` [L, V]).
-    Returns idx [L'] into the live rows, sorted (a row's children adjacent)."""
-    target = 1
-    for b in shape.branches[: depth + 1]:
-        target *= b
-    finished = torch.bincount(done_prompt, minlength=U)
-    entropy = None
-    if shape.allocate == "entropy":
-        logp = logits.float().log_softmax(-1)
-        entropy = -(logp.exp() * logp).sum(-1).cpu()
-    counts = torch.zeros(len(live_prompt), dtype=torch.long)
-    for u in live_prompt.unique().tolist():
-        mine = (live_prompt == u).nonzero().squeeze(1)
-        ent = None if entropy is None else entropy[mine]
-        counts[mine] = _allocate(int(min(target, shape.leaves) - finished[u]), len(mine), ent)
-    return torch.arange(len(live_prompt)).repeat_interleave(counts)
-
-
-def rank_within(keys: Tensor) -> Tensor:
-    """[N] position of each element among the earlier elements with the same key."""
-    same = keys[:, None] == keys[None, :]
-    return torch.tril(same, diagonal=-1).sum(1)
-
-
-def _allocate(want: int, n: int, entropy: Tensor | None = None) -> Tensor:
-    """Children of each of a prompt's ``n`` live branches, ``max(want, n)`` in all, each >= 1:
-    even shares with the remainder to random branches, or (``entropy`` [n] given) one each and
-    every further child to the branch with the highest entropy per child so far."""
-    counts = torch.ones(n, dtype=torch.long)
-    extra = want - n
-    if extra <= 0:
-        return counts
-    if entropy is None:
-        counts += extra // n
-        counts[torch.randperm(n)[: extra % n]] += 1
-        return counts
-    for _ in range(extra):
-        counts[int(torch.argmax(entropy / counts))] += 1
-    return counts

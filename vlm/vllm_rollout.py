@@ -1,7 +1,7 @@
 """vLLM rollout engine: the HF engine's interface (``sample(prompts, n, sp) -> RolloutBatch``) on
 vLLM's offline ``LLM`` API, colocated with training in the trainer's process.
 
-One rollout phase (``VLLMRolloutPolicy.sample``): wake the engine's weights -> push the trainer's
+One rollout phase (``vlm/vllm_policy.py``, ``VLLMRolloutPolicy.sample``): wake the engine's weights -> push the trainer's
 current weights in flat buckets -> wake the KV cache -> generate ``n`` completions per prompt with
 the sampled tokens' log-probs -> sleep (weights offloaded, KV cache dropped) so that the update
 gets the accelerator memory back. The weights are pushed before every rollout, i.e. after every
@@ -49,7 +49,6 @@ from torch import Tensor, nn
 from ..trainer.batch import RolloutBatch
 from . import rollout
 from .config import VLLMConfig
-from .policy import VLMPolicy
 from .prompts import EncodedPrompt, load_images, vision_token_ids
 from .rollout import SamplingParams
 
@@ -452,50 +451,3 @@ def _sampled_logprob(entry, token_id: int) -> float:
             "logprobs=0 (the sampled token's)"
         )
     return float(entry[token_id].logprob)
-
-
-# ---------------------------------------------------------------------------------------------
-# The policy side: rollouts through vLLM, training through the HF model
-# ---------------------------------------------------------------------------------------------
-
-
-class VLLMRolloutPolicy(VLMPolicy):
-    """A ``VLMPolicy`` whose ``sample`` goes through a colocated ``VLLMEngine``: before each
-    rollout the engine wakes up and receives the current weights, after it the engine sleeps.
-    With ``episode`` settings the rollouts are multi-turn episodes (``vlm/vllm_episode.py``),
-    with a ``tree`` of ``n`` leaves they are trees (``vlm/vllm_tree.py``).
-    ``evaluate`` (training) and greedy evaluation stay on the HF model."""
-
-    def __init__(self, model: nn.Module, processor, prompt, sampling, engine: VLLMEngine, **kwargs):
-        super().__init__(model, processor, prompt, sampling, **kwargs)
-        self.engine = engine
-        self.sync_stats: dict[str, float] = {}
-
-    @classmethod
-    def colocate(cls, policy: VLMPolicy, engine: VLLMEngine) -> VLLMRolloutPolicy:
-        """Wrap an existing policy (same model, processor and prompt settings)."""
-        return cls(
-            policy.model, policy.processor, policy.prompt, policy.sampling, engine,
-            share_prefix=policy.share_prefix, episode=policy.episode, tree=policy.tree,
-        )  # fmt: skip
-
-    def sample(self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams | None = None):
-        sampling = sampling or self.sampling
-        self.engine.wake_up(["weights"])
-        self.sync_stats = self.engine.sync_weights(self.model)
-        self.engine.wake_up(["kv_cache"])
-        shape = self.tree if self.tree is not None and self.tree.leaves == n else None
-        try:
-            if self.episode is not None:
-                from .vllm_episode import sample_episodes
-
-                if shape is not None and len(shape.branches) > 1:
-                    raise ValueError("trees of multi-turn episodes run on the HF engine only")
-                return sample_episodes(self.engine, prompts, n, sampling, self.episode)
-            if shape is not None and len(shape.branches) > 1:
-                from .vllm_tree import sample_tree
-
-                return sample_tree(self.engine, prompts, shape, sampling)
-            return self.engine.sample(prompts, n, sampling)
-        finally:
-            self.engine.sleep()

@@ -6,7 +6,7 @@ of its ancestors' segments, stopped at the stop token or the segment's length (t
 runs to ``max_new_tokens``). vLLM's prefix caching holds the shared prompt and segments, so a
 child's request computes only what its parent's did not (whole KV blocks: the segments should
 span blocks, see ``rollout.vllm.block_size``). Branches that stop are leaves, forks follow the
-same `tree_rollout.fork_plan` (TreePO's fallback: a stopped branch's leaves go to live ones),
+same `kv_sampler.fork_plan` (TreePO's fallback: a stopped branch's leaves go to live ones),
 rows are recorded on the same `LeafRows` and returned by the same `leaves_batch`, so the batch
 (``segments`` included) and everything downstream are the HF sampler's.
 
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..trainer.batch import RolloutBatch
-from .episode_rollout import forked_rows
+from .kv_sampler import TreeShape, fork_plan, forked_rows, rank_within
 from .prompts import EncodedPrompt
 from .rollout import SamplingParams
-from .tree_rollout import LeafRows, TreeShape, fork_plan, leaves_batch, rank_within
+from .tree_rollout import LeafRows, leaves_batch
 from .vllm_episode import RowImages
 
 if TYPE_CHECKING:

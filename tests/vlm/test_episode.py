@@ -324,7 +324,8 @@ def test_episode_trees_fork_after_a_turn_and_score_as_sampled(pol, samples, bran
     """Episodes of 3 turns grown as a tree that forks after turns: 4 leaves per prompt, rows
     below a fork share its turns and observations token for token, segments name the turns,
     and the training forward matches the sampled log-probs."""
-    from perceptrl.vlm.tree_rollout import TreeShape, sampled_tokens
+    from perceptrl.vlm.kv_sampler import TreeShape
+    from perceptrl.vlm.tree_rollout import sampled_tokens
 
     pol.tree = TreeShape(branches, segment_tokens=1)
     try:

@@ -10,10 +10,11 @@ import contextlib
 import pytest
 import torch
 
+from perceptrl.vlm.kv_sampler import TreeShape, _allocate
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
 from perceptrl.vlm.tiny import ARCHS
-from perceptrl.vlm.tree_rollout import TreeShape, _allocate, sampled_tokens
+from perceptrl.vlm.tree_rollout import sampled_tokens
 
 TOL = 1e-5
 """float32 on the CPU: training-forward log-probs equal the sampled ones to this"""
