@@ -1,16 +1,20 @@
 """Reward functions (one registry), composition and failure handling.
 
->>> from perceptrl.rewards import build_reward
+>>> from perceptrl.rewards import RewardContext, build_reward
 >>> reward = build_reward({"format": 0.5, "accuracy": 1.0})
->>> totals, components, stats = reward(completions, samples)
+>>> totals, components, stats = reward(completions, samples, RewardContext(lengths=lengths))
 
-Registered (module): ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy`` (dispatches on
-``sample["reward"]``) (builtin); ``mra``, ``tiou``, ``count`` (measure); ``giou``, ``det`` (boxes);
-``math``, ``ocr``, ``rouge_l`` (text); ``overlong``, ``repetition`` (shaping); ``majority``
-(group); ``judge`` (judge); ``tool_format``, ``tool_calls``, ``turn_cost`` (episode); ``plan_success``, ``plan_progress``,
-``plan_validity``, ``subgoal_cost`` (plan; and the process reward ``plan_turns``). Add one
-with ``@register_reward("name")`` or name ``"module:function"``. Weighted sums, gates and the
-per-completion context (token lengths, group ids, episode records) are described in
+Every reward is ``fn(completions, samples, ctx, **params) -> list[float]``
+(:mod:`~perceptrl.rewards.registry`), registered in ``perceptrl.registry.REWARDS`` with what it
+needs declared beside it, or named ``"module:function"``. Registered (module): ``format``,
+``mcq``, ``numeric``, ``iou``, ``accuracy`` (dispatches on ``sample["reward"]``) (builtin);
+``mra``, ``tiou``, ``count`` (measure); ``giou``, ``det`` (boxes); ``math``, ``ocr``,
+``rouge_l`` (text); ``overlong``, ``repetition`` (shaping); ``majority`` (group); ``judge``
+(judge); ``tool_format``, ``tool_calls``, ``turn_cost`` (episode); ``plan_success``,
+``plan_progress``, ``plan_validity``, ``subgoal_cost`` (plan). Step rewards
+(``perceptrl.registry.STEP_REWARDS``, :mod:`~perceptrl.rewards.process`): ``step_values``,
+``judge_steps``, ``plan_turns``. Weighted sums, gates, the per-call context (token lengths,
+group ids, episode records, the time limit) and the declarations are described in
 :mod:`~perceptrl.rewards.compose`.
 """
 
@@ -37,10 +41,12 @@ from .parse import (
     parse_box,
     parse_number,
 )
-from .registry import get_reward, list_rewards, register_reward
+from .registry import RewardContext, RewardNeeds, resolve
 
 __all__ = [
     "CompositeReward",
+    "RewardContext",
+    "RewardNeeds",
     "RewardTerm",
     "RewardTimeout",
     "build_reward",
@@ -48,11 +54,9 @@ __all__ = [
     "extract_answer",
     "extract_boxed",
     "extract_letter",
-    "get_reward",
     "is_boxed_formatted",
     "is_formatted",
-    "list_rewards",
     "parse_box",
     "parse_number",
-    "register_reward",
+    "resolve",
 ]

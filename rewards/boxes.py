@@ -36,9 +36,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..registry import REWARDS
 from .builtin import _check, _sid, answer_box, to_original
 from .parse import answer_or_text, box_iou, parse_box
-from .registry import register_reward
+from .registry import RewardContext
 
 _BOX_KEYS = ("bbox_2d", "bbox", "box", "position", "bbox2d")
 _CONF_KEYS = ("confidence", "score", "conf")
@@ -71,8 +72,10 @@ def giou_value(a: Sequence[float], b: Sequence[float]) -> float | None:
     return _gbox(a, b)
 
 
-@register_reward("giou")
-def giou(completions: list[str], samples: list[dict], rescale: bool = True) -> list[float]:
+@REWARDS.register("giou")
+def giou(
+    completions: list[str], samples: list[dict], ctx: RewardContext, rescale: bool = True
+) -> list[float]:
     """Generalized IoU of the first answered box with the sample's box.
 
     Args:
@@ -255,10 +258,11 @@ def coco_map(preds: Sequence[Detection], gts: Sequence[Detection], iou: str = "c
     return max(ap, 0.0)  # -1 marks "no ground truth in this category set"
 
 
-@register_reward("det")
+@REWARDS.register("det")
 def det(
     completions: list[str],
     samples: list[dict],
+    ctx: RewardContext,
     metric: str = "rft",
     iou_threshold: float = 0.5,
     iou_weight: float = 1.0,

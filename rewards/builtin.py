@@ -1,6 +1,6 @@
 """Built-in rewards for visual reasoning: ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy``.
 
-All take ``(completions, samples, **params)`` and return one float per completion. A malformed
+All take ``(completions, samples, ctx, **params)`` and return one float per completion. A malformed
 completion (missing tags, no letter, unparsable number, empty or degenerate box) scores 0 and never
 raises; a sample whose ground truth cannot be read raises ``ValueError`` naming its id, which the
 composite counts as a reward error.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ..registry import REWARDS
 from .parse import (
     answer_or_text,
     box_iou,
@@ -20,7 +21,7 @@ from .parse import (
     parse_box,
     parse_number,
 )
-from .registry import get_reward, register_reward
+from .registry import RewardContext, resolve
 
 
 def _check(completions: Sequence[str], samples: Sequence[dict]) -> None:
@@ -35,8 +36,10 @@ def _sid(sample: dict) -> str:
     return repr(sample.get("id", "?")) if isinstance(sample, dict) else "?"
 
 
-@register_reward("format")
-def format_reward(completions: list[str], samples: list[dict], style: str = "tags") -> list[float]:
+@REWARDS.register("format")
+def format_reward(
+    completions: list[str], samples: list[dict], ctx: RewardContext, style: str = "tags"
+) -> list[float]:
     """1 if the completion has the required layout, else 0.
 
     Args:
@@ -52,8 +55,8 @@ def format_reward(completions: list[str], samples: list[dict], style: str = "tag
     return [1.0 if checks[style](c) else 0.0 for c in completions]
 
 
-@register_reward("mcq")
-def mcq(completions: list[str], samples: list[dict]) -> list[float]:
+@REWARDS.register("mcq")
+def mcq(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """1 if the option letter in the answer tag (or the text) equals the sample's letter, else 0.
 
     ``meta["options"]`` (option texts, A first), when present, restricts the valid letters and lets
@@ -70,9 +73,13 @@ def mcq(completions: list[str], samples: list[dict]) -> list[float]:
     return out
 
 
-@register_reward("numeric")
+@REWARDS.register("numeric")
 def numeric(
-    completions: list[str], samples: list[dict], rel_tol: float = 1e-9, abs_tol: float = 0.0
+    completions: list[str],
+    samples: list[dict],
+    ctx: RewardContext,
+    rel_tol: float = 1e-9,
+    abs_tol: float = 0.0,
 ) -> list[float]:
     """1 if the one number in the answer (digits or zero..twenty) matches within tolerance, else 0.
 
@@ -117,8 +124,8 @@ def to_original(box: list[float], meta: dict) -> list[float]:
     return [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy]
 
 
-@register_reward("iou")
-def iou(completions: list[str], samples: list[dict]) -> list[float]:
+@REWARDS.register("iou")
+def iou(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """IoU in [0, 1] of the first box in the answer with the sample's box ``"[x1, y1, x2, y2]"``.
 
     The predicted box is in the model's coordinates: when ``meta["model_image_size"]`` and
@@ -134,8 +141,10 @@ def iou(completions: list[str], samples: list[dict]) -> list[float]:
     return out
 
 
-@register_reward("accuracy")
-def accuracy(completions: list[str], samples: list[dict], **params: dict) -> list[float]:
+@REWARDS.register("accuracy")
+def accuracy(
+    completions: list[str], samples: list[dict], ctx: RewardContext, **params: dict
+) -> list[float]:
     """Per sample, the reward named by ``sample["reward"]`` (so one recipe serves mixed families).
 
     Args:
@@ -153,9 +162,12 @@ def accuracy(completions: list[str], samples: list[dict], **params: dict) -> lis
         groups.setdefault(name, []).append(i)
     out = [0.0] * len(samples)
     for name, idx in groups.items():
-        fn = get_reward(name)
+        fn = resolve(name).obj
         scores = fn(
-            [completions[i] for i in idx], [samples[i] for i in idx], **params.get(name, {})
+            [completions[i] for i in idx],
+            [samples[i] for i in idx],
+            ctx.select(idx),
+            **params.get(name, {}),
         )
         for i, v in zip(idx, scores):
             out[i] = float(v)

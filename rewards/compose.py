@@ -16,22 +16,30 @@ composite (give one weight 0 to use it only as a gate). A closed gate sets the t
 to 0 for that completion; ``reward/<name>/gate_open`` logs the fraction of open gates and
 ``reward/<name>/ungated`` the mean score before gating.
 
-Per-completion context: besides ``completions`` and ``samples`` the composite may be called with
-``lengths`` (completion lengths in tokens, [B]), ``group_ids`` ([B], equal for the completions
-of one prompt) and ``episodes`` ([B] records of multi-turn episodes: turns, tool calls, errors,
-stop reason; see ``rewards/episode.py``). It hands each to the terms whose function has a
-parameter of that name (e.g. ``overlong`` takes ``lengths``, ``majority`` takes ``group_ids``,
-``tool_calls`` takes ``episodes``) and to no other, so plain ``fn(completions, samples)``
-rewards are unaffected. Callers check ``accepts_context``.
+Per-call context: the composite is called as ``reward(completions, samples, ctx)`` with a
+:class:`~perceptrl.rewards.registry.RewardContext` (completion lengths in tokens, prompt group
+ids, episode records; each optional) and hands every term the same context, with its own time
+limit in ``ctx.timeout_s``. Every reward has the one signature ``fn(completions, samples, ctx,
+**params)``; a term reads what it needs (``overlong`` the lengths, ``majority`` the group ids,
+``tool_calls`` the episodes).
 
-Preparation: a reward function may carry a ``prepare(**params)`` attribute; building the
-composite calls it once with the term's parameters, outside any time limit — the ``judge``
-starts its worker and loads its model there, so a wrong path fails at start-up and loading never
-eats a call's limit.
+What a reward declares when it registers (``perceptrl.registry.REWARDS``, see
+:class:`~perceptrl.rewards.registry.RewardNeeds`) is all the composite reads of it:
 
-Counters: a reward function may carry a ``counters(**params)`` attribute returning running
-totals ``{counter: value}`` (the ``judge``: its worker's ``restarts``); the composite logs each
-total's change during a call as ``reward/<counter>/<name>`` and their sum as ``reward/<counter>``.
+- ``prepare(**params)``: called once with the term's parameters when the composite is built,
+  outside any time limit — the ``judge`` starts its worker and loads its model there, so a
+  wrong path fails at start-up and loading never eats a call's limit;
+- ``counters(**params)``: running totals ``{counter: value}`` (the ``judge``: its worker's
+  ``restarts``); the composite logs each total's change during a call as
+  ``reward/<counter>/<name>`` and their sum as ``reward/<counter>``;
+- ``self_timed``: the reward enforces ``ctx.timeout_s`` itself and raises
+  :class:`RewardTimeout` when it runs out, instead of being timed by the composite. The
+  ``judge`` does so: it kills its worker process, which no timer in this process could stop
+  inside native code.
+
+A ``package.module:function`` term that is not registered declares nothing: nothing to
+prepare, no counters, timed by the composite. Its signature is checked once, when the composite
+is built.
 
 Failures never stop a run:
 
@@ -40,11 +48,6 @@ Failures never stop a run:
   non-finite scores and outputs of the wrong length);
 - a call that exceeds ``timeout_s`` scores 0 for every sample of that call, counted in
   ``reward/timeouts`` and ``reward/timeouts/<name>``.
-
-Self-timed rewards: a function with a ``timeout_s`` parameter enforces the limit itself — the
-composite passes it ``timeout_s=`` (its own limit) instead of timing the call, and the function
-raises :class:`RewardTimeout` when it runs out. The ``judge`` does so: it kills its worker
-process, which no timer in this process could stop inside native code.
 
 Time limit: on the main thread (and when no other interval timer is running) the limit is a
 ``signal.setitimer(ITIMER_REAL)`` alarm that interrupts the reward at the next Python bytecode;
@@ -55,8 +58,8 @@ the limit: the run goes on, but the abandoned call keeps running in the backgrou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import inspect
 import logging
 import math
 import signal
@@ -65,7 +68,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .registry import RewardFn, get_reward
+from .registry import RewardContext, RewardFn, RewardNeeds, check_call, resolve
 
 log = logging.getLogger(__name__)
 
@@ -117,51 +120,20 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: An
     return box["out"]
 
 
-CONTEXT_KEYS = ("lengths", "group_ids", "episodes")
-"""Per-completion context a composite passes to the terms that name it as a parameter."""
-
-SELF_TIMED_KEY = "timeout_s"
-"""A reward function with this parameter enforces the composite's time limit itself."""
-
-
-def context_params(fn: Callable[..., Any]) -> tuple[str, ...]:
-    """The context keywords (see :data:`CONTEXT_KEYS`) that ``fn`` names as parameters."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return ()
-    return tuple(k for k in CONTEXT_KEYS if k in params)
-
-
 @dataclass
 class RewardTerm:
     name: str
     """component name, logged as reward/<name>"""
     fn: RewardFn
-    """fn(completions, samples) -> list[float], parameters already bound"""
+    """fn(completions, samples, ctx) -> list[float], parameters already bound"""
     weight: float = 1.0
     """weight of this component in the total"""
     gate: dict[str, float] = field(default_factory=dict)
     """term name -> minimum (ungated) score of that term for this one to count; all must hold"""
-    context: tuple[str, ...] = ()
-    """context keywords fn accepts (lengths, group_ids); filled from fn's signature if empty"""
     counters: Callable[[], Mapping[str, float]] | None = None
     """running totals of fn (e.g. worker restarts); their change per call is logged"""
-    self_timed: bool | None = None
-    """fn takes ``timeout_s`` and enforces it; None: read from fn's signature"""
-
-    def __post_init__(self):
-        if not self.context:
-            self.context = context_params(self.fn)
-        if self.self_timed is None:
-            self.self_timed = _takes(self.fn, SELF_TIMED_KEY)
-
-
-def _takes(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+    self_timed: bool = False
+    """fn enforces ``ctx.timeout_s`` itself (declared at registration)"""
 
 
 def _valid_scores(out: Any, n: int) -> list[float | None]:
@@ -179,13 +151,6 @@ def _valid_scores(out: Any, n: int) -> list[float | None]:
     return vals
 
 
-def _bind(term: RewardTerm, ctx: dict[str, list], timeout_s: float | None) -> Callable[..., Any]:
-    kw: dict[str, Any] = {k: ctx[k] for k in term.context if ctx.get(k) is not None}
-    if term.self_timed:
-        kw[SELF_TIMED_KEY] = timeout_s
-    return functools.partial(term.fn, **kw) if kw else term.fn
-
-
 def _counters(term: RewardTerm) -> dict[str, float]:
     if term.counters is None:
         return {}
@@ -198,9 +163,6 @@ def _counters(term: RewardTerm) -> dict[str, float]:
 
 class CompositeReward:
     """Weighted sum of reward terms, with gates; see the module docstring."""
-
-    accepts_context = True
-    """callers may pass ``lengths=`` and ``group_ids=`` (see the module docstring)"""
 
     def __init__(self, terms: Sequence[RewardTerm], timeout_s: float | None = 10.0):
         if not terms:
@@ -224,16 +186,15 @@ class CompositeReward:
         return [t.name for t in self.terms]
 
     def _call(
-        self, term: RewardTerm, ctx: dict[str, list], completions: list[str], samples: list[dict]
+        self, term: RewardTerm, ctx: RewardContext, completions: list[str], samples: list[dict]
     ) -> Any:
         """The term's raw output, within the time limit (its own, for a self-timed term)."""
-        fn = _bind(term, ctx, self.timeout_s)
         if term.self_timed:
-            return fn(completions, samples)
-        return call_with_timeout(fn, self.timeout_s, completions, samples)
+            return term.fn(completions, samples, ctx)
+        return call_with_timeout(term.fn, self.timeout_s, completions, samples, ctx)
 
     def _score(
-        self, term: RewardTerm, completions: list[str], samples: list[dict], ctx: dict[str, list]
+        self, term: RewardTerm, completions: list[str], samples: list[dict], ctx: RewardContext
     ) -> tuple[list[float], int, int]:
         """(scores [B], errors, timeouts) for one term."""
         n = len(completions)
@@ -256,16 +217,15 @@ class CompositeReward:
         return [0.0 if v is None else v for v in vals], errors, 0
 
     def _score_each(
-        self, term: RewardTerm, completions: list[str], samples: list[dict], ctx: dict[str, list]
+        self, term: RewardTerm, completions: list[str], samples: list[dict], ctx: RewardContext
     ) -> tuple[list[float], int, int]:
         scores, errors, timeouts = [0.0] * len(completions), 0, 0
         for i, (c, s) in enumerate(zip(completions, samples)):
             if timeouts:  # one slow sample already cost a full limit: skip the rest
                 timeouts += 1
                 continue
-            one = {k: None if v is None else [v[i]] for k, v in ctx.items()}
             try:
-                v = _valid_scores(self._call(term, one, [c], [s]), 1)[0]
+                v = _valid_scores(self._call(term, ctx.select([i]), [c], [s]), 1)[0]
             except RewardTimeout:
                 timeouts += 1
                 continue
@@ -283,22 +243,16 @@ class CompositeReward:
         return scores, errors, timeouts
 
     def __call__(
-        self,
-        completions: list[str],
-        samples: list[dict],
-        *,
-        lengths: Sequence[int] | None = None,
-        group_ids: Sequence[Any] | None = None,
-        episodes: Sequence[dict] | None = None,
+        self, completions: list[str], samples: list[dict], ctx: RewardContext | None = None
     ) -> tuple[list[float], dict[str, list[float]], dict[str, float]]:
         """Score a batch.
 
         Args:
             completions: [B] generated texts.
             samples: [B] dataset samples, one per completion.
-            lengths: [B] completion lengths in tokens (for ``overlong``), optional.
-            group_ids: [B] prompt group of each completion (for ``majority``), optional.
-            episodes: [B] episode records (for the episode terms), optional.
+            ctx: what the rollout knows of the completions (lengths [B] for ``overlong``,
+                group ids [B] for ``majority``, episode records [B] for the episode terms);
+                its ``timeout_s`` is replaced by the composite's own limit.
         Returns:
             totals [B] (weighted sums), components name -> [B] scores (after gating), and
             stats: ``reward/total``, ``reward/<name>`` (means), ``reward/errors[/<name>]`` and
@@ -310,7 +264,7 @@ class CompositeReward:
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions for {len(samples)} samples")
         n = len(completions)
-        ctx = _context(n, lengths=lengths, group_ids=group_ids, episodes=episodes)
+        ctx = dataclasses.replace((ctx or RewardContext()).checked(n), timeout_s=self.timeout_s)
         raw: dict[str, list[float]] = {}
         stats: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
         for term in self.terms:
@@ -367,7 +321,8 @@ def _gate(name: str, gate: Any) -> dict[str, float]:
     return out
 
 
-def _term(name: str, value: Any) -> RewardTerm:
+def _weight_and_params(name: str, value: Any) -> tuple[float, dict[str, float], dict]:
+    """A term's recipe value -> (weight, gate, keyword parameters)."""
     gate: dict[str, float] = {}
     if isinstance(value, Mapping):
         params = dict(value)
@@ -382,39 +337,22 @@ def _term(name: str, value: Any) -> RewardTerm:
         or not math.isfinite(weight)
     ):
         raise ValueError(f"reward {name!r}: weight must be a finite number, got {weight!r}")
-    fn = get_reward(name)
-    context = context_params(fn)
-    if params:
-        bad = sorted(set(params) & set(CONTEXT_KEYS))
-        if bad:
-            raise ValueError(
-                f"reward {name!r}: {bad} come from the rollout at each call, not from the recipe"
-            )
-        if SELF_TIMED_KEY in params and _takes(fn, SELF_TIMED_KEY):
-            raise ValueError(
-                f"reward {name!r}: its time limit per call is the composite's, "
-                "rollout.reward_timeout_s; remove timeout_s from its recipe entry"
-            )
-        try:
-            inspect.signature(fn).bind([], [], **params)
-        except TypeError as e:
-            skip = (*CONTEXT_KEYS, SELF_TIMED_KEY)
-            names = [p for p in list(inspect.signature(fn).parameters)[2:] if p not in skip]
-            raise ValueError(
-                f"reward {name!r} does not take parameters {sorted(params)} ({e}); "
-                f"its parameters: {', '.join(names) or 'none'}"
-            ) from e
-    prepare = getattr(fn, "prepare", None)
-    if callable(prepare):
-        prepare(**params)
-    counters = getattr(fn, "counters", None)
-    counters = functools.partial(counters, **params) if callable(counters) else None
-    self_timed = _takes(fn, SELF_TIMED_KEY)
-    if params:
-        fn = functools.partial(fn, **params)
+    return float(weight), gate, params
+
+
+def _term(name: str, value: Any) -> RewardTerm:
+    """One term: the reward's entry, checked against its parameters, prepared as it declares."""
+    weight, gate, params = _weight_and_params(name, value)
+    entry = resolve(name)
+    needs = RewardNeeds.of(entry)
+    check_call(entry, params)
+    if needs.prepare is not None:
+        needs.prepare(**params)
+    counters = functools.partial(needs.counters, **params) if needs.counters else None
+    fn = functools.partial(entry.obj, **params) if params else entry.obj
     return RewardTerm(
-        name=name, fn=fn, weight=float(weight), gate=gate, context=context,
-        counters=counters, self_timed=self_timed,
+        name=name, fn=fn, weight=weight, gate=gate, counters=counters,
+        self_timed=needs.self_timed,
     )  # fmt: skip
 
 
@@ -450,13 +388,3 @@ def build_reward(
     if not items:
         raise ValueError("empty reward spec; e.g. {'format': 0.5, 'accuracy': 1.0}")
     return CompositeReward([_term(str(k), v) for k, v in items], timeout_s=timeout_s)
-
-
-def _context(n: int, **ctx) -> dict:
-    """The per-completion context of a call as lists, each checked to hold ``n`` entries."""
-    for k, v in ctx.items():
-        if v is not None:
-            ctx[k] = list(v)
-            if len(ctx[k]) != n:
-                raise ValueError(f"got {len(ctx[k])} {k} for {n} completions")
-    return ctx

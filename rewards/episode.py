@@ -1,9 +1,9 @@
 """Episode terms: rewards on how a multi-turn episode went, not only on its final answer.
 
-They take the per-completion context ``episodes`` (see :mod:`~perceptrl.rewards.compose`): one
+They read the per-call context's ``ctx.episodes`` (see :mod:`~perceptrl.rewards.compose`): one
 record per completion with ``turns``, ``calls`` (turns answered with an observation),
 ``valid_calls``, ``errors`` (counter -> failed calls), ``tools`` (tool -> calls that ran) and
-``stop`` (why the episode ended). A single-turn completion (``episodes`` absent or None) counts
+``stop`` (why the episode ended). A single-turn completion (no records, or a None record) counts
 as one turn without calls. They compose with the outcome rewards through the same weights and
 gates, e.g. a bonus for calling a tool paid only on correct answers::
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .registry import register_reward
+from ..registry import REWARDS
+from .registry import RewardContext
 
 _ONE_TURN = {"turns": 1, "calls": 0, "valid_calls": 0}
 
@@ -28,23 +29,21 @@ def _records(completions: Sequence[str], episodes: Sequence[dict | None] | None)
     return [e or _ONE_TURN for e in episodes]
 
 
-@register_reward("tool_format")
-def tool_format(
-    completions: list[str], samples: list[dict], episodes: list[dict] | None = None
-) -> list[float]:
+@REWARDS.register("tool_format")
+def tool_format(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """Share of the episode's tool calls that were well formed and ran (1 without calls): a
     malformed call, an unknown tool, bad arguments or a failing tool lower it."""
     return [
         e["valid_calls"] / e["calls"] if e["calls"] else 1.0
-        for e in _records(completions, episodes)
+        for e in _records(completions, ctx.episodes)
     ]
 
 
-@register_reward("tool_calls")
+@REWARDS.register("tool_calls")
 def tool_calls(
     completions: list[str],
     samples: list[dict],
-    episodes: list[dict] | None = None,
+    ctx: RewardContext,
     cap: int = 1,
     valid_only: bool = True,
 ) -> list[float]:
@@ -53,13 +52,11 @@ def tool_calls(
     if cap < 1:
         raise ValueError(f"tool_calls: cap must be >= 1, got {cap}")
     key = "valid_calls" if valid_only else "calls"
-    return [min(e[key], cap) / cap for e in _records(completions, episodes)]
+    return [min(e[key], cap) / cap for e in _records(completions, ctx.episodes)]
 
 
-@register_reward("turn_cost")
-def turn_cost(
-    completions: list[str], samples: list[dict], episodes: list[dict] | None = None
-) -> list[float]:
+@REWARDS.register("turn_cost")
+def turn_cost(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """Minus the turns after the first (0 for a one-turn answer): its weight is the cost of a
     turn."""
-    return [-float(e["turns"] - 1) for e in _records(completions, episodes)]
+    return [-float(e["turns"] - 1) for e in _records(completions, ctx.episodes)]

@@ -4,7 +4,7 @@ The completions of one prompt vote with their extracted answers; the most freque
 pseudo-label and a completion scores 1 when its answer equals it, 0 otherwise. No ground truth is
 read, so the reward works on unlabelled prompts.
 
-Group membership: the composite passes ``group_ids`` (the rollout's prompt index of each
+Group membership: the composite passes ``ctx.group_ids`` (the rollout's prompt index of each
 completion, unique per prompt in a batch). Without them, completions sharing a sample ``id`` (or,
 lacking ids, the same sample object) form a group — the rollout repeats one sample object for its
 G completions, so this is exact unless one prompt appears twice in a batch, whose groups then
@@ -17,9 +17,10 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
 
+from ..registry import REWARDS
 from .builtin import _check
 from .parse import answer_or_text, extract_answer, extract_boxed, extract_letter, parse_number
-from .registry import register_reward
+from .registry import RewardContext
 
 _NUMERIC = {"numeric", "count", "mra"}
 
@@ -69,13 +70,13 @@ def _groups(samples: Sequence[dict], group_ids: Sequence | None) -> dict[Hashabl
     return out
 
 
-@register_reward("majority")
+@REWARDS.register("majority")
 def majority(
     completions: list[str],
     samples: list[dict],
+    ctx: RewardContext,
     key: str = "auto",
     min_share: float = 0.0,
-    group_ids: Sequence | None = None,
 ) -> list[float]:
     """1 for completions whose answer is their group's majority answer, else 0 (TTRL).
 
@@ -86,9 +87,10 @@ def majority(
         key: how answers are compared (see :func:`answer_key`).
         min_share: the majority must hold at least this share of the group's completions
             (voting or not) to serve as a label; below it the whole group scores 0.
-        group_ids: [B] group of each completion, passed by the composite.
+    Reads ``ctx.group_ids`` ([B] group of each completion) when the rollout gives them.
     """
     _check(completions, samples)
+    group_ids = ctx.group_ids
     if group_ids is not None and len(group_ids) != len(completions):
         raise ValueError(f"majority: {len(group_ids)} group ids for {len(completions)} completions")
     keys = [answer_key(c, s, key) for c, s in zip(completions, samples)]

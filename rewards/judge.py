@@ -2,8 +2,7 @@
 
 The judge is any Hugging Face image-text-to-text model in a local directory (``model=``). For
 every completion it reads a rubric prompt holding the question, the reference answer and the
-completion (plus the sample's images), decodes greedily with our HF rollout engine, and its
-verdict ``<score>N</score>`` on the stated 0..``scale`` scale becomes ``N / scale`` in [0, 1]. A
+completion (plus the sample's images), decodes greedily, and its verdict ``<score>N</score>`` on the stated 0..``scale`` scale becomes ``N / scale`` in [0, 1]. A
 verdict that is missing, unreadable or off the scale scores 0; an empty or non-text completion
 scores 0 without asking the judge.
 
@@ -27,8 +26,11 @@ crashes or runs out of memory cannot stall or kill training:
   row the judge stops restarting and its calls fail (scoring 0, counted as errors) with a
   message naming the setting to change.
 
-The parent process imports nothing of the model side (``perceptrl.vlm`` and torch load in the
-worker only).
+Rewards know no model code: the model is loaded and run by a judge backend that the model side
+registers in ``perceptrl.registry.JUDGES`` (``backend=``; built in: ``hf``, the VLM side's
+Hugging Face loader and greedy decoding, ``vlm/judge.py``). The worker looks the backend up and
+builds it, so the parent process imports nothing of the model side (``perceptrl.vlm`` and torch
+load in the worker only).
 
 Recipe::
 
@@ -40,10 +42,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..registry import JUDGES, REWARDS, STEP_REWARDS
 from .builtin import _check
 from .judge_worker import SupervisedWorker
-from .process import Step, register_step_reward
-from .registry import register_reward
+from .process import Step
+from .registry import RewardContext
 
 JUDGE_SYSTEM_PROMPT = (
     "You are a careful, strict grader. You compare a response with a reference answer and "
@@ -111,30 +114,11 @@ def build_judge_sample(
     return {"id": f"judge:{sid}", "images": images, "question": text, "answer": "", "meta": {}}
 
 
-class JudgeModel:
-    """The judge inside its worker process: loads the model once, then turns judge prompts
-    (``build_judge_sample`` dicts) into verdict texts."""
-
-    def __init__(self, path: str, device: str, dtype: str):
-        from ..vlm.model import load_vlm
-
-        self.model, self.processor = load_vlm(path, dtype=dtype, device=device)
-
-    def __call__(self, request: dict) -> list[str]:
-        """``request``: ``samples`` (judge prompts), ``batch_size``, ``max_new_tokens``,
-        ``max_prompt_length`` -> one greedy verdict text per prompt."""
-        from ..vlm import rollout
-        from ..vlm.prompts import PromptConfig, encode_prompts
-
-        cfg = PromptConfig(
-            system_prompt=JUDGE_SYSTEM_PROMPT, max_prompt_length=request["max_prompt_length"]
-        )
-        js, bs, out = request["samples"], request["batch_size"], []
-        for start in range(0, len(js), bs):
-            enc, _ = encode_prompts(self.processor, js[start : start + bs], cfg, strict=True)
-            batch = rollout.greedy(self.model, self.processor, enc, request["max_new_tokens"])
-            out += [m["completion"] for m in batch.meta]
-        return out
+def load_judge(backend: str, path: str, device: str, dtype: str):
+    """Inside the judge's worker process: the handler of the registered judge ``backend``
+    (``JUDGES``), which loads the model at ``path`` and maps a request (see `_request`) to one
+    verdict text per judge prompt."""
+    return JUDGES.get(backend)(path, device, dtype)
 
 
 _WORKERS: dict[tuple, SupervisedWorker] = {}
@@ -161,6 +145,7 @@ def judge_worker(
     memory_limit_gb: float | None = None,
     start_timeout_s: float = 300.0,
     max_failures: int = 3,
+    backend: str = "hf",
     **_,
 ) -> SupervisedWorker:
     """The worker of a judge configuration (the judge's keyword parameters), created (not
@@ -168,10 +153,11 @@ def judge_worker(
     path = _model_dir(model)
     if not str(device).startswith("cpu"):
         memory_limit_gb = 0  # CUDA reserves more address space than any useful cap
-    key = (path, str(device), str(dtype), memory_limit_gb, float(start_timeout_s), max_failures)
+    key = (path, str(device), str(dtype), memory_limit_gb, float(start_timeout_s), max_failures,
+           str(backend))  # fmt: skip
     if key not in _WORKERS:
         _WORKERS[key] = SupervisedWorker(
-            JudgeModel, (path, str(device), str(dtype)), name="judge",
+            load_judge, (str(backend), path, str(device), str(dtype)), name="judge",
             memory_limit_gb=memory_limit_gb, start_timeout_s=start_timeout_s,
             max_failures=max_failures,
         )  # fmt: skip
@@ -184,10 +170,22 @@ def close_judges() -> None:
         _WORKERS.popitem()[1].close()
 
 
-@register_reward("judge")
+def _prepare(**params) -> None:
+    """Start the judge's worker and load its model when the composite is built, outside the
+    per-call time limit (a wrong path or a model that cannot load fails here)."""
+    judge_worker(**params).start()
+
+
+def _counters(**params) -> dict[str, float]:
+    """Running totals of the judge's worker (``restarts``), for the composite's stats."""
+    return judge_worker(**params).counters()
+
+
+@REWARDS.register("judge", prepare=_prepare, counters=_counters, self_timed=True)
 def judge(
     completions: list[str],
     samples: list[dict],
+    ctx: RewardContext,
     model: str = "",
     rubric: str = DEFAULT_RUBRIC,
     scale: float = 10,
@@ -201,13 +199,14 @@ def judge(
     memory_limit_gb: float | None = None,
     start_timeout_s: float = 300.0,
     max_failures: int = 3,
-    timeout_s: float | None = None,
+    backend: str = "hf",
 ) -> list[float]:
     """Scores in [0, 1] from a local judge VLM in a worker process (see the module docstring).
 
     Args:
         completions: [B] generated texts.
         samples: [B] samples (``question``, ``answer``, ``images``).
+        ctx: ``ctx.timeout_s``: the limit per call (``rollout.reward_timeout_s``; None: none).
         model: local directory of the judge (``save_pretrained`` output).
         rubric: template with ``{question}``, ``{reference}``, ``{response}``, ``{scale}``.
         scale: top of the score scale the rubric states.
@@ -220,26 +219,26 @@ def judge(
             machine's memory, at least 8 GiB; 0: none.
         start_timeout_s: longest wait for the worker to load the model.
         max_failures: hangs, deaths or failed starts in a row after which the judge gives up.
-        timeout_s: limit per call, set by the composite (``rollout.reward_timeout_s``), not in
-            the recipe; None or 0: none.
+        backend: the judge backend (``perceptrl.registry.JUDGES``) that runs ``model``.
     Returns:
         [B] scores.
     Raises:
         ValueError: no ``model``, a missing directory or a bad scale.
-        RewardTimeout: no verdicts within ``timeout_s`` (the worker is killed and restarted).
+        RewardTimeout: no verdicts in ``ctx.timeout_s`` (the worker is killed, restarted).
         WorkerError: the worker died (restarted), failed the call (e.g. an unreadable image),
             or gave up; the composite counts these.
     """
     _check(completions, samples)
     if not scale > 0:
         raise ValueError(f"judge: scale must be > 0, got {scale}")
-    worker = judge_worker(model, device, dtype, memory_limit_gb, start_timeout_s, max_failures)
+    limits = (memory_limit_gb, start_timeout_s, max_failures)
+    worker = judge_worker(model, device, dtype, *limits, backend)
     out = [0.0] * len(completions)
     todo, prompts = _to_judge(completions, samples, rubric, scale, max_response_chars, with_images)
     if not todo:
         return out
     request = _request(prompts, batch_size, max_new_tokens, max_prompt_length)
-    verdicts = worker.call(request, timeout_s)
+    verdicts = worker.call(request, ctx.timeout_s)
     for i, v in zip(todo, verdicts):
         out[i] = parse_score(v, scale)
     return out
@@ -269,28 +268,14 @@ def _to_judge(
 def _request(
     prompts: list[dict], batch_size: int, max_new_tokens: int, max_prompt_length: int
 ) -> dict:
-    """The worker's request for these judge prompts (what ``JudgeModel.__call__`` reads)."""
+    """The worker's request for these judge prompts (what a judge backend's handler reads)."""
     return {
         "samples": prompts,
+        "system_prompt": JUDGE_SYSTEM_PROMPT,
         "batch_size": max(1, int(batch_size)),
         "max_new_tokens": max_new_tokens,
         "max_prompt_length": max_prompt_length,
     }
-
-
-def _prepare(**params) -> None:
-    """Start the judge's worker and load its model when the composite is built, outside the
-    per-call time limit (a wrong path or a model that cannot load fails here)."""
-    judge_worker(**params).start()
-
-
-def _counters(**params) -> dict[str, float]:
-    """Running totals of the judge's worker (``restarts``), for the composite's stats."""
-    return judge_worker(**params).counters()
-
-
-judge.prepare = _prepare  # called once by build_reward (see rewards/compose.py)
-judge.counters = _counters
 
 
 _STEP_END = re.compile(r"[.!?](?=\s|$)|\n")
@@ -314,10 +299,11 @@ def split_steps(text: str, max_steps: int = 8) -> list[tuple[int, int]]:
     return spans[:max_steps]
 
 
-@register_step_reward("judge_steps")
+@STEP_REWARDS.register("judge_steps", prepare=_prepare)
 def judge_steps(
     completions: list[str],
     samples: list[dict],
+    ctx: RewardContext,
     model: str = "",
     rubric: str = STEP_RUBRIC,
     scale: float = 10,
@@ -331,20 +317,23 @@ def judge_steps(
     memory_limit_gb: float | None = None,
     start_timeout_s: float = 300.0,
     max_failures: int = 3,
-    timeout_s: float | None = None,
+    backend: str = "hf",
 ) -> list[list[Step]]:
     """Process rewards from a judge model: every reasoning step (`split_steps`) of every
     completion is graded in one batched request to the judge's supervised worker (the same
     worker, limits and failure handling as ``judge``), seeing the question, the reference
     answer and the steps up to it; a step scores ``verdict / scale / k`` (``k`` steps), so a
-    completion's process reward is at most 1.
+    completion's process reward is at most 1. Each call is bounded by ``ctx.timeout_s``
+    (``rollout.reward_timeout_s``).
 
     Raises:
         RewardTimeout, WorkerError: as ``judge`` (the rollout source counts them and scores the
             batch's steps 0).
     """
     _check(completions, samples)
-    worker = judge_worker(model, device, dtype, memory_limit_gb, start_timeout_s, max_failures)
+    worker = judge_worker(
+        model, device, dtype, memory_limit_gb, start_timeout_s, max_failures, backend
+    )
     spans = [split_steps(c, max_steps) if isinstance(c, str) else [] for c in completions]
     prompts, where = [], []
     for i, (text, sample) in enumerate(zip(completions, samples)):
@@ -356,7 +345,7 @@ def judge_steps(
     if not prompts:
         return out
     verdicts = worker.call(
-        _request(prompts, batch_size, max_new_tokens, max_prompt_length), timeout_s
+        _request(prompts, batch_size, max_new_tokens, max_prompt_length), ctx.timeout_s
     )
     for (i, end, k), v in zip(where, verdicts):
         out[i].append(Step(end, parse_score(v, scale) / k))

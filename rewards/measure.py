@@ -11,9 +11,10 @@ import math
 import re
 from collections.abc import Sequence
 
+from ..registry import REWARDS
 from .builtin import _check, _sid
 from .parse import _NUM, _to_float, answer_or_text, parse_number
-from .registry import register_reward
+from .registry import RewardContext
 
 MRA_THRESHOLDS = tuple((50 + 5 * k) / 100 for k in range(10))
 """VSI-Bench confidence thresholds θ = 0.50, 0.55, …, 0.95."""
@@ -31,8 +32,8 @@ def mra_score(pred: float, gt: float, thresholds: Sequence[float] = MRA_THRESHOL
     return sum(rel <= 1.0 - t + _EPS for t in thresholds) / len(thresholds)
 
 
-@register_reward("mra")
-def mra(completions: list[str], samples: list[dict]) -> list[float]:
+@REWARDS.register("mra")
+def mra(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """VSI-Bench mean relative accuracy of the one number in the answer, in {0, 0.1, …, 1}.
 
     Ground truth: the sample's ``answer`` (a non-zero number: a distance, a size, a count).
@@ -97,8 +98,8 @@ def span_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
     return inter / union if union > 0 else (1.0 if a == b else 0.0)
 
 
-@register_reward("tiou")
-def tiou(completions: list[str], samples: list[dict]) -> list[float]:
+@REWARDS.register("tiou")
+def tiou(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """Temporal IoU in [0, 1] of the answered span with the sample's span, both in seconds.
 
     Ground truth: ``answer`` as ``"[start, end]"`` (or a 2-list) in seconds. The answer may write
@@ -119,8 +120,8 @@ def tiou(completions: list[str], samples: list[dict]) -> list[float]:
     return out
 
 
-@register_reward("count")
-def count(completions: list[str], samples: list[dict]) -> list[float]:
+@REWARDS.register("count")
+def count(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """1 if the answer's one number is a non-negative integer equal to the count, else 0.
 
     Unlike ``numeric`` with a tolerance, "3.5" or "-3" is never a count and scores 0.

@@ -1,6 +1,6 @@
 """Planner terms: rewards of a reason-then-act episode from the simulator's privileged state.
 
-They read the record a planner episode carries (``episodes[i]["info"]``, written by the
+They read the record a planner episode carries (``ctx.episodes[i]["info"]``, written by the
 episode environment of ``vla/plan.py``): ``planner/success`` and ``planner/progress`` (the
 task's subgoals that hold, in order, at the end), ``planner/subgoals`` (turns that proposed
 one), ``planner/valid``. A completion without that record (not a planner episode) scores 0 on
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .process import Step, register_step_reward
-from .registry import register_reward
+from ..registry import REWARDS, STEP_REWARDS
+from .process import Step
+from .registry import RewardContext
 
 
 def _info(completions: Sequence[str], episodes: Sequence[dict | None] | None) -> list[dict]:
@@ -28,47 +29,39 @@ def _info(completions: Sequence[str], episodes: Sequence[dict | None] | None) ->
     return [(e or {}).get("info", {}) for e in _episodes(completions, episodes)]
 
 
-@register_reward("plan_success")
-def plan_success(
-    completions: list[str], samples: list[dict], episodes: list[dict] | None = None
-) -> list[float]:
+@REWARDS.register("plan_success")
+def plan_success(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """1 when every subgoal of the long-horizon task holds at the end of the episode."""
-    return [float(i.get("planner/success", 0.0)) for i in _info(completions, episodes)]
+    return [float(i.get("planner/success", 0.0)) for i in _info(completions, ctx.episodes)]
 
 
-@register_reward("plan_progress")
-def plan_progress(
-    completions: list[str], samples: list[dict], episodes: list[dict] | None = None
-) -> list[float]:
+@REWARDS.register("plan_progress")
+def plan_progress(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """Share of the task's subgoals that hold in order at the end (a prefix: a later subgoal
     done before an earlier one does not count yet)."""
-    return [float(i.get("planner/progress", 0.0)) for i in _info(completions, episodes)]
+    return [float(i.get("planner/progress", 0.0)) for i in _info(completions, ctx.episodes)]
 
 
-@register_reward("plan_validity")
-def plan_validity(
-    completions: list[str], samples: list[dict], episodes: list[dict] | None = None
-) -> list[float]:
+@REWARDS.register("plan_validity")
+def plan_validity(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """Share of proposed subgoals that parsed, named entities of the scene and could be done
     at the time (0 for an episode that proposed none)."""
     out = []
-    for i in _info(completions, episodes):
+    for i in _info(completions, ctx.episodes):
         n = i.get("planner/subgoals", 0.0)
         out.append(float(i.get("planner/valid", 0.0)) / n if n else 0.0)
     return out
 
 
-@register_reward("subgoal_cost")
-def subgoal_cost(
-    completions: list[str], samples: list[dict], episodes: list[dict] | None = None
-) -> list[float]:
+@REWARDS.register("subgoal_cost")
+def subgoal_cost(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """Minus the subgoals proposed: its weight is the cost of one."""
-    return [-float(i.get("planner/subgoals", 0.0)) for i in _info(completions, episodes)]
+    return [-float(i.get("planner/subgoals", 0.0)) for i in _info(completions, ctx.episodes)]
 
 
-@register_step_reward("plan_turns")
+@STEP_REWARDS.register("plan_turns")
 def plan_turns(
-    completions: list[str], samples: list[dict], episodes: list[dict] | None = None,
+    completions: list[str], samples: list[dict], ctx: RewardContext,
     progress: float = 1.0, invalid: float = -0.2, early_done: float = 0.0, match: float = 0.0,
 ) -> list[list[Step]]:  # fmt: skip
     """Each answered planner turn scored at its end: ``progress`` times the progress it made
@@ -76,9 +69,10 @@ def plan_turns(
     plus ``invalid`` when it named nothing executable plus ``match`` when it named the task's
     next subgoal (the simulator's ground truth: right plan, whether or not the executor then
     managed it); and ``early_done`` on the turn that said ``<done/>`` while the task was not
-    complete. ``completions`` are the episodes' policy turns joined (``episodes[i]["texts"]``),
+    complete. ``completions`` are the episodes' policy turns joined (``ctx.episodes[i]["texts"]``),
     so turn k ends at the length of its first k texts. A turn cut by a budget gets no step;
     episodes without the per-turn record get none."""
+    episodes = ctx.episodes
     if episodes is None:
         return [[] for _ in completions]
     out = []

@@ -1,28 +1,36 @@
 """Process rewards: scores of a completion's intermediate steps, each at the place the step ends.
 
-A step reward is a plain function ``fn(completions, samples, **params) -> list[list[Step]]``:
+A step reward has the inputs of a reward (``rewards/registry.py``) and returns steps::
+
+    fn(completions, samples, ctx: RewardContext, **params) -> list[list[Step]]
+
 for each completion, its scored steps in order, each ``Step(end, score)`` with ``end`` the
 character offset just past the step in the completion text. The rollout source places each
 score on the token that holds that character (``RolloutBatch.step_rewards`` [B, T]) and the
 estimators weigh it against the outcome reward (``algo.process_coef``; ``prime`` keeps the two
-apart). Rewards know nothing of models; the learned process reward (PRIME's implicit PRM) is a
-model of the VLM side (``vlm/process.py``).
+apart). ``ctx.episodes`` holds the episode records when every completion is a multi-turn
+episode (its policy turns joined), and ``ctx.timeout_s`` the per-call limit
+(``rollout.reward_timeout_s``) for a step reward that can be slow (the judge's worker). Rewards
+know nothing of models; the learned process reward (PRIME's implicit PRM) is a model of the VLM
+side (``vlm/process.py``).
 
-Register with ``@register_step_reward("name")``; ``rollout.process_reward`` names one (or
-``implicit_prm``, or ``module:function``).
+Register in ``perceptrl.registry.STEP_REWARDS`` (``@STEP_REWARDS.register("name")``, declaring
+``prepare`` as a reward does); ``rollout.process_reward`` names one (or ``implicit_prm``, or
+``module:function``).
 
 Registered: ``step_values`` (rule-based: the sub-results a synthetic generator knows, e.g. the
 per-colour counts of ``count_sum``), ``judge_steps`` (``rewards/judge.py``: a judge model grades
-each reasoning step, batched, in the judge's supervised worker).
+each reasoning step, batched, in the judge's supervised worker), ``plan_turns``
+(``rewards/plan.py``: each planner turn scored from the simulator's record).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import NamedTuple
 
-from .registry import _import_spec, registrar
+from ..registry import STEP_REWARDS
+from .registry import RewardContext
 
 
 class Step(NamedTuple):
@@ -31,37 +39,16 @@ class Step(NamedTuple):
     score: float
 
 
-StepRewardFn = Callable[..., list[list[Step]]]
-_STEP_REWARDS: dict[str, StepRewardFn] = {}
-
-
-def register_step_reward(name: str) -> Callable[[StepRewardFn], StepRewardFn]:
-    """Decorator registering a step reward under ``name`` (as ``register_reward``)."""
-    return registrar(_STEP_REWARDS, "step reward", name)
-
-
-def list_step_rewards() -> list[str]:
-    return sorted(_STEP_REWARDS)
-
-
-def get_step_reward(name: str) -> StepRewardFn:
-    """Registered step reward ``name`` or ``"module:function"``; ValueError listing valid names."""
-    if ":" in name:
-        return _import_spec(name)
-    if name not in _STEP_REWARDS:
-        raise ValueError(
-            f"unknown process reward {name!r}; valid: {', '.join(list_step_rewards())}, "
-            "implicit_prm, or 'package.module:function'"
-        )
-    return _STEP_REWARDS[name]
-
-
 _ANSWER = re.compile(r"<answer>", re.IGNORECASE)
 
 
-@register_step_reward("step_values")
+@STEP_REWARDS.register("step_values")
 def step_values(
-    completions: list[str], samples: list[dict], right: float = 1.0, wrong: float = 0.0
+    completions: list[str],
+    samples: list[dict],
+    ctx: RewardContext,
+    right: float = 1.0,
+    wrong: float = 0.0,
 ) -> list[list[Step]]:
     """Rule-based step checks against ``sample["meta"]["steps"]`` (label -> value the generator
     knows, e.g. ``{"red": 2, "blue": 1}``).

@@ -1,94 +1,185 @@
-"""The one reward registry.
+"""The reward contract: one signature, the per-call context, what a reward declares, and lookup.
 
-A reward is a plain function ``fn(completions: list[str], samples: list[dict], **params) ->
-list[float]`` with one score per completion; ``samples[i]`` is the dataset sample that
-``completions[i]`` answers (keys ``answer``, ``reward``, ``meta`` ...). Optional keyword
-parameters (tolerances, lengths) come from the recipe. Rewards know nothing of models.
+Every reward has one signature::
 
-Register with ``@register_reward("name")``; look up with :func:`get_reward`, which also accepts
-``"package.module:function"`` for a user function that is not registered.
+    fn(completions: list[str], samples: list[dict], ctx: RewardContext, **params) -> list[float]
+
+with one score per completion; ``samples[i]`` is the dataset sample that ``completions[i]``
+answers (keys ``answer``, ``reward``, ``meta`` ...), ``ctx`` what the rollout knows of the
+call (token lengths, prompt groups, episode records, the time limit) and ``params`` the
+keyword parameters the recipe gives the term. A step reward has the same inputs and returns
+each completion's scored steps (``rewards/process.py``). Rewards know nothing of models.
+
+A reward registers in `perceptrl.registry.REWARDS` (a step reward in ``STEP_REWARDS``) and
+declares there what it needs beyond the call (`RewardNeeds`)::
+
+    @REWARDS.register("judge", prepare=start_worker, counters=restarts, self_timed=True)
+    def judge(completions, samples, ctx, model=""): ...
+
+A recipe names a registered reward, or any function as ``"package.module:function"`` (which
+declares nothing unless it is also registered).
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ..registry import REWARDS, Entry, Registry, UnknownName
 
 RewardFn = Callable[..., list[float]]
+"""``fn(completions, samples, ctx, **params) -> list[float]``"""
 
-_REWARDS: dict[str, RewardFn] = {}
+
+@dataclass(frozen=True)
+class RewardContext:
+    """What a reward may read of one call besides the completions and samples (each list [B],
+    one entry per completion; None: the caller does not know it)."""
+
+    lengths: Sequence[int] | None = None
+    """completion lengths in tokens as the rollout counts them (stop token included)"""
+    group_ids: Sequence[Hashable] | None = None
+    """prompt group of each completion (equal for the completions of one prompt)"""
+    episodes: Sequence[dict | None] | None = None
+    """multi-turn episode records (turns, tool calls, errors, stop reason, ``info``; see
+    ``rewards/episode.py``), None for a single-turn row"""
+    timeout_s: float | None = None
+    """the call's time limit in seconds (None: none); a reward that declares ``self_timed``
+    enforces it itself, the others are timed by the composite"""
+
+    def checked(self, n: int) -> RewardContext:
+        """This context with its lists as lists, each checked to hold ``n`` entries."""
+        out = {}
+        for k in _PER_ROW:
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = list(v)
+                if len(out[k]) != n:
+                    raise ValueError(f"got {len(out[k])} {k} for {n} completions")
+        return replace(self, **out)
+
+    def select(self, rows: Sequence[int]) -> RewardContext:
+        """The context of completions ``rows`` (in that order)."""
+        out = {}
+        for k in _PER_ROW:
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = [v[i] for i in rows]
+        return replace(self, **out)
 
 
-def registrar(table: dict, kind: str, name: str) -> Callable[[Callable], Callable]:
-    """Decorator registering a function in ``table`` under ``name`` (non-empty, no ':');
-    registering another function under a taken name raises (the same function again is fine)."""
-    if not name or ":" in name:
-        raise ValueError(f"invalid {kind} name {name!r}: must be non-empty and contain no ':'")
+_PER_ROW = ("lengths", "group_ids", "episodes")
+CONTEXT_KEYS = tuple(f.name for f in fields(RewardContext))
+"""Names a recipe may not give a term as parameters: the rollout fills them at each call."""
 
-    def deco(fn: Callable) -> Callable:
-        old = table.get(name)
-        same = old is not None and (old.__module__, old.__qualname__) == (
-            fn.__module__,
-            fn.__qualname__,
-        )
-        if old is not None and not same:
+
+@dataclass(frozen=True)
+class RewardNeeds:
+    """What a reward declares when it registers (all optional)."""
+
+    prepare: Callable[..., Any] | None = None
+    """``prepare(**params)``, called once with the term's parameters when the reward is built,
+    outside any time limit (the judge starts its worker and loads its model there)"""
+    counters: Callable[..., Mapping[str, float]] | None = None
+    """``counters(**params) -> {counter: running total}``; the composite logs each total's
+    change during a call as ``reward/<counter>/<name>``"""
+    self_timed: bool = False
+    """the reward enforces ``ctx.timeout_s`` itself (raising `RewardTimeout`) instead of being
+    timed by the composite (the judge kills its worker, which no timer here could stop)"""
+
+    @classmethod
+    def of(cls, entry: Entry) -> RewardNeeds:
+        try:
+            return cls(**entry.meta)
+        except TypeError as e:
+            valid = ", ".join(f.name for f in fields(cls))
             raise ValueError(
-                f"{kind} {name!r} is already registered by "
-                f"{old.__module__}.{old.__qualname__}; choose another name"
-            )
-        table[name] = fn
-        return fn
-
-    return deco
+                f"{entry.name!r} declares {sorted(entry.meta)}; a reward declares only {valid}"
+            ) from e
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering ``fn`` under ``name``; reusing a name for another function raises."""
-    return registrar(_REWARDS, "reward", name)
+def resolve(spec: str, registry: Registry = REWARDS) -> Entry:
+    """The entry of a registered name, or of the function ``"package.module:function"``: the
+    function's own entry when it is registered, else one that declares nothing.
+
+    Raises:
+        UnknownName: an unknown name (the message lists the valid ones and the nearest).
+        ValueError: a spec that does not import or names no function.
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"{registry.kind} name must be a string, got {type(spec).__name__}")
+    if ":" not in spec:
+        try:
+            return registry.entry(spec)
+        except UnknownName as e:
+            raise UnknownName(f"{e}, or a function as 'package.module:function'") from None
+    fn = _import_spec(spec, registry.kind)
+    for name in registry.names():
+        if registry.get(name) is fn:
+            return Entry(spec, fn, registry.meta(name))
+    return Entry(spec, fn)
 
 
-def list_rewards() -> list[str]:
-    """Sorted registered reward names."""
-    return sorted(_REWARDS)
-
-
-def _import_spec(spec: str) -> RewardFn:
+def _import_spec(spec: str, kind: str) -> Callable:
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
-        raise ValueError(f"reward spec {spec!r} must look like 'package.module:function'")
+        raise ValueError(f"{kind} spec {spec!r} must look like 'package.module:function'")
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as e:
         raise ValueError(
-            f"reward spec {spec!r}: cannot import module {mod_name!r} ({e}); "
+            f"{kind} spec {spec!r}: cannot import module {mod_name!r} ({e}); "
             "check the module is on PYTHONPATH"
         ) from e
-    fn = mod
+    fn: Any = mod
     for part in attr.split("."):
         if not hasattr(fn, part):
-            raise ValueError(f"reward spec {spec!r}: module {mod_name!r} has no attribute {attr!r}")
+            raise ValueError(f"{kind} spec {spec!r}: module {mod_name!r} has no attribute {attr!r}")
         fn = getattr(fn, part)
     if not callable(fn):
-        raise ValueError(f"reward spec {spec!r} names a {type(fn).__name__}, not a function")
+        raise ValueError(f"{kind} spec {spec!r} names a {type(fn).__name__}, not a function")
     return fn
 
 
-def get_reward(name: str) -> RewardFn:
-    """Registered reward ``name`` or the function named by ``"module:function"``.
+def check_call(entry: Entry, params: Mapping[str, Any], kind: str = "reward") -> None:
+    """Check once, when a reward is built, that ``entry``'s function takes ``(completions,
+    samples, ctx)`` and the recipe's ``params`` (validation only: what the function receives
+    never depends on its signature).
 
     Raises:
-        ValueError: unknown name (the message lists valid names and the nearest one).
+        ValueError: a parameter the rollout fills, or a call the function cannot take; the
+            message names the expected signature or the function's parameters.
     """
-    if not isinstance(name, str):
-        raise ValueError(f"reward name must be a string, got {type(name).__name__}")
-    if ":" in name:
-        return _import_spec(name)
-    if name not in _REWARDS:
-        near = difflib.get_close_matches(name, _REWARDS, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
+    if "timeout_s" in params:
         raise ValueError(
-            f"unknown reward {name!r}{hint}; valid: {', '.join(list_rewards())}, "
-            "or 'package.module:function'"
+            f"{kind} {entry.name!r}: its time limit per call is the composite's, "
+            "rollout.reward_timeout_s; remove timeout_s from its recipe entry"
         )
-    return _REWARDS[name]
+    bad = sorted(set(params) & set(CONTEXT_KEYS))
+    if bad:
+        raise ValueError(
+            f"{kind} {entry.name!r}: {bad} come from the rollout at each call (ctx), not from "
+            "the recipe"
+        )
+    try:
+        sig = inspect.signature(entry.obj)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: nothing to check
+    try:
+        sig.bind([], [], RewardContext())
+    except TypeError as e:
+        raise ValueError(
+            f"{kind} {entry.name!r} must take (completions, samples, ctx) ({e}); see "
+            "perceptrl.rewards.registry"
+        ) from e
+    try:
+        sig.bind([], [], RewardContext(), **params)
+    except TypeError as e:
+        names = list(sig.parameters)[3:]
+        raise ValueError(
+            f"{kind} {entry.name!r} does not take parameters {sorted(params)} ({e}); "
+            f"its parameters: {', '.join(names) or 'none'}"
+        ) from e

@@ -5,10 +5,9 @@ Both return penalties, scores <= 0, meant to be added to a correctness reward wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+from ..registry import REWARDS
 from .builtin import _check
-from .registry import register_reward
+from .registry import RewardContext
 
 
 def overlong_penalty(length: int, max_len: int, cache_len: int, penalty: float = 1.0) -> float:
@@ -25,14 +24,14 @@ def overlong_penalty(length: int, max_len: int, cache_len: int, penalty: float =
     return -penalty
 
 
-@register_reward("overlong")
+@REWARDS.register("overlong")
 def overlong(
     completions: list[str],
     samples: list[dict],
+    ctx: RewardContext,
     max_len: int = 512,
     cache_len: int = 128,
     penalty: float = 1.0,
-    lengths: Sequence[int] | None = None,
 ) -> list[float]:
     """DAPO soft overlong punishment, in [-penalty, 0] (see :func:`overlong_penalty`).
 
@@ -40,18 +39,20 @@ def overlong(
         max_len: L_max, the longest completion (set it to ``rollout.max_new_tokens``).
         cache_len: L_cache, the length of the soft zone before ``max_len``.
         penalty: the punishment at ``max_len`` and beyond.
-        lengths: [B] completion lengths in tokens as the rollout counts them (stop token
-            included); the composite passes them from the rollout batch.
+    Reads ``ctx.lengths``: [B] completion lengths in tokens as the rollout counts them (stop
+    token included).
+
     Raises:
-        ValueError: without ``lengths`` or with bad lengths (the composite counts the error).
+        ValueError: without ``ctx.lengths`` or with bad lengths (the composite counts the error).
     """
     _check(completions, samples)
     if not (0 < cache_len <= max_len):
         raise ValueError(f"overlong: need 0 < cache_len <= max_len, got {cache_len}, {max_len}")
+    lengths = ctx.lengths
     if lengths is None:
         raise ValueError(
             "overlong needs completion lengths in tokens: call the composite reward with "
-            "lengths=[...] (VLMRolloutSource does)"
+            "RewardContext(lengths=[...]) (VLMRolloutSource does)"
         )
     if len(lengths) != len(completions):
         raise ValueError(f"overlong: {len(lengths)} lengths for {len(completions)} completions")
@@ -70,9 +71,13 @@ def repetition_fraction(text: str, n: int = 3) -> float:
     return 1.0 - len(set(grams)) / len(grams)
 
 
-@register_reward("repetition")
+@REWARDS.register("repetition")
 def repetition(
-    completions: list[str], samples: list[dict], ngram: int = 3, penalty: float = 1.0
+    completions: list[str],
+    samples: list[dict],
+    ctx: RewardContext,
+    ngram: int = 3,
+    penalty: float = 1.0,
 ) -> list[float]:
     """N-gram repetition penalty ``-penalty * (1 - unique n-grams / n-grams)`` in [-penalty, 0].
 

@@ -15,9 +15,10 @@ import functools
 import logging
 import re
 
+from ..registry import REWARDS
 from .builtin import _check, _sid
 from .parse import answer_or_text, extract_answer
-from .registry import register_reward
+from .registry import RewardContext
 
 _PUNCT = re.compile(r"[^\w\s]", re.UNICODE)
 
@@ -46,8 +47,8 @@ def _math_parse(text: str, wrap_first: bool) -> list:
     return []
 
 
-@register_reward("math")
-def math_reward(completions: list[str], samples: list[dict]) -> list[float]:
+@REWARDS.register("math")
+def math_reward(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """1 if the answer is mathematically equivalent to the sample's (math-verify), else 0.
 
     The answer tag's content is read as one expression (``"1/2"``, ``"\\\\frac{1}{2}"``, ``"0.5"``,
@@ -83,10 +84,11 @@ def _words(text: str, ignore_case: bool, ignore_punct: bool) -> str:
     return " ".join(text.split())
 
 
-@register_reward("ocr")
+@REWARDS.register("ocr")
 def ocr(
     completions: list[str],
     samples: list[dict],
+    ctx: RewardContext,
     ignore_case: bool = False,
     ignore_punct: bool = False,
 ) -> list[float]:
@@ -123,9 +125,13 @@ def _rouge_scorer(use_stemmer: bool):
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=use_stemmer)
 
 
-@register_reward("rouge_l")
+@REWARDS.register("rouge_l")
 def rouge_l(
-    completions: list[str], samples: list[dict], measure: str = "fmeasure", use_stemmer: bool = True
+    completions: list[str],
+    samples: list[dict],
+    ctx: RewardContext,
+    measure: str = "fmeasure",
+    use_stemmer: bool = True,
 ) -> list[float]:
     """ROUGE-L (longest common subsequence of words) of the answer against the sample's text.
 

@@ -39,6 +39,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from ..rewards.registry import RewardContext
 from ..trainer.batch import RolloutBatch
 from .prompts import load_images
 from .tools import Observation, Tool, ToolContext, get_tool, run_call, tool_name
@@ -606,11 +607,12 @@ def forced_batch(policy, samples: list[dict], traces: list[list[str]]) -> Rollou
     )
 
 
-def episode_context(batch: RolloutBatch) -> dict[str, list[dict]]:
-    """``{"episodes": records}`` for a reward's episode terms when every row of ``batch`` is an
-    episode (``meta["episode"]``), else ``{}`` (single-turn rows)."""
+def episode_context(batch: RolloutBatch) -> RewardContext:
+    """The reward context of ``batch``'s episodes: their records (``ctx.episodes``, for a
+    reward's episode terms) when every row is an episode (``meta["episode"]``), else none
+    (single-turn rows)."""
     records = [m["episode"] for m in batch.meta if "episode" in m]
-    return {"episodes": records} if records and len(records) == len(batch) else {}
+    return RewardContext(episodes=records if records and len(records) == len(batch) else None)
 
 
 def episode_metrics(batch: RolloutBatch, prefix: str = "episode") -> dict[str, float]:

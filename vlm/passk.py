@@ -78,7 +78,7 @@ def evaluate_pass_k(
             continue
         b = policy.sample(enc, n, sp)
         totals, _, _ = reward(
-            [m["completion"] for m in b.meta], [m["sample"] for m in b.meta], **episode_context(b)
+            [m["completion"] for m in b.meta], [m["sample"] for m in b.meta], episode_context(b)
         )
         counts: dict[int, int] = defaultdict(int)
         for g, t in zip(b.group_id.tolist(), totals):

@@ -1,9 +1,9 @@
 """Process rewards of VLM completions: rule-based step checks and PRIME's implicit PRM, placed on
 tokens as ``RolloutBatch.step_rewards`` [B, T], and the monitor that flags a hacked one.
 
-* `RuleSteps` runs a step reward of ``rewards/process.py`` on the completion texts (a multi-turn
-  episode's: its policy turns joined) and puts each step's score on the token that holds the
-  step's last character.
+* `RuleSteps` runs a registered step reward (``rewards/process.py``) on the completion texts (a
+  multi-turn episode's: its policy turns joined) and puts each step's score on the token that
+  holds the step's last character.
 * `ImplicitPRM` (PRIME, Cui et al. 2025): a second copy of the policy, trained online from the
   outcome labels alone; its per-token reward is ``beta * (log pi_prm(y_t) - log pi_ref(y_t))``
   against a frozen copy of the initial weights. Its loss is the cross-entropy of
@@ -19,14 +19,15 @@ tokens as ``RolloutBatch.step_rewards`` [B, T], and the monitor that flags a hac
 from __future__ import annotations
 
 import copy
-import inspect
+import functools
 import logging
 from collections import deque
 
 import torch
 from torch import Tensor
 
-from ..rewards.process import get_step_reward
+from ..registry import STEP_REWARDS
+from ..rewards.registry import RewardContext, RewardNeeds, check_call, resolve
 from ..trainer.batch import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -53,20 +54,31 @@ def token_of_chars(tokenizer, ids: list[int], ends: list[int]) -> list[int]:
 class RuleSteps:
     """A registered step reward on the completion texts, scores placed on tokens.
 
+    Building it checks the step reward's signature against ``params`` and runs what it declares
+    to prepare (``judge_steps`` starts its worker and loads its model), once.
+
     Args:
-        name: a step reward of ``rewards/process.py`` (or ``module:function``).
+        name: a registered step reward (``STEP_REWARDS``) or ``module:function``.
+        tokenizer: the policy's tokenizer (``decode(ids, skip_special_tokens=True)``): where a
+            step's characters are among the completion's tokens.
         params: its keyword parameters.
+        timeout_s: the time limit of a call (``rollout.reward_timeout_s``), handed to the step
+            reward as ``ctx.timeout_s`` (``judge_steps`` bounds its worker's answer by it).
     """
 
-    def __init__(self, name: str, params: dict | None = None, timeout_s: float | None = None):
-        self.fn, self.name, self.params = get_step_reward(name), name, dict(params or {})
-        accepts = inspect.signature(self.fn).parameters
-        if timeout_s and "timeout_s" in accepts:
-            self.params.setdefault("timeout_s", timeout_s)  # e.g. judge_steps' worker limit
-        self.takes_episodes = "episodes" in accepts
-        """the step reward reads the episode records (``episodes=``, as outcome rewards do)"""
+    def __init__(
+        self, name: str, tokenizer, params: dict | None = None, timeout_s: float | None = None
+    ):
+        entry = resolve(name, STEP_REWARDS)
+        self.name, self.params, self.tokenizer = name, dict(params or {}), tokenizer
+        check_call(entry, self.params, "step reward")
+        needs = RewardNeeds.of(entry)
+        if needs.prepare is not None:
+            needs.prepare(**self.params)
+        self.fn = functools.partial(entry.obj, **self.params)
+        self.timeout_s = timeout_s or None
 
-    def __call__(self, batch: RolloutBatch, policy, correct: Tensor) -> tuple[Tensor, dict]:
+    def __call__(self, batch: RolloutBatch, correct: Tensor) -> tuple[Tensor, dict]:
         """Step scores on tokens [B, T]. A step reward that raises (a judge that timed out or
         died) scores every step of the batch 0 and is counted (``process_errors``).
 
@@ -79,16 +91,16 @@ class RuleSteps:
             texts = ["".join(e["texts"]) for e in episodes]
         else:
             texts = [m["completion"] for m in batch.meta]
-        extra = {"episodes": episodes} if multi and self.takes_episodes else {}
+        ctx = RewardContext(episodes=episodes if multi else None, timeout_s=self.timeout_s)
         out = torch.zeros(batch.mask.shape)
         try:
-            steps = self.fn(texts, [m["sample"] for m in batch.meta], **extra, **self.params)
+            steps = self.fn(texts, [m["sample"] for m in batch.meta], ctx)
             if len(steps) != len(batch):
                 raise ValueError(f"returned {len(steps)} rows for {len(batch)} completions")
         except Exception as e:  # noqa: BLE001 - a process reward must not stop training
             log.warning("process reward %r failed: %s: %s", self.name, type(e).__name__, e)
             return out, {"process_errors": 1.0, "process_steps": 0.0}
-        tok = policy.processor.tokenizer
+        tok = self.tokenizer
         lengths = batch.mask.sum(1).long().tolist()
         for b, row in enumerate(steps):
             if not row:
@@ -127,7 +139,7 @@ class ImplicitPRM:
             [p for p in self.prm.parameters() if p.requires_grad], lr=lr
         )
 
-    def __call__(self, batch: RolloutBatch, policy, correct: Tensor) -> tuple[Tensor, dict]:
+    def __call__(self, batch: RolloutBatch, correct: Tensor) -> tuple[Tensor, dict]:
         """Per-token rewards [B, T] of ``batch`` and one PRM step on its outcome labels."""
         rows = len(batch)
         out = torch.zeros(batch.mask.shape)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..datasets.loader import DataError
+from ..rewards.registry import RewardContext
 from ..trainer.batch import RolloutBatch
 from . import rollout
 from .config import RolloutConfig
@@ -30,8 +31,11 @@ from .process import ProcessMonitor
 from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
 from .tree_rollout import sampled_tokens
 
-RewardFn = Callable[[list[str], list[dict]], tuple[list[float], dict[str, list[float]], dict]]
-"""``(completions, samples) -> (totals [B], components {name: [B]}, stats)``."""
+RewardFn = Callable[
+    [list[str], list[dict], RewardContext], tuple[list[float], dict[str, list[float]], dict]
+]
+"""A composite reward (``rewards.build_reward``): ``(completions, samples, ctx) -> (totals [B],
+components {name: [B]}, stats)``."""
 
 
 @contextlib.contextmanager
@@ -131,7 +135,7 @@ class VLMRolloutSource:
 
     Args:
         samples: the training samples (see ``vlm.prompts`` for the schema).
-        reward: composite reward ``(completions, samples) -> (totals, components, stats)``.
+        reward: composite reward ``(completions, samples, ctx) -> (totals, components, stats)``.
         cfg: rollout settings (prompts per step, group size, sampling, lengths, system prompt).
         seed: seed of the data order and of each step's sampling.
         strict: an unreadable image raises (naming file and sample); False skips and counts it.
@@ -166,7 +170,7 @@ class VLMRolloutSource:
         }
         self.tgrpo_key = tgrpo_correct_key(cfg.reward) if cfg.tgrpo_alpha > 0 else None
         self.process = process
-        """process reward (``vlm/process.py``: ``(batch, policy, correct) -> ([B, T], stats)``)"""
+        """process reward (``vlm/process.py``: ``(batch, correct) -> ([B, T], stats)``)"""
         self.guide = guide if cfg.guide else None
         """``rollout.guide``: a sample's reference trace (``run.guide_traces``)"""
         self.monitor = ProcessMonitor()
@@ -219,14 +223,15 @@ class VLMRolloutSource:
             batch = self._with_guide(policy, prompts, batch)
         t1 = time.perf_counter()
         completions = [m["completion"] for m in batch.meta]
-        ctx = {}
-        if getattr(self.reward, "accepts_context", False):  # e.g. overlong, majority, tool_calls
-            lengths = batch.mask.sum(1).long().tolist()
-            ctx = {"lengths": lengths, "group_ids": batch.group_id.tolist()}
-            if any("episode" in m for m in batch.meta):
-                ctx["episodes"] = [m.get("episode") for m in batch.meta]
+        episodes = None  # e.g. overlong reads the lengths, majority the groups, tool_calls these
+        if any("episode" in m for m in batch.meta):
+            episodes = [m.get("episode") for m in batch.meta]
+        ctx = RewardContext(
+            lengths=batch.mask.sum(1).long().tolist(), group_ids=batch.group_id.tolist(),
+            episodes=episodes,
+        )  # fmt: skip
         totals, comps, stats = _check_reward(
-            self.reward(completions, [m["sample"] for m in batch.meta], **ctx), len(batch)
+            self.reward(completions, [m["sample"] for m in batch.meta], ctx), len(batch)
         )
         if shuffled is not None:
             totals, tstats = self._apply_tgrpo(batch, totals, comps, shuffled)
@@ -235,7 +240,7 @@ class VLMRolloutSource:
         batch.rewards = torch.tensor(totals, dtype=torch.float32, device=batch.tokens.device)
         metrics = self._metrics(batch, totals, comps, stats)
         if self.process is not None:
-            metrics.update(self._process(batch, policy, totals, comps, step))
+            metrics.update(self._process(batch, totals, comps, step))
             t2 = time.perf_counter()
         metrics.update(episode_metrics(self._sampled(batch, metrics)))
         metrics.update(
@@ -308,11 +313,9 @@ class VLMRolloutSource:
         """Totals with T-GRPO's bonus on the ordered rollouts, and its metrics."""
         sb, sgid = shuffled
         key = self.tgrpo_key
-        ctx = {}
-        if getattr(self.reward, "accepts_context", False):
-            ctx = {"lengths": sb.mask.sum(1).long().tolist(), "group_ids": sgid.tolist()}
+        ctx = RewardContext(lengths=sb.mask.sum(1).long().tolist(), group_ids=sgid.tolist())
         _, scomps, _ = _check_reward(
-            self.reward([m["completion"] for m in sb.meta], [m["sample"] for m in sb.meta], **ctx),
+            self.reward([m["completion"] for m in sb.meta], [m["sample"] for m in sb.meta], ctx),
             len(sb),
         )
         if key not in comps or key not in scomps:
@@ -328,11 +331,11 @@ class VLMRolloutSource:
         stats["reward/tgrpo_shuffled_samples"] = float(len(sb))
         return [t + float(b) for t, b in zip(totals, bonus.tolist())], stats
 
-    def _process(self, batch: RolloutBatch, policy, totals, comps, step: int) -> dict:
+    def _process(self, batch: RolloutBatch, totals, comps, step: int) -> dict:
         """Process rewards into ``batch.step_rewards``; their metrics and the hacking monitor
         (outcome = the ``accuracy`` component, or the total reward without one)."""
         correct = torch.tensor(comps.get("accuracy", totals), dtype=torch.float32)
-        steps, stats = self.process(batch, policy, correct)
+        steps, stats = self.process(batch, correct)
         if not torch.isfinite(steps).all():
             raise ValueError("the process reward returned NaN or infinite step rewards")
         batch.step_rewards = steps.to(batch.tokens.device)
@@ -446,10 +449,10 @@ def evaluate_accuracy(
             continue
         b = _greedy(policy, enc, max_new_tokens, token_budget)
         context = episode_context(b)  # for episode terms
-        episodes += context.get("episodes", [])
+        episodes += list(context.episodes or [])
         done = [m["sample"] for m in b.meta]
         completions = [m["completion"] for m in b.meta]
-        totals, comps, _ = _check_reward(reward(completions, done, **context), len(b))
+        totals, comps, _ = _check_reward(reward(completions, done, context), len(b))
         for j, (s, t) in enumerate(zip(done, totals)):
             by_family[str(s.get("family", "all"))].append(float(t))
             key = str(s["id"]) if "id" in s else f"#{scored + j}"  # else: position among scored

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from perceptrl.rewards import extract_answer, extract_letter, get_reward, parse_box, parse_number
-from perceptrl.rewards.registry import list_rewards, register_reward
+from perceptrl.registry import REWARDS
+from perceptrl.rewards import (
+    RewardContext,
+    extract_answer,
+    extract_letter,
+    parse_box,
+    parse_number,
+    resolve,
+)
 
 OPTS = ["red", "blue", "green", "cyan"]
 MALFORMED = [
@@ -42,7 +49,7 @@ def S(answer: str, reward: str = "numeric", **meta) -> dict:
 
 
 def score(name: str, completions: list, samples: list[dict], **kw) -> list[float]:
-    return get_reward(name)(completions, samples, **kw)
+    return REWARDS.get(name)(completions, samples, RewardContext(), **kw)
 
 
 def test_extract_answer_takes_the_last_closed_tag():
@@ -203,19 +210,23 @@ def test_length_mismatch_raises():
 
 
 def test_registry_lookup_and_registration():
-    assert {"format", "mcq", "numeric", "iou", "accuracy"} <= set(list_rewards())
+    assert {"format", "mcq", "numeric", "iou", "accuracy"} <= set(REWARDS.names())
     with pytest.raises(ValueError, match="unknown reward 'fromat'.*did you mean 'format'.*valid:"):
-        get_reward("fromat")
-    assert get_reward("perceptrl.rewards.builtin:iou") is get_reward("iou")
+        resolve("fromat")
+    iou = resolve("perceptrl.rewards.builtin:iou")
+    assert iou.obj is REWARDS.get("iou") and iou.meta == REWARDS.meta("iou")
     with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
-        get_reward("no_such_mod:f")
+        resolve("no_such_mod:f")
     with pytest.raises(ValueError, match="has no attribute 'nope'"):
-        get_reward("perceptrl.rewards.builtin:nope")
+        resolve("perceptrl.rewards.builtin:nope")
 
-    @register_reward("test_builtin_dummy")
-    def dummy(completions, samples):
+    @REWARDS.register("test_builtin_dummy")
+    def dummy(completions, samples, ctx):
         return [0.5] * len(completions)
 
-    assert get_reward("test_builtin_dummy") is dummy
+    assert REWARDS.get("test_builtin_dummy") is dummy
+    assert REWARDS.meta("test_builtin_dummy")["self_timed"] is False  # the kind's defaults
     with pytest.raises(ValueError, match="already registered"):
-        register_reward("format")(dummy)
+        REWARDS.register("format", dummy)
+    with pytest.raises(ValueError, match="declares timeout"):
+        REWARDS.register("test_builtin_typo", dummy, timeout=True)

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from perceptrl.rewards import RewardTimeout, build_reward, call_with_timeout, register_reward
+from perceptrl.registry import REWARDS
+from perceptrl.rewards import RewardTimeout, build_reward, call_with_timeout
 
 
 def S(answer: str, reward: str = "numeric", **meta) -> dict:
@@ -31,12 +32,12 @@ SAMPLES = [S("3")] * 4
 # helpers reached through "module:function" specs ------------------------------------------
 
 
-def slow_reward(completions, samples):
+def slow_reward(completions, samples, ctx):
     time.sleep(5.0)
     return [1.0] * len(completions)
 
 
-def stubborn_slow_reward(completions, samples):
+def stubborn_slow_reward(completions, samples, ctx):
     """Tries to swallow the timeout with a broad except; must not succeed."""
     try:
         time.sleep(5.0)
@@ -45,26 +46,30 @@ def stubborn_slow_reward(completions, samples):
     return [1.0] * len(completions)
 
 
-def short_sleep_reward(completions, samples):
+def short_sleep_reward(completions, samples, ctx):
     time.sleep(0.6)
     return [1.0] * len(completions)
 
 
-@register_reward("test_compose_boom")
-def boom(completions, samples):
+def two_arguments(completions, samples):
+    return [1.0] * len(completions)
+
+
+@REWARDS.register("test_compose_boom")
+def boom(completions, samples, ctx):
     """Raises on any batch holding a sample with meta["boom"]; else 1 per completion."""
     if any(s["meta"].get("boom") for s in samples):
         raise RuntimeError("boom")
     return [1.0] * len(completions)
 
 
-@register_reward("test_compose_invalid")
-def invalid(completions, samples):
+@REWARDS.register("test_compose_invalid")
+def invalid(completions, samples, ctx):
     return [float("nan"), "x", 2.0][: len(completions)]
 
 
-@register_reward("test_compose_wrong_len")
-def wrong_len(completions, samples):
+@REWARDS.register("test_compose_wrong_len")
+def wrong_len(completions, samples, ctx):
     return []
 
 
@@ -96,6 +101,8 @@ def test_term_parameters_and_errors_in_spec():
         build_reward({"numeric": {"tol": 1}})
     with pytest.raises(ValueError, match="unknown reward 'acuracy'.*valid:"):
         build_reward({"acuracy": 1.0})
+    with pytest.raises(ValueError, match=r"must take \(completions, samples, ctx\)"):
+        build_reward([f"{__name__}:two_arguments"])  # checked once, when the reward is built
     with pytest.raises(ValueError, match="weight must be a finite number"):
         build_reward({"format": float("inf")})
     with pytest.raises(ValueError, match="empty reward spec"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perceptrl.rewards import get_reward
+from perceptrl.registry import REWARDS
+from perceptrl.rewards import RewardContext
 from perceptrl.rewards.boxes import Detection, coco_map, parse_detections, rft_terms
 from perceptrl.rewards.parse import answer_or_text, extract_boxed, extract_letter
 
@@ -35,7 +36,7 @@ def S(answer, reward: str = "det", **meta) -> dict:
 
 
 def score(name: str, completions: list, samples: list[dict], **kw) -> list[float]:
-    return get_reward(name)(completions, samples, **kw)
+    return REWARDS.get(name)(completions, samples, RewardContext(), **kw)
 
 
 def test_giou_hand_computed():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from perceptrl.cli import main
-from perceptrl.rewards import build_reward, list_rewards
+from perceptrl.registry import REWARDS
+from perceptrl.rewards import build_reward
 
 CATALOGUE = [
     "format", "mcq", "numeric", "math", "count", "iou", "giou", "det", "ocr", "rouge_l", "tiou",
@@ -45,7 +46,7 @@ GROUND_TRUTH = {
 
 
 def test_every_catalogue_reward_is_registered_and_listed(capsys):
-    assert set(CATALOGUE) <= set(list_rewards())
+    assert set(CATALOGUE) <= set(REWARDS.names())
     assert main(["config"]) == 0
     listed = capsys.readouterr().out.splitlines()[-1]
     assert listed.startswith("# rewards for rollout.reward:")

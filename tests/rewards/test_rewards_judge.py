@@ -15,7 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from perceptrl.rewards import build_reward, get_reward
+from perceptrl.registry import REWARDS, STEP_REWARDS
+from perceptrl.rewards import RewardContext, build_reward
 from perceptrl.rewards.judge import (
     DEFAULT_RUBRIC,
     JUDGE_SYSTEM_PROMPT,
@@ -194,7 +195,7 @@ def test_judge_errors_are_counted_and_bad_settings_fail_at_build(rigged_dir, jud
     with pytest.raises(ValueError, match="judge needs model="):
         build_reward(["judge"])
     with pytest.raises(ValueError, match="judge needs model="):
-        get_reward("judge")(["a"], samples[:1])
+        REWARDS.get("judge")(["a"], samples[:1], RewardContext())
     with pytest.raises(ValueError, match="time limit per call is the composite's"):
         build_reward({"judge": {"model": str(rigged_dir), "timeout_s": 5}})
     starve = r"while starting: .*; the judge's memory_limit_gb \(now 0.3"
@@ -212,8 +213,8 @@ def test_rollout_source_passes_lengths_and_group_ids(judge_dir, samples):
     batch, metrics = src.collect(policy, step=0)
     lengths = batch.mask.sum(1).long().tolist()
     comps = [m["completion"] for m in batch.meta]
-    got = reward(comps, [m["sample"] for m in batch.meta], lengths=lengths,
-                 group_ids=batch.group_id.tolist())  # fmt: skip
+    ctx = RewardContext(lengths=lengths, group_ids=batch.group_id.tolist())
+    got = reward(comps, [m["sample"] for m in batch.meta], ctx)
     assert batch.rewards.tolist() == pytest.approx(got[0])
     assert got[1]["overlong"] == pytest.approx([overlong_penalty(n, 6, 4) for n in lengths])
     assert metrics["reward/errors"] == 0
@@ -231,15 +232,14 @@ def test_split_steps_reads_the_sentences_of_the_reasoning():
 def test_judge_steps_grades_every_step_in_one_worker_call(rigged_dir, samples, monkeypatch):
     """The rigged judge answers 7 to every prompt: each of a completion's k steps scores
     0.7 / k at the step's end; a completion without reasoning has no steps."""
-    from perceptrl.rewards.process import get_step_reward
-
-    fn = get_step_reward("judge_steps")
+    fn = STEP_REWARDS.get("judge_steps")
     worker = judge_worker(model=str(rigged_dir))
     requests = []
     real_call = worker.call
     monkeypatch.setattr(worker, "call", lambda r, t: requests.append(r) or real_call(r, t))
     texts = ["<think>red: 2. blue: 1.</think><answer>3</answer>", "<answer>3</answer>", ""]
-    out = fn(texts, [samples[0]] * 3, model=str(rigged_dir), max_new_tokens=8, timeout_s=120)
+    ctx = RewardContext(timeout_s=120)
+    out = fn(texts, [samples[0]] * 3, ctx, model=str(rigged_dir), max_new_tokens=8)
     ends = [texts[0].index("2.") + 2, texts[0].index("1.") + 2]
     assert [s.end for s in out[0]] == ends
     assert [s.score for s in out[0]] == pytest.approx([0.35, 0.35])

@@ -166,12 +166,13 @@ def test_composite_passes_its_limit_and_logs_restarts(fake, workers):
     w = workers(fake, memory_limit_gb=0)
     w.start()
 
-    def scored(completions, samples, timeout_s=None):  # self-timed: takes timeout_s
+    def scored(completions, samples, ctx):  # self-timed: bounds the worker's answer itself
         op = "sleep" if "hang" in completions else "echo"
-        w.call({"op": op, "s": 60}, timeout_s)
+        w.call({"op": op, "s": 60}, ctx.timeout_s)
         return [0.5] * len(completions)
 
-    reward = CompositeReward([RewardTerm("fake", scored, counters=w.counters)], timeout_s=1.0)
+    term = RewardTerm("fake", scored, counters=w.counters, self_timed=True)
+    reward = CompositeReward([term], timeout_s=1.0)
     totals, _, stats = reward(["a", "b"], [{}, {}])
     assert totals == [0.5, 0.5] and stats["reward/restarts/fake"] == 0
     totals, _, stats = reward(["a", "hang"], [{}, {}])

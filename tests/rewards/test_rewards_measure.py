@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perceptrl.rewards import build_reward, get_reward
+from perceptrl.registry import REWARDS
+from perceptrl.rewards import RewardContext, build_reward
 from perceptrl.rewards.measure import mra_score, parse_span, span_iou
 
 MALFORMED = [
@@ -33,7 +34,7 @@ def S(answer, reward: str = "mra", **meta) -> dict:
 
 
 def score(name: str, completions: list, samples: list[dict]) -> list[float]:
-    return get_reward(name)(completions, samples)
+    return REWARDS.get(name)(completions, samples, RewardContext())
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perceptrl.rewards import build_reward, get_reward, register_reward
+from perceptrl.registry import REWARDS
+from perceptrl.rewards import RewardContext, build_reward
 from perceptrl.rewards.group import answer_key
 from perceptrl.rewards.shaping import overlong_penalty, repetition_fraction
 
@@ -20,8 +21,11 @@ def S(answer="3", reward: str = "numeric", sid: str = "s", **meta) -> dict:
     }
 
 
-def score(name: str, completions: list, samples: list[dict], **kw) -> list[float]:
-    return get_reward(name)(completions, samples, **kw)
+NO_CTX = RewardContext()
+
+
+def score(name: str, completions: list, samples: list[dict], ctx=NO_CTX, **kw) -> list[float]:
+    return REWARDS.get(name)(completions, samples, ctx, **kw)
 
 
 @pytest.mark.parametrize(
@@ -35,26 +39,26 @@ def test_overlong_penalty_dapo(length, expected):
 
 def test_overlong_reward_takes_lengths():
     comps = ["a", "b", "c"]
-    got = score(
-        "overlong", comps, [S()] * 3, max_len=100, cache_len=20, penalty=0.5, lengths=[10, 90, 100]
-    )
+    got = score("overlong", comps, [S()] * 3, RewardContext(lengths=[10, 90, 100]),
+                max_len=100, cache_len=20, penalty=0.5)  # fmt: skip
     assert got == pytest.approx([0.0, -0.25, -0.5])
     with pytest.raises(ValueError, match="needs completion lengths"):
         score("overlong", comps, [S()] * 3)
     with pytest.raises(ValueError, match="cache_len <= max_len"):
-        score("overlong", comps, [S()] * 3, max_len=10, cache_len=20, lengths=[1, 2, 3])
+        score("overlong", comps, [S()] * 3, RewardContext(lengths=[1, 2, 3]), max_len=10,
+              cache_len=20)  # fmt: skip
 
 
-def test_composite_passes_context_only_to_terms_that_take_it():
+def test_composite_passes_its_context_to_every_term():
     reward = build_reward({"format": 1.0, "overlong": {"max_len": 10, "cache_len": 5}})
     comps = ["<think>a</think><answer>3</answer>", "x"]
-    totals, parts, stats = reward(comps, [S()] * 2, lengths=[3, 10])
+    totals, parts, stats = reward(comps, [S()] * 2, RewardContext(lengths=[3, 10]))
     assert parts == {"format": [1.0, 0.0], "overlong": [0.0, -1.0]} and totals == [1.0, -1.0]
     # without lengths overlong fails (counted), format still scores
     totals, parts, stats = reward(comps, [S()] * 2)
     assert totals == [1.0, 0.0] and stats["reward/errors/overlong"] == 2
     with pytest.raises(ValueError, match="1 lengths for 2 completions"):
-        reward(comps, [S()] * 2, lengths=[3])
+        reward(comps, [S()] * 2, RewardContext(lengths=[3]))
     with pytest.raises(ValueError, match="come from the rollout"):
         build_reward({"overlong": {"lengths": [1]}})
 
@@ -103,13 +107,14 @@ def test_majority_by_group_ids_and_by_sample():
     samples = [a] * 4 + [b] * 4
     expected = [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     assert score("majority", comps, samples) == expected  # grouped by sample id
-    assert score("majority", comps, samples, group_ids=[0] * 4 + [1] * 4) == expected
+    groups = RewardContext(group_ids=[0] * 4 + [1] * 4)
+    assert score("majority", comps, samples, groups) == expected
     # the same sample drawn as two groups: group_ids keep them apart
-    assert score("majority", comps, [a] * 8, group_ids=[0] * 4 + [1] * 4) == expected
+    assert score("majority", comps, [a] * 8, groups) == expected
     # tie: the answer given first wins
     assert score("majority", ["<answer>5</answer>", "<answer>6</answer>"], [a] * 2) == [1.0, 0.0]
     # a majority below min_share of the group labels nothing
-    got = score("majority", comps, samples, group_ids=[0] * 4 + [1] * 4, min_share=0.6)
+    got = score("majority", comps, samples, groups, min_share=0.6)
     assert got == [0.0] * 4 + [0.0, 1.0, 1.0, 1.0]
     # samples without ids group by object
     anon1, anon2 = {"reward": "numeric"}, {"reward": "numeric"}
@@ -122,14 +127,15 @@ def test_majority_malformed_and_in_composite():
     bad = ["", None, "<answer></answer>", "<answer>", 5]
     assert score("majority", bad, [S()] * 5) == [0.0] * 5
     comps = ["<answer>3</answer>", "<answer>3</answer>", "<answer>4</answer>", "<answer>4</answer>"]
-    totals, _, _ = build_reward(["majority"])(comps, [S(sid="q")] * 4, group_ids=[0, 0, 1, 1])
+    groups = RewardContext(group_ids=[0, 0, 1, 1])
+    totals, _, _ = build_reward(["majority"])(comps, [S(sid="q")] * 4, groups)
     assert totals == [1.0, 1.0, 1.0, 1.0]
     totals, _, _ = build_reward(["majority"])(comps, [S(sid="q")] * 4)
     assert totals == [1.0, 1.0, 0.0, 0.0]
 
 
-@register_reward("test_shaping_half")
-def half(completions, samples):
+@REWARDS.register("test_shaping_half")
+def half(completions, samples, ctx):
     return [0.5] * len(completions)
 
 
@@ -170,18 +176,17 @@ def test_gate_errors():
         build_reward({"accuracy": 1.0, "format": {"gate": 1}})
 
 
-@register_reward("test_shaping_prepared")
-def prepared(completions, samples, level: int = 0):
+PREPARED: list[dict] = []
+
+
+@REWARDS.register("test_shaping_prepared", prepare=lambda **params: PREPARED.append(params))
+def prepared(completions, samples, ctx, level: int = 0):
     return [float(level)] * len(completions)
-
-
-prepared.prepare = lambda **params: prepared.calls.append(params)
-prepared.calls = []
 
 
 def test_prepare_runs_once_at_build_with_the_term_parameters():
     reward = build_reward({"test_shaping_prepared": {"weight": 2.0, "level": 3, "gate": "format"},
                            "format": 0.0})  # fmt: skip
-    assert prepared.calls == [{"level": 3}]
+    assert PREPARED == [{"level": 3}]
     reward(["<think>a</think><answer>1</answer>"] * 2, [S()] * 2)
-    assert prepared.calls == [{"level": 3}]  # not again per call
+    assert PREPARED == [{"level": 3}]  # not again per call

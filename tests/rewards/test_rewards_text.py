@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perceptrl.rewards import build_reward, get_reward
+from perceptrl.registry import REWARDS
+from perceptrl.rewards import RewardContext, build_reward
 
 MALFORMED = [
     "",
@@ -31,7 +32,7 @@ def S(answer, reward: str = "math") -> dict:
 
 
 def score(name: str, completions: list, samples: list[dict], **kw) -> list[float]:
-    return get_reward(name)(completions, samples, **kw)
+    return REWARDS.get(name)(completions, samples, RewardContext(), **kw)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from PIL import Image
 
 import perceptrl.sim as sim
 from perceptrl.datasets.plan import SPLIT_BASE, generate, reasoning_trace
-from perceptrl.rewards import build_reward
+from perceptrl.rewards import RewardContext, build_reward
 from perceptrl.sim.expert import HOME_TOLERANCE
 from perceptrl.trainer.config import ConfigError
 from perceptrl.trainer.metrics import read_metrics
@@ -221,9 +221,8 @@ def test_plan_rewards_read_the_episode_record():
            "planner/valid": 2.0}  # fmt: skip
     half = {"planner/success": 0.0, "planner/progress": 0.5, "planner/subgoals": 1.0,
             "planner/valid": 1.0}  # fmt: skip
-    totals, comps, _ = reward(
-        ["a", "b", "c"], [{}, {}, {}], episodes=[{"info": rec}, {"info": half}, None]
-    )
+    ctx = RewardContext(episodes=[{"info": rec}, {"info": half}, None])
+    totals, comps, _ = reward(["a", "b", "c"], [{}, {}, {}], ctx)
     assert totals == pytest.approx([1 + 0.5 + 0.1 - 0.08, 0.25 + 0.2 - 0.02, 0.0])
     assert comps["plan_validity"] == pytest.approx([0.5, 1.0, 0.0])
 
@@ -619,10 +618,11 @@ def test_plan_turns_scores_each_turn_where_it_ends():
     assert record["info"]["planner/turn_progress"] == (0.0, 0.5, 0.5)
     assert record["info"]["planner/turn_invalid"] == (1.0, 0.0, 0.0) and obs is None
     assert record["info"]["planner/turn_match"] == (0.0, 1.0, 1.0)
-    (steps,) = plan_turns(["".join(turns)], [{}], episodes=[record], invalid=-0.3)
+    one = RewardContext(episodes=[record])
+    (steps,) = plan_turns(["".join(turns)], [{}], one, invalid=-0.3)
     ends = [len("".join(turns[: k + 1])) for k in range(3)]
     assert [s.end for s in steps] == ends and [s.score for s in steps] == [-0.3, 0.5, 0.5]
-    (steps,) = plan_turns(["".join(turns)], [{}], episodes=[record], match=0.25)
+    (steps,) = plan_turns(["".join(turns)], [{}], one, match=0.25)
     assert [s.score for s in steps] == [-0.2, 0.75, 0.75]
     # out of order: the second subgoal first is valid but not the next one; then the first is
     env.reset([_sample("put_two", 5)])
@@ -631,14 +631,14 @@ def test_plan_turns_scores_each_turn_where_it_ends():
     rec = env.rows[0].record
     assert rec["planner/turn_match"] == (0.0, 1.0) and rec["planner/on_plan"] == 1
     assert rec["planner/turn_progress"] == (0.0, 1.0) and rec["planner/success"] == 1.0
-    assert plan_turns(["x"], [{}]) == [[]]  # no episode records: no steps
+    assert plan_turns(["x"], [{}], RewardContext()) == [[]]  # no episode records: no steps
     # <done/> said while the task is not complete: scored on the done turn when asked
     early = {"texts": ["<done/>"], "stop": "answer", "info": {}}
     complete = {**record, "stop": "answer"}
-    got = plan_turns(["<done/>", "".join(turns)], [{}, {}], episodes=[early, complete],
-                     early_done=-0.5)  # fmt: skip
+    got = plan_turns(["<done/>", "".join(turns)], [{}, {}],
+                     RewardContext(episodes=[early, complete]), early_done=-0.5)  # fmt: skip
     assert got[0] == [(len("<done/>"), -0.5)] and len(got[1]) == 3  # the complete one: none
-    assert plan_turns(["<done/>"], [{}], episodes=[early]) == [[]]  # off by default
+    assert plan_turns(["<done/>"], [{}], RewardContext(episodes=[early])) == [[]]  # off by default
 
 
 def test_per_turn_rewards_sit_on_each_turn_s_last_policy_token(tmp_path):
@@ -654,7 +654,9 @@ def test_per_turn_rewards_sit_on_each_turn_s_last_policy_token(tmp_path):
     policy = build_policy(cfg, tmp_path)
     samples = [s for s in data.train if len(s["meta"]["plan"]) == 2][:2]
     batch = forced_batch(policy, samples, [reasoning_trace(s) for s in samples])
-    steps, stats = RuleSteps("plan_turns")(batch, policy, torch.ones(len(batch)))
+    steps, stats = RuleSteps("plan_turns", policy.processor.tokenizer)(
+        batch, torch.ones(len(batch))
+    )
     assert stats == {"process_errors": 0.0, "process_steps": 2.0}
     for b in range(len(batch)):
         at = steps[b].nonzero().flatten().tolist()

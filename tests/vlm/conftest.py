@@ -105,7 +105,7 @@ def toy_reward():
     """Local stand-in for the composite reward: answer found (1) + format (0.5); it records the
     samples it was called with."""
 
-    def reward(completions: list[str], samples: list[dict]):
+    def reward(completions: list[str], samples: list[dict], ctx=None):
         reward.calls.append(samples)
         fmt = [1.0 if "<answer>" in c else 0.0 for c in completions]
         acc = [1.0 if s["answer"] in c else 0.0 for c, s in zip(completions, samples)]

@@ -34,7 +34,7 @@ def pol(tiny_dirs) -> VLMPolicy:
 def rule_reward(calls: list):
     """Correct when the answer has an even number of characters; records every call."""
 
-    def reward(completions, samples):
+    def reward(completions, samples, ctx=None):
         scores = [float(len(c) % 2 == 0) for c in completions]
         calls.extend(zip([s["id"] for s in samples], scores))
         return scores, {}, {}
@@ -62,7 +62,7 @@ def test_evaluation_counts_correct_answers_per_question(pol, samples):
 
 def test_known_answers_and_the_report(pol, samples, tmp_path):
     def always(value):
-        return lambda completions, samples: ([value] * len(completions), {}, {})
+        return lambda completions, samples, ctx: ([value] * len(completions), {}, {})
 
     right = evaluate_pass_k(pol, samples[:2], always(1.0), [1, 2], 2, max_new_tokens=4)
     wrong = evaluate_pass_k(pol, samples[:2], always(0.0), [1, 2], 2, max_new_tokens=4)
@@ -95,9 +95,9 @@ def test_episode_answers_reach_the_reward_with_their_records(tiny_dirs, samples)
     pol.episode = EpisodeSettings(env=OneTurn, max_tokens=64)
     seen: list = []
 
-    def from_records(completions, samples, episodes=None):
-        seen.append(None if episodes is None else len(episodes))
-        return [float(episodes is not None)] * len(completions), {}, {}
+    def from_records(completions, samples, ctx):
+        seen.append(None if ctx.episodes is None else len(ctx.episodes))
+        return [float(ctx.episodes is not None)] * len(completions), {}, {}
 
     r = evaluate_pass_k(pol, samples[:2], from_records, [1, 2], 2, max_new_tokens=4)
     assert seen == [4] and r["overall"] == {1: 1.0, 2: 1.0}

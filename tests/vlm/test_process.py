@@ -11,11 +11,14 @@ import re
 import pytest
 import torch
 
-from perceptrl.rewards.process import Step, get_step_reward, step_values
+from perceptrl.registry import STEP_REWARDS
+from perceptrl.rewards import RewardContext
+from perceptrl.rewards.process import Step, step_values
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.process import ImplicitPRM, ProcessMonitor, RuleSteps
 
 SAMPLE = {"id": "s", "answer": "3", "meta": {"steps": {"red": 2, "blue": 1}}}
+NO_CTX = RewardContext()
 
 
 def test_step_values_scores_first_claims_of_known_labels():
@@ -24,14 +27,14 @@ def test_step_values_scores_first_claims_of_known_labels():
         "<think>red: 3. red: 2. green: 5. Blue objects = 1</think><answer>4</answer>",
         "<think>nothing here</think><answer>red: 2</answer>",
     ]
-    out = step_values(texts, [SAMPLE] * 3)
+    out = step_values(texts, [SAMPLE] * 3, NO_CTX)
     assert out[0] == [Step(texts[0].index("2") + 1, 0.5), Step(texts[0].index("1") + 1, 0.5)]
     # red's first claim (3) is wrong, a repeat earns nothing, green is not asked, blue is right
     assert [s.score for s in out[1]] == [0.0, 0.5]
     assert out[2] == []  # claims after <answer> are not steps
-    assert step_values(texts[:1], [{"meta": {}}]) == [[]]
-    with pytest.raises(ValueError, match="unknown process reward"):
-        get_step_reward("stepvalues")
+    assert step_values(texts[:1], [{"meta": {}}], NO_CTX) == [[]]
+    with pytest.raises(ValueError, match="unknown step reward 'stepvalues'"):
+        STEP_REWARDS.get("stepvalues")
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +47,9 @@ def test_steps_land_on_the_tokens_that_end_them(pol, samples):
     batch = pol.completions_batch(samples[:2], texts)
     for b in batch.meta:
         b["sample"] = SAMPLE
-    steps, stats = RuleSteps("step_values")(batch, pol, torch.ones(2))
     tok = pol.processor.tokenizer
-    claims = step_values(texts, [SAMPLE] * 2)
+    steps, stats = RuleSteps("step_values", tok)(batch, torch.ones(2))
+    claims = step_values(texts, [SAMPLE] * 2, NO_CTX)
     for row in range(len(texts)):
         ids = batch.tokens[row, : int(batch.mask[row].sum())].tolist()
         at = [t for t in range(len(ids)) if any(
@@ -65,10 +68,10 @@ def test_implicit_prm_learns_the_outcome_labels(pol, samples):
     batch = pol.completions_batch(samples[:4], texts)
     labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
     prm = ImplicitPRM(pol, beta=0.5, lr=3e-3, micro_batch_size=2)
-    first, _ = prm(batch, pol, labels)
+    first, _ = prm(batch, labels)
     assert torch.allclose(first, torch.zeros_like(first), atol=1e-6)  # PRM == reference at first
     for _ in range(15):
-        rewards, stats = prm(batch, pol, labels)
+        rewards, stats = prm(batch, labels)
     score = rewards.sum(1)
     assert stats["prm_accuracy"] == 1.0
     assert (score[labels == 1] > 0).all() and (score[labels == 0] < 0).all()
@@ -77,8 +80,8 @@ def test_implicit_prm_learns_the_outcome_labels(pol, samples):
     state = prm.state_dict()
     fresh = ImplicitPRM(pol, beta=0.5, lr=3e-3, micro_batch_size=2)
     fresh.load_state_dict(state)
-    again, _ = fresh(batch, pol, labels)
-    torch.testing.assert_close(again, prm(batch, pol, labels)[0], atol=1e-5, rtol=0)
+    again, _ = fresh(batch, labels)
+    torch.testing.assert_close(again, prm(batch, labels)[0], atol=1e-5, rtol=0)
 
 
 def test_monitor_flags_a_rising_process_reward_with_a_falling_outcome(caplog):
@@ -106,7 +109,7 @@ def test_multi_step_counts_know_their_sub_counts(family, attr):
         if family == "count_size":  # every object is in one of the two steps
             assert sum(steps.values()) == len(values) and list(steps) == ["small", "large"]
         trace = reasoning_trace(s)
-        assert [x.score for x in step_values([trace], [s])[0]] == [0.5, 0.5]
+        assert [x.score for x in step_values([trace], [s], NO_CTX)[0]] == [0.5, 0.5]
         for c in steps:  # each group's objects are listed before its sub-count
             listed = trace.split(f"{c.capitalize()} objects from left to right: ")[1].split(".")[0]
             assert len(re.findall(rf"\b{c}\b", listed)) == steps[c]
@@ -115,14 +118,12 @@ def test_multi_step_counts_know_their_sub_counts(family, attr):
 
 
 def test_a_step_reward_that_raises_scores_zero_and_is_counted(pol, samples, caplog):
-    from perceptrl.rewards.process import register_step_reward
-
-    @register_step_reward("test_raises")
-    def raises(completions, samples):
+    @STEP_REWARDS.register("test_raises")
+    def raises(completions, samples, ctx):
         raise RuntimeError("judge worker died")
 
     batch = pol.completions_batch(samples[:2], ["<think>red: 2</think>", "x"])
     with caplog.at_level(logging.WARNING, logger="perceptrl.vlm.process"):
-        steps, stats = RuleSteps("test_raises")(batch, pol, torch.ones(2))
+        steps, stats = RuleSteps("test_raises", pol.processor.tokenizer)(batch, torch.ones(2))
     assert steps.abs().sum() == 0 and stats["process_errors"] == 1.0
     assert "judge worker died" in caplog.text

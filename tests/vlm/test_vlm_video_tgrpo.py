@@ -107,7 +107,7 @@ def order_samples(tmp_path_factory) -> list[dict]:
 def _reward(shuffled_correct: float):
     """Ordered rollouts are all correct; shuffled ones (meta has frame_order) score as given."""
 
-    def reward(completions, samples):
+    def reward(completions, samples, ctx=None):
         acc = [shuffled_correct if "frame_order" in s["meta"] else 1.0 for s in samples]
         reward.seen.append(samples)
         return list(acc), {"accuracy": acc}, {}
