@@ -23,13 +23,15 @@ in the training forward (see ``vlm/policy.py``).
 
 The environment is a protocol (`EpisodeEnv`: ``reset(samples)``, ``respond(row, text)``): `ToolEnv`
 answers tool calls (``vlm/tools.py``); a simulator executing a planner's subgoals is another
-implementation of the same two methods. `episode_rollout.run_episodes` samples episodes with the
+implementation of the same two methods. A recipe names one (``rollout.episode.env``) from
+``perceptrl.registry.EPISODE_ENVS``: ``tools`` (`tool_env`, the default) or another side's. `episode_rollout.run_episodes` samples episodes with the
 KV cache kept across turns; `forced_batch` records given turn texts (SFT traces) the same way.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,8 +41,10 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from ..registry import EPISODE_ENVS
 from ..rewards.registry import RewardContext
 from ..trainer.batch import RolloutBatch
+from ..trainer.config import ConfigError
 from .prompts import load_images
 from .tools import Observation, Tool, ToolContext, get_tool, run_call, tool_name
 
@@ -145,23 +149,18 @@ class ToolEnv:
         self._rows[dst] = self._rows[src]
 
 
-@dataclass(frozen=True)
-class EpisodeEnvType:
-    """An episode environment a recipe can name (``rollout.episode.env``)."""
-
-    build: Callable[[Any], Callable[[], EpisodeEnv]]
-    """recipe -> a factory of the environment (one per rollout call)"""
-    eval_reward: dict | None = None
-    """the held-out score of its episodes (None: the VLM side's correctness reward)"""
-
-
-EPISODE_ENVS: dict[str, EpisodeEnvType] = {}
-"""``rollout.episode.env`` name -> environment type; ``tools`` (a `ToolEnv` of the recipe's
-tools) is built in. Another side registers its own when imported (``vla/plan.py``: ``plan``)."""
-
-
-def register_episode_env(name: str, kind: EpisodeEnvType) -> None:
-    EPISODE_ENVS[name] = kind
+@EPISODE_ENVS.register("tools")
+def tool_env(cfg) -> Callable[[], ToolEnv]:
+    """The default environment of ``rollout.episode.env``: a `ToolEnv` of the recipe's tools
+    (``rollout.episode.tools``, ``tool_options``, ``tool_timeout_s``). Other environments are
+    entries of ``perceptrl.registry.EPISODE_ENVS`` too (``vla/plan.py``: ``plan``), each a
+    ``build(cfg) -> factory`` declaring its ``eval_reward``."""
+    e = cfg.rollout.episode
+    try:
+        tools = resolve_tools(e.tools)
+    except ValueError as err:
+        raise ConfigError(f"rollout.episode.tools: {err}") from err
+    return functools.partial(ToolEnv, tools, e.tool_options, e.tool_timeout_s or None)
 
 
 def resolve_tools(names: list[str] | tuple[str, ...]) -> dict[str, Tool]:

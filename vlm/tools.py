@@ -1,8 +1,10 @@
 """Tools a VLM may call inside an episode, as a registry: parsing a call, running it, failing safely.
 
 A tool is a plain function ``fn(ctx: ToolContext, **arguments) -> Observation | str | Image``
-registered by name with a one-line usage shown to the model, or given as ``"module:function"``
-(its ``usage`` attribute, else its docstring's first line). Built in:
+registered in ``perceptrl.registry.TOOLS`` with the one-line usage shown to the model declared
+beside it (``@TOOLS.register("zoom", usage="zoom(box=...): ...")``; without one, its docstring's
+first line), or given as ``"module:function"`` (its declared usage when it is registered, else
+its docstring's first line). Built in:
 
 =======  ==========================================  ===========================================
 name     call                                        returns
@@ -29,8 +31,6 @@ usable tool).
 from __future__ import annotations
 
 import ast
-import difflib
-import importlib
 import json
 import logging
 import re
@@ -41,6 +41,7 @@ from typing import Any
 
 from PIL import Image
 
+from ..registry import TOOLS
 from ..rewards.compose import RewardTimeout, call_with_timeout
 
 log = logging.getLogger(__name__)
@@ -108,54 +109,24 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
-_TOOLS: dict[str, Tool] = {}
-
-
-def register_tool(name: str, usage: str) -> Callable:
-    """Decorator registering ``fn(ctx, **arguments)`` as tool ``name`` with its usage line."""
-    if not name or ":" in name:
-        raise ValueError(f"invalid tool name {name!r}: must be non-empty and contain no ':'")
-
-    def deco(fn: Callable) -> Callable:
-        _TOOLS[name] = Tool(name, fn, usage)
-        return fn
-
-    return deco
-
-
-def list_tools() -> list[str]:
-    return sorted(_TOOLS)
-
-
 def tool_name(spec: str) -> str:
     """The name the policy writes for a tool spec: the registered name, or a
     ``package.module:function`` spec's function name."""
     return spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1] if ":" in spec else spec
 
 
-def get_tool(name: str) -> Tool:
-    """Registered tool ``name`` or the function ``"package.module:function"``.
+def get_tool(spec: str) -> Tool:
+    """The tool of a registered name or of ``"package.module:function"``, with its usage line
+    (declared at registration, else the function's docstring's first line).
 
     Raises:
-        ValueError: unknown name (listing the valid ones) or an import that fails.
+        UnknownName: an unknown name (listing the valid ones).
+        ValueError: an import that fails.
     """
-    if ":" in name:
-        mod_name, _, attr = name.partition(":")
-        try:
-            fn = getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"tool {name!r}: cannot import it ({e}); check PYTHONPATH") from e
-        short = tool_name(name)
-        usage = getattr(fn, "usage", None) or (fn.__doc__ or short).strip().splitlines()[0]
-        return Tool(short, fn, usage)
-    if name not in _TOOLS:
-        near = difflib.get_close_matches(name, _TOOLS, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ValueError(
-            f"unknown tool {name!r}{hint}; valid: {', '.join(list_tools())}, or "
-            "'package.module:function'"
-        )
-    return _TOOLS[name]
+    entry = TOOLS.resolve(spec)
+    name = tool_name(spec)
+    usage = entry.meta.get("usage") or (entry.obj.__doc__ or name).strip().splitlines()[0]
+    return Tool(name, entry.obj, usage)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,7 +255,9 @@ def _as_box(box: Any, w: int, h: int) -> tuple[int, int, int, int]:
     return x1, y1, x2, y2
 
 
-@register_tool("zoom", "zoom(box=[x1, y1, x2, y2]): look closer at a box, in pixels of the image")
+@TOOLS.register(
+    "zoom", usage="zoom(box=[x1, y1, x2, y2]): look closer at a box, in pixels of the image"
+)
 def zoom(ctx: ToolContext, box: Any = None, image: int = 0) -> Observation:
     """The crop of ``box`` (original-image pixels, exclusive upper edges) scaled so its longer
     side is ``options.zoom.size`` (default 224; 0 keeps the crop's size)."""
@@ -300,7 +273,7 @@ def zoom(ctx: ToolContext, box: Any = None, image: int = 0) -> Observation:
     return Observation(f"Zoomed in on [{x1}, {y1}, {x2}, {y2}].", [crop])
 
 
-@register_tool("frame", "frame(t=seconds): the video frame at that time")
+@TOOLS.register("frame", usage="frame(t=seconds): the video frame at that time")
 def frame(ctx: ToolContext, t: Any = None, video: int = 0) -> Observation:
     """The frame of the sample's video ``video`` nearest to ``t`` seconds."""
     videos = ctx.sample.get("videos") or []
@@ -335,7 +308,9 @@ def _depth_path(ctx: ToolContext, k: int) -> Path:
     return p
 
 
-@register_tool("depth", "depth(x=px, y=px): distance in metres from the camera at that pixel")
+@TOOLS.register(
+    "depth", usage="depth(x=px, y=px): distance in metres from the camera at that pixel"
+)
 def depth(ctx: ToolContext, x: Any = None, y: Any = None, image: int = 0) -> str:
     """Depth in metres at pixel (x, y) of image ``image`` (16-bit depth PNG in millimetres)."""
     import cv2

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from perceptrl.datasets.video import write_mp4
+from perceptrl.registry import TOOLS
 from perceptrl.vlm.episode import ToolEnv, check_sample_tools, resolve_tools
 from perceptrl.vlm.tools import (
     MALFORMED,
@@ -19,7 +20,6 @@ from perceptrl.vlm.tools import (
     ToolError,
     get_tool,
     parse_call,
-    register_tool,
     run_call,
 )
 
@@ -38,13 +38,13 @@ def ctx(picture, **sample) -> ToolContext:
     return ToolContext({"id": "s", **sample}, [picture], {"zoom": {"size": 0}})
 
 
-@register_tool("sleepy", "sleepy(): waits")
+@TOOLS.register("sleepy", usage="sleepy(): waits")
 def _sleepy(ctx):
     time.sleep(5)
     return "awake"
 
 
-@register_tool("broken", "broken(): raises")
+@TOOLS.register("broken", usage="broken(): raises")
 def _broken(ctx):
     raise RuntimeError("boom")
 
