@@ -610,12 +610,13 @@ def _trace_box(sample: dict, objs: list[dict]) -> tuple[str, str]:
     )
 
 
-def reasoning_trace(sample: dict) -> str:
+def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> str:
     """Templated chain of thought and answer for a generated sample (SFT warm start).
 
     Counting lists the matching objects left to right then counts; multiple choice names the
     attribute or both positions then the option; grounding gives the centre then the box (scaled to
-    ``meta["model_image_size"]`` when present). Returns ``<think>…</think><answer>…</answer>``.
+    ``meta["model_image_size"]`` when present). Returns ``<think>…</think><answer>…</answer>``:
+    one turn whatever the ``tools`` (no family here needs one).
     """
     objs = sample["meta"]["objects"]
     fam = sample["family"]

@@ -1,22 +1,25 @@
-"""The synthetic generators, one entry each: name -> module, modality, splits and options.
+"""The synthetic generators, one `Generator` record each: module, modality, splits and options.
 
-The wiring (``data.generator``), ``perceptrl data generate --kind`` and the evaluation table
-(modality order) read this table; a new generator is one entry here (or, from user code,
-``register_generator(Generator(...))`` before the recipe loads) plus its module, which
-provides ``FAMILIES``, ``generate(out_dir, splits, families, seed, **options)`` and
-``reasoning_trace(sample)`` (optionally ``reasoning_trace(sample, tools)``: the tools an
-episode may call, for multi-turn traces given as a list of turns). Modules load only when a
+Each record is an entry of ``perceptrl.registry.GENERATORS``, which ``data.generator``,
+``perceptrl data generate --kind`` and the evaluation table (`modalities`) read; a new generator
+is one record registered here (or, from user code, ``GENERATORS.register(name, Generator(...))``
+before the recipe loads) plus its module, which provides ``FAMILIES``, ``generate(out_dir,
+splits, families, seed, **options)`` and ``reasoning_trace(sample, tools=())`` (``tools``: the
+tools an episode may call; a multi-turn trace is a list of turns). Modules load only when a
 generator is used.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+
+from ..registry import GENERATORS
 
 
 @dataclass(frozen=True)
@@ -73,66 +76,61 @@ class Generator:
     def reasoning_trace(self, sample: dict, tools: Sequence[str] = ()) -> str | list[str]:
         """The templated reasoning trace + answer of a generated sample (SFT targets): a text,
         or a list of policy turns when the trace calls one of ``tools`` (an episode)."""
-        fn = self.load().reasoning_trace
-        if "tools" in inspect.signature(fn).parameters:
-            return fn(sample, tools=tuple(tools))
-        return fn(sample)
+        return _checked_trace(self.load().reasoning_trace)(sample, tools=tuple(tools))
 
 
-GENERATORS: dict[str, Generator] = {
-    g.name: g
-    for g in (
-        Generator(
-            "clevr", ".clevr", "image", "CLEVR-like shapes on a grey background (PNG)",
-            splits=("train", "val", "test", "ood"),
-            default_families=("count_all", "count_color", "count_shape"),
-            options={"image_size": "image_size"},
-        ),
-        Generator(
-            "video", ".video", "video",
-            "moving-shape clips (mp4): temporal order, direction, event count, grounding",
-            options={"image_size": "size", "seconds": "seconds", "fps": "fps"},
-        ),
-        Generator(
-            "spatial", ".spatial", "3d",
-            "MuJoCo rooms in several views: VSI-style count, distance, size, direction, order",
-            options={"image_size": "image_size", "views": "n_views", "depth": "depth"},
-        ),
-        Generator(
-            "zoom", ".zoom", "image",
-            "small checkered tiles in large images (448 px): read only by zooming in; with a "
-            "large-tile control family",
-            options={"image_size": "image_size"},
-        ),
-        Generator(
-            "plan", ".plan", "robot",
-            "long-horizon MuJoCo tasks (agent-view PNG + instruction) for a VLM planner whose "
-            "subgoals a VLA executes", splits=("train", "val", "test"),
-            options={"image_size": "image_size"},
-        ),
-    )
-}  # fmt: skip
-
-
-def register_generator(gen: Generator) -> Generator:
-    """Add ``gen`` to `GENERATORS` under ``gen.name`` (``data.generator`` then accepts it);
-    registering an equal entry again is a no-op, another entry under a taken name raises."""
-    old = GENERATORS.get(gen.name)
-    if old is not None and old != gen:
+@functools.cache
+def _checked_trace(fn: Callable) -> Callable:
+    """``fn`` once checked to take ``(sample, tools=())``, the one signature of a generator's
+    ``reasoning_trace`` (validation only: what it receives never depends on its signature)."""
+    try:
+        inspect.signature(fn).bind({}, tools=())
+    except TypeError as e:
         raise ValueError(
-            f"generator {gen.name!r} is already registered (module {old.module!r}); "
-            "register yours under another name"
-        )
-    GENERATORS[gen.name] = gen
-    return gen
+            f"{fn.__module__}.reasoning_trace must take (sample, tools=()) ({e}); tools: the "
+            "tools an episode may call (ignore them for a single-turn trace)"
+        ) from e
+    return fn
 
 
-def get_generator(name: str) -> Generator:
-    if name not in GENERATORS:
-        raise KeyError(f"unknown generator {name!r}; valid: {', '.join(GENERATORS)}")
-    return GENERATORS[name]
+MODALITIES = ("image", "video", "3d", "robot")
+"""The evaluation table's modality order (a generator of another modality comes after these)."""
+
+for _gen in (
+    Generator(
+        "clevr", ".clevr", "image", "CLEVR-like shapes on a grey background (PNG)",
+        splits=("train", "val", "test", "ood"),
+        default_families=("count_all", "count_color", "count_shape"),
+        options={"image_size": "image_size"},
+    ),
+    Generator(
+        "video", ".video", "video",
+        "moving-shape clips (mp4): temporal order, direction, event count, grounding",
+        options={"image_size": "size", "seconds": "seconds", "fps": "fps"},
+    ),
+    Generator(
+        "spatial", ".spatial", "3d",
+        "MuJoCo rooms in several views: VSI-style count, distance, size, direction, order",
+        options={"image_size": "image_size", "views": "n_views", "depth": "depth"},
+    ),
+    Generator(
+        "zoom", ".zoom", "image",
+        "small checkered tiles in large images (448 px): read only by zooming in; with a "
+        "large-tile control family",
+        options={"image_size": "image_size"},
+    ),
+    Generator(
+        "plan", ".plan", "robot",
+        "long-horizon MuJoCo tasks (agent-view PNG + instruction) for a VLM planner whose "
+        "subgoals a VLA executes", splits=("train", "val", "test"),
+        options={"image_size": "image_size"},
+    ),
+):  # fmt: skip
+    GENERATORS.register(_gen.name, _gen)
 
 
 def modalities() -> tuple[str, ...]:
-    """Modalities in the table's order (first appearance in GENERATORS)."""
-    return tuple(dict.fromkeys(g.modality for g in GENERATORS.values()))
+    """Modalities in the evaluation table's order: `MODALITIES`, then any other a registered
+    generator has (sorted)."""
+    more = {GENERATORS.get(name).modality for name in GENERATORS} - set(MODALITIES)
+    return (*MODALITIES, *sorted(more))

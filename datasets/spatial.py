@@ -406,12 +406,13 @@ _TRACES: dict[str, Callable[[dict, list[dict]], str]] = {
 }
 
 
-def reasoning_trace(sample: dict) -> str:
+def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> str:
     """Templated chain of thought and answer for a generated sample (SFT warm start).
 
     Counting lists the matching objects with the view that first shows each; distances, sizes and
     directions state the exact positions (metres, path frame) or extents they follow from;
-    choices end with the option's letter. Returns ``<think>…</think><answer>…</answer>``.
+    choices end with the option's letter. Returns ``<think>…</think><answer>…</answer>``: one
+    turn whatever the ``tools``.
     """
     fam = sample["family"]
     if fam not in _TRACES:

@@ -377,8 +377,9 @@ def _secs(t: float) -> str:
     return f"{t:g} s"
 
 
-def reasoning_trace(sample: dict) -> str:
-    """Templated chain of thought and answer for a generated video sample (SFT warm start)."""
+def reasoning_trace(sample: dict, tools: Sequence[str] = ()) -> str:
+    """Templated chain of thought and answer for a generated video sample (SFT warm start): one
+    turn whatever the ``tools``."""
     meta, fam, ans = sample["meta"], sample["family"], sample["answer"]
     ev = meta["events"]
     if fam == "temporal_order":

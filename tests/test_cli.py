@@ -132,7 +132,7 @@ def test_unknown_data_generator_is_a_config_error(tmp_path):
     from perceptrl.vlm.run import samples as vlm_samples
     from perceptrl.wiring import load_config
 
-    with pytest.raises(ConfigError, match="data.generator='clever'.*clevr, video, spatial"):
+    with pytest.raises(ConfigError, match="data.generator='clever'.*clevr, plan, spatial"):
         vlm_samples(load_config(None, ["data.generator=clever"]), tmp_path)
 
 

@@ -12,9 +12,9 @@ from ..trainer.config import choice
 
 
 def _generators() -> list[str]:
-    from ..datasets.registry import GENERATORS
+    from ..registry import GENERATORS
 
-    return list(GENERATORS)
+    return GENERATORS.names()
 
 
 def _tiny_archs() -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from perceptrl.datasets import zoom
-from perceptrl.datasets.registry import get_generator
+from perceptrl.registry import GENERATORS
 
 
 def view(img: np.ndarray, side: int = 112) -> np.ndarray:
@@ -64,11 +64,13 @@ def test_small_tiles_are_grey_in_the_model_view_and_large_ones_are_not():
 
 
 def test_generate_and_traces(tmp_path):
-    paths = get_generator("zoom").generate(tmp_path, {"train": 4, "val": 2}, seed=0, image_size=448)
+    paths = GENERATORS.get("zoom").generate(
+        tmp_path, {"train": 4, "val": 2}, seed=0, image_size=448
+    )
     rows = [json.loads(line) for line in open(paths["train"])]
     assert [r["family"] for r in rows] == ["small_tile", "large_tile"] * 2
     assert Image.open(tmp_path / rows[0]["images"][0]).size == (448, 448)
-    gen = get_generator("zoom")
+    gen = GENERATORS.get("zoom")
     turns = gen.reasoning_trace(rows[0], ["zoom"])
     box = ", ".join(str(v) for v in rows[0]["meta"]["zoom_box"])
     assert turns[0] == (
