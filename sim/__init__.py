@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from ..registry import TASKS
 from . import composite  # noqa: F401  (registers the long-horizon tasks)
 from .env import ManipEnv, ManipEnvConfig
-from .tasks import TASKS, Task, get_task, register_task
+from .tasks import Task, get_task
 
 ENV_IDS: dict[str, str] = {}
 """task name -> registered gymnasium id"""
@@ -24,8 +25,8 @@ def env_id(task: str) -> str:
 
 def register_envs() -> None:
     """Register a gymnasium id for every task in ``TASKS`` (idempotent)."""
-    for name, task in TASKS.items():
-        gid = env_id(name)
+    for name in TASKS:
+        task, gid = TASKS.get(name), env_id(name)
         if gid not in gym.registry:
             gym.register(
                 gid,
@@ -47,5 +48,4 @@ __all__ = [
     "env_id",
     "get_task",
     "register_envs",
-    "register_task",
 ]

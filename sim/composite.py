@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..registry import TASKS
 from .scene import BLOCK_HALF, BOWL_RADIUS, COLOURS, ZONE_RADIUS
 from .tasks import (
     BLOCK_R,
@@ -39,7 +40,6 @@ from .tasks import (
     _on_table,
     _sample_xy,
     get_task,
-    register_task,
     task_counts,
 )
 
@@ -366,4 +366,4 @@ family, the most blocks of a composite and as many entities as there are colours
 tasks (`COMPOSITES` are)"""
 
 for _name, _kw in {**COMPOSITES, **SKILL_SCENES}.items():
-    register_task(composite_task(_name, **_kw))
+    TASKS.register(_name, composite_task(_name, **_kw))

@@ -1,7 +1,8 @@
 """Task families as registry entries: layout sampling, instructions, success and shaping.
 
-A task is a ``Task`` record of pure functions, registered by name with ``@register_task`` or built
-from a family with ``functools.partial`` (e.g. more distractors). Convention for entity indices: the
+A task is a ``Task`` record of pure functions, an entry of ``perceptrl.registry.TASKS`` under its
+name (``TASKS.register(task.name, task)``), built by a family's factory or from one with
+``functools.partial`` (e.g. more distractors). Convention for entity indices: the
 entity the instruction is about is index 0 of its kind (``block0``, ``bowl0``, ``zone0``,
 ``target0``); for ``stack`` the base block is ``block1``; the rest are distractors.
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..registry import TASKS
 from .scene import BLOCK_HALF, BOWL_RADIUS, COLOURS, ZONE_RADIUS
 
 WORKSPACE_X = (0.36, 0.64)
@@ -103,22 +105,9 @@ class Task:
     """``instruct(task, colours, colour_rng) -> instruction``, instead of ``templates``"""
 
 
-TASKS: dict[str, Task] = {}
-
-
-def register_task(task: Task) -> Task:
-    """Add ``task`` to the registry under ``task.name`` (a name may be registered once)."""
-    if task.name in TASKS:
-        raise ValueError(f"task {task.name!r} is already registered")
-    TASKS[task.name] = task
-    return task
-
-
 def get_task(name: str) -> Task:
-    """Look a task up by name; an unknown name raises with the valid names."""
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
-    return TASKS[name]
+    """The registered task ``name`` (``TASKS``); `UnknownName` with the valid names if none."""
+    return TASKS.get(name)
 
 
 # ------------------------------------------------------------------ layout sampling
@@ -432,4 +421,4 @@ VARIANTS: dict[str, Callable[..., Task]] = {
 """extra registered tasks: a family factory with other arguments (no subclasses)"""
 
 for _name, _factory in {**FAMILIES, **VARIANTS}.items():
-    register_task(_factory(name=_name))
+    TASKS.register(_name, _factory(name=_name))

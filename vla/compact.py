@@ -61,12 +61,12 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"
 def instruction_words() -> list[str]:
     """Every word the registered sim tasks can put in an instruction (templates x colours),
     sorted; ids 0 and 1 are reserved for padding and unknown words."""
+    from ..registry import TASKS
     from ..sim.scene import COLOURS
-    from ..sim.tasks import TASKS
 
     words: set[str] = set(COLOURS)
-    for task in TASKS.values():
-        for template in task.templates:
+    for name in TASKS:
+        for template in TASKS.get(name).templates:
             words |= set(split_words(template.replace("{obj}", " ").replace("{goal}", " ")))
     return sorted(words)
 
