@@ -2,7 +2,8 @@
 
 >>> from perceptrl.rewards import RewardContext, build_reward
 >>> reward = build_reward({"format": 0.5, "accuracy": 1.0})
->>> totals, components, stats = reward(completions, samples, RewardContext(lengths=lengths))
+>>> ctx = RewardContext(lengths=lengths, group_ids=group_ids)  # what the rollout knows
+>>> totals, components, stats = reward(completions, samples, ctx)
 
 Every reward is ``fn(completions, samples, ctx, **params) -> list[float]``
 (:mod:`~perceptrl.rewards.registry`), registered in ``perceptrl.registry.REWARDS`` with what it
@@ -41,7 +42,7 @@ from .parse import (
     parse_box,
     parse_number,
 )
-from .registry import RewardContext, RewardNeeds, resolve
+from .registry import RewardContext, RewardNeeds
 
 __all__ = [
     "CompositeReward",
@@ -58,5 +59,4 @@ __all__ = [
     "is_formatted",
     "parse_box",
     "parse_number",
-    "resolve",
 ]

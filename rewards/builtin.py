@@ -21,7 +21,7 @@ from .parse import (
     parse_box,
     parse_number,
 )
-from .registry import RewardContext, resolve
+from .registry import RewardContext
 
 
 def _check(completions: Sequence[str], samples: Sequence[dict]) -> None:
@@ -162,7 +162,7 @@ def accuracy(
         groups.setdefault(name, []).append(i)
     out = [0.0] * len(samples)
     for name, idx in groups.items():
-        fn = resolve(name).obj
+        fn = REWARDS.resolve(name).obj
         scores = fn(
             [completions[i] for i in idx],
             [samples[i] for i in idx],

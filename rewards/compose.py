@@ -68,7 +68,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .registry import RewardContext, RewardFn, RewardNeeds, check_call, resolve
+from ..registry import REWARDS
+from .registry import RewardContext, RewardFn, RewardNeeds, check_call
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +344,7 @@ def _weight_and_params(name: str, value: Any) -> tuple[float, dict[str, float], 
 def _term(name: str, value: Any) -> RewardTerm:
     """One term: the reward's entry, checked against its parameters, prepared as it declares."""
     weight, gate, params = _weight_and_params(name, value)
-    entry = resolve(name)
+    entry = REWARDS.resolve(name)
     needs = RewardNeeds.of(entry)
     check_call(entry, params)
     if needs.prepare is not None:

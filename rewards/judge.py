@@ -2,9 +2,10 @@
 
 The judge is any Hugging Face image-text-to-text model in a local directory (``model=``). For
 every completion it reads a rubric prompt holding the question, the reference answer and the
-completion (plus the sample's images), decodes greedily, and its verdict ``<score>N</score>`` on the stated 0..``scale`` scale becomes ``N / scale`` in [0, 1]. A
-verdict that is missing, unreadable or off the scale scores 0; an empty or non-text completion
-scores 0 without asking the judge.
+completion (plus the sample's images), decodes greedily, and its verdict ``<score>N</score>`` on
+the stated 0..``scale`` scale becomes ``N / scale`` in [0, 1]. A verdict that is missing,
+unreadable or off the scale scores 0; an empty or non-text completion scores 0 without asking
+the judge.
 
 The model runs in a supervised worker process (:mod:`perceptrl.rewards.judge_worker`), one per
 (model, device, dtype, limits) for the life of the trainer, so a judge that hangs in native code,

@@ -17,18 +17,17 @@ declares there what it needs beyond the call (`RewardNeeds`)::
     def judge(completions, samples, ctx, model=""): ...
 
 A recipe names a registered reward, or any function as ``"package.module:function"`` (which
-declares nothing unless it is also registered).
+declares nothing unless it is also registered): ``REWARDS.resolve(spec)`` finds either.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..registry import REWARDS, Entry, Registry, UnknownName
+from ..registry import Entry
 
 RewardFn = Callable[..., list[float]]
 """``fn(completions, samples, ctx, **params) -> list[float]``"""
@@ -99,49 +98,6 @@ class RewardNeeds:
             raise ValueError(
                 f"{entry.name!r} declares {sorted(entry.meta)}; a reward declares only {valid}"
             ) from e
-
-
-def resolve(spec: str, registry: Registry = REWARDS) -> Entry:
-    """The entry of a registered name, or of the function ``"package.module:function"``: the
-    function's own entry when it is registered, else one that declares nothing.
-
-    Raises:
-        UnknownName: an unknown name (the message lists the valid ones and the nearest).
-        ValueError: a spec that does not import or names no function.
-    """
-    if not isinstance(spec, str):
-        raise ValueError(f"{registry.kind} name must be a string, got {type(spec).__name__}")
-    if ":" not in spec:
-        try:
-            return registry.entry(spec)
-        except UnknownName as e:
-            raise UnknownName(f"{e}, or a function as 'package.module:function'") from None
-    fn = _import_spec(spec, registry.kind)
-    for name in registry.names():
-        if registry.get(name) is fn:
-            return Entry(spec, fn, registry.meta(name))
-    return Entry(spec, fn)
-
-
-def _import_spec(spec: str, kind: str) -> Callable:
-    mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise ValueError(f"{kind} spec {spec!r} must look like 'package.module:function'")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ValueError(
-            f"{kind} spec {spec!r}: cannot import module {mod_name!r} ({e}); "
-            "check the module is on PYTHONPATH"
-        ) from e
-    fn: Any = mod
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise ValueError(f"{kind} spec {spec!r}: module {mod_name!r} has no attribute {attr!r}")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise ValueError(f"{kind} spec {spec!r} names a {type(fn).__name__}, not a function")
-    return fn
 
 
 def check_call(entry: Entry, params: Mapping[str, Any], kind: str = "reward") -> None:

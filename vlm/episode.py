@@ -24,8 +24,9 @@ in the training forward (see ``vlm/policy.py``).
 The environment is a protocol (`EpisodeEnv`: ``reset(samples)``, ``respond(row, text)``): `ToolEnv`
 answers tool calls (``vlm/tools.py``); a simulator executing a planner's subgoals is another
 implementation of the same two methods. A recipe names one (``rollout.episode.env``) from
-``perceptrl.registry.EPISODE_ENVS``: ``tools`` (`tool_env`, the default) or another side's. `episode_rollout.run_episodes` samples episodes with the
-KV cache kept across turns; `forced_batch` records given turn texts (SFT traces) the same way.
+``perceptrl.registry.EPISODE_ENVS``: ``tools`` (`tool_env`, the default) or another side's.
+`episode_rollout.run_episodes` samples episodes with the KV cache kept across turns;
+`forced_batch` records given turn texts (SFT traces) the same way.
 """
 
 from __future__ import annotations

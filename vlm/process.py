@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..registry import STEP_REWARDS
-from ..rewards.registry import RewardContext, RewardNeeds, check_call, resolve
+from ..rewards.registry import RewardContext, RewardNeeds, check_call
 from ..trainer.batch import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class RuleSteps:
     def __init__(
         self, name: str, tokenizer, params: dict | None = None, timeout_s: float | None = None
     ):
-        entry = resolve(name, STEP_REWARDS)
+        entry = STEP_REWARDS.resolve(name)
         self.name, self.params, self.tokenizer = name, dict(params or {}), tokenizer
         check_call(entry, self.params, "step reward")
         needs = RewardNeeds.of(entry)

@@ -11,7 +11,6 @@ from perceptrl.rewards import (
     extract_letter,
     parse_box,
     parse_number,
-    resolve,
 )
 
 OPTS = ["red", "blue", "green", "cyan"]
@@ -212,13 +211,13 @@ def test_length_mismatch_raises():
 def test_registry_lookup_and_registration():
     assert {"format", "mcq", "numeric", "iou", "accuracy"} <= set(REWARDS.names())
     with pytest.raises(ValueError, match="unknown reward 'fromat'.*did you mean 'format'.*valid:"):
-        resolve("fromat")
-    iou = resolve("perceptrl.rewards.builtin:iou")
+        REWARDS.resolve("fromat")
+    iou = REWARDS.resolve("perceptrl.rewards.builtin:iou")
     assert iou.obj is REWARDS.get("iou") and iou.meta == REWARDS.meta("iou")
     with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
-        resolve("no_such_mod:f")
+        REWARDS.resolve("no_such_mod:f")
     with pytest.raises(ValueError, match="has no attribute 'nope'"):
-        resolve("perceptrl.rewards.builtin:nope")
+        REWARDS.resolve("perceptrl.rewards.builtin:nope")
 
     @REWARDS.register("test_builtin_dummy")
     def dummy(completions, samples, ctx):
