@@ -1,4 +1,4 @@
-"""The reward contract: one signature, the per-call context, what a reward declares, and lookup.
+"""The reward contract: one signature, the per-call context, what a reward declares, the check.
 
 Every reward has one signature::
 
@@ -17,7 +17,8 @@ declares there what it needs beyond the call (`RewardNeeds`)::
     def judge(completions, samples, ctx, model=""): ...
 
 A recipe names a registered reward, or any function as ``"package.module:function"`` (which
-declares nothing unless it is also registered): ``REWARDS.resolve(spec)`` finds either.
+declares nothing unless it is also registered): ``REWARDS.resolve(spec)`` finds either, and
+`check_call` checks its signature and the recipe's parameters once, when the reward is built.
 """
 
 from __future__ import annotations
