@@ -7,9 +7,9 @@ entity indices of the composite scene. Each subgoal is an instruction of the pri
 the VLA recipes train on, and its success is the primitive's own success function, read through
 a *view* of the scene (`view_order`): the entities reordered so that the subgoal's subject and
 goal sit at the indices the primitive expects (subject = block 0; goal = bowl 0, block 1 or
-zone 0), the others after them. ``ManipEnv.focus`` puts an env into that view (instruction,
-success, shaping, state observation and scripted expert all follow it), so a primitive executor
-runs a subgoal of a long task unchanged.
+zone 0), the others after them. `sim.focus.SubgoalFocus` puts an env into that view
+(instruction, success, shaping, state observation and scripted expert all follow it), so a
+primitive executor runs a subgoal of a long task unchanged.
 
 Ground truth from the simulator: `holds(world, subgoal)` on the raw scene; a task's progress is
 the share of its subgoals that hold *in order* (the longest prefix that holds now), and it

@@ -16,20 +16,13 @@ truncates the episode with ``info["sim_unstable"] = True`` and leaves a valid, f
 episode's initial state: the observation that comes with it is *not* a successor of the last one,
 so a learner must not bootstrap from it).
 
-Focus (long-horizon tasks, ``sim.composite``): ``focus(subgoal)`` makes the env behave as the
-subgoal's primitive task until the next reset or ``focus(None)``: the instruction is the
-subgoal's, success and shaping are the primitive's, ``world()`` and the state-mode ``objects``
-list the entities in the primitive's order (subject first, see ``composite.view_order``), so a
-primitive executor and the scripted expert run a subgoal unchanged. ``scene_world()`` is the
-scene in its own order; ``subgoals_done()`` counts the task's subgoals that hold in order.
-``subgoal_focus`` starts every episode of a composite task focused on one of its subgoals that
-can be executed from the initial state, drawn with the layout and phrased by a random template
-of its primitive: single-subgoal episodes in long-horizon scenes, to clone an executor on.
+Long-horizon tasks (``sim.composite``): ``subgoals_done()`` counts the task's subgoals that hold
+in order; `sim.focus.SubgoalFocus` wraps the env to show one subgoal as its primitive task.
 
 Snapshots: ``get_state()`` returns everything ``step`` and ``reset`` read besides their arguments
 (MuJoCo's full integration state, the layout, the controller's targets, ``np_random``), and
 ``set_state`` on another env built with the same options continues the episode bit for bit (the
-time-limit wrapper's count is not the env's; ``sim.vector.BatchedEnv`` carries it).
+time-limit wrapper's count is not the env's; the vector envs carry it, `sim.backends.VectorSlot`).
 """
 
 from __future__ import annotations
@@ -43,16 +36,7 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
-from .composite import (
-    ENTITY_KINDS,
-    ENTITY_SIZE,
-    POSE_SIZE,
-    Subgoal,
-    check_subgoal,
-    focus_world,
-    progress,
-    view_order,
-)
+from .composite import ENTITY_KINDS, ENTITY_SIZE, POSE_SIZE, progress
 from .render import make_renderer
 from .robot import ControlConfig, Robot
 from .scene import COLOURS, SceneSpec, build_model
@@ -63,8 +47,6 @@ CHARSET = " abcdefghijklmnopqrstuvwxyz"
 """characters an instruction may contain"""
 MAX_INSTRUCTION = 160
 """maximum instruction length (characters; a long-horizon task's run to about 130)"""
-MUJOCO_ONLY = ("entity_features", "subgoal_focus")
-"""options of ``ManipEnv`` the batched warp env (`sim.mjwarp.WarpEnv`) does not have"""
 OBJ_BOUND = 10.0
 """bound of the state-mode entity poses (positions are clipped to +-10 m)"""
 PROPRIO_LOW = np.array([-2, -2, -2, -1, -1, -1, -1, 0], np.float32)
@@ -99,9 +81,6 @@ class ManipEnvConfig:
     """``objects`` lists each entity's pose, kind and colour (`composite.ENTITY_SIZE` numbers):
     for a policy that reads which entities the instruction names instead of taking them from
     the order"""
-    subgoal_focus: bool = False
-    """a composite task's episodes start focused on one of its subgoals executable from the
-    initial state (see the module docstring); primitive tasks ignore it"""
     control: str = "ee"
     """"ee": (dx, dy, dz, dyaw, gripper); "joint": (q1..q7, gripper), all in [-1, 1]"""
     reward_mode: str = "sparse"
@@ -114,8 +93,6 @@ class ManipEnvConfig:
     """end the episode (terminated=True) on the first success"""
     max_qvel: float = 1e3
     """any |qvel| above this counts as a physics blow-up"""
-    vector_index: int = 0
-    """index of this env inside a vector env: picks its entry when reset options hold lists"""
 
 
 def _config(kwargs: dict) -> ManipEnvConfig:
@@ -166,6 +143,11 @@ class ManipEnv(gym.Env):
         self.action_space = spaces.Box(-1.0, 1.0, (act_dim,), np.float32)
         self.observation_space = self._obs_space()
         self.layout: Layout | None = None
+        self.layout_rng: np.random.Generator | None = None
+        """the generator the episode's layout was drawn from (``np_random``, or for an indexed
+        initial state one seeded by its ids), where the layout's draws left it: whatever else an
+        episode start draws (`sim.focus.SubgoalFocus`'s subgoal) continues it, so an indexed
+        initial state fixes that too"""
         self._warnings = 0
         self.unstable_count = 0
         """number of physics blow-ups seen by this env (over all episodes)"""
@@ -174,10 +156,6 @@ class ManipEnv(gym.Env):
         """physics state before the last ``mj_step`` of the last ``step`` (None after a reset):
         ``mjData``'s derived quantities (site poses, contacts) date from that substep, and the
         controller reads them, so ``set_state`` replays it to restore them exactly"""
-        self._focus: Subgoal | None = None
-        self._focus_text = ""
-        self._order: dict[str, np.ndarray] | None = None
-        """the focused subgoal's `composite.view_order` (None without a focus), kept with it"""
 
     @property
     def dt(self) -> float:
@@ -236,55 +214,25 @@ class ManipEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         """Start an episode. ``options={"task_id": i, "trial_id": j}`` replays exactly the
         initial state (i, j): colours and instruction depend on ``task_id`` only, positions on
-        both; without them the layout comes from ``self.np_random``. In a vector env the ids
-        may be lists (entry ``vector_index`` is used)."""
+        both; without them the layout comes from ``self.np_random``."""
         super().reset(seed=seed)
-        tid, trial = self._indices(options or {})
-        if tid is not None:
+        options = options or {}
+        tid = trial = None
+        if "task_id" in options or "trial_id" in options:
+            tid, trial = int(options.get("task_id", 0)), int(options.get("trial_id", 0))
             colour_rng = np.random.default_rng([tid])
             pos_rng = np.random.default_rng([tid, trial])
         else:
             colour_rng = pos_rng = self.np_random
         self.layout = layout(self.task, colour_rng, pos_rng)
-        self._set_focus(None)
+        self.layout_rng = pos_rng
         self._apply_layout(self.layout)
         self._warnings = self._warning_count()
-        if self.cfg.subgoal_focus and self.task.subgoals:
-            self._focus_subgoal(pos_rng)
-        obs, info = self._observe(), self._info(self.world())
-        info["instruction"] = self._focus_text or self.layout.instruction
+        _, _, info = self.score(self.task, self.world())
+        info["instruction"] = self.layout.instruction
         if tid is not None:
             info["task_id"], info["trial_id"] = tid, trial
-        return obs, info
-
-    def _focus_subgoal(self, rng: np.random.Generator) -> None:
-        """``subgoal_focus``: focus one of the task's subgoals that can be executed now, in a
-        random paraphrase (both drawn from ``rng``, the layout's)."""
-        world = self.scene_world()
-        ready = [s for s in self.task.subgoals if check_subgoal(world, s) is None]
-        if not ready:  # no layout leaves every subgoal blocked; keep the task if one did
-            return
-        sub = ready[int(rng.integers(len(ready)))]
-        template = int(rng.integers(len(get_task(sub.family).templates)))
-        self._set_focus(sub, sub.text(self.layout.colours, template))
-
-    def _indices(self, options: dict) -> tuple[int | None, int]:
-        """(task_id, trial_id) from reset options; list values (one per env of a vector env)
-        are indexed by ``vector_index``."""
-        if "task_id" not in options and "trial_id" not in options:
-            return None, 0
-        ids = []
-        for key in ("task_id", "trial_id"):
-            value = options.get(key, 0)
-            if isinstance(value, (list, tuple, np.ndarray)):
-                if len(value) <= self.cfg.vector_index:
-                    raise ValueError(
-                        f"reset option {key} has {len(value)} entries but this env has "
-                        f"vector_index={self.cfg.vector_index}; give one entry per env"
-                    )
-                value = value[self.cfg.vector_index]
-            ids.append(int(value))
-        return ids[0], ids[1]
+        return self.observe(), info
 
     def _apply_layout(self, lay: Layout) -> None:
         m, d = self.model, self.data
@@ -321,17 +269,28 @@ class ManipEnv(gym.Env):
             mujoco.mj_step(self.model, self.data)
         if self._unstable():
             return self._fail_unstable()
-        world = self.world()
-        success = self.active.success(world)
-        info = self._info(world, success)
+        reward, terminated, info = self.score(self.task, self.world())
+        return self.observe(), reward, terminated, False, info
+
+    def score(self, task: Task, world: World, unstable: bool = False) -> tuple[float, bool, dict]:
+        """(reward, terminated, info) of ``task`` in ``world`` under this env's reward options:
+        info has every shaping term (``reward/<term>``), ``reward/success``, ``success`` and
+        ``sim_unstable``; the reward is the success (plus the mean shaping term when dense), and
+        a physics blow-up (``unstable``) scores 0 and does not terminate."""
+        success = task.success(world)
+        info = {f"reward/{k}": float(v) for k, v in task.shaping(world).items()}
+        info["reward/success"] = float(success)
+        info["success"] = bool(success)
+        info["sim_unstable"] = unstable
+        if unstable:
+            return 0.0, False, info
         reward = float(success)
         if self.cfg.reward_mode == "dense":
             terms = [
                 v for k, v in info.items() if k.startswith("reward/") and k != "reward/success"
             ]
             reward += float(np.mean(terms)) if terms else 0.0
-        terminated = bool(success and self.cfg.terminate_on_success)
-        return self._observe(), reward, terminated, False, info
+        return reward, bool(success and self.cfg.terminate_on_success), info
 
     def _check_action(self, action) -> np.ndarray:
         a = np.asarray(action, dtype=np.float64).reshape(-1)
@@ -371,9 +330,8 @@ class ManipEnv(gym.Env):
         self.unstable_count += 1
         self._apply_layout(self.layout)
         self._warnings = self._warning_count()
-        info = self._info(self.world())
-        info["sim_unstable"] = True
-        return self._observe(), 0.0, False, True, info
+        _, _, info = self.score(self.task, self.world(), unstable=True)
+        return self.observe(), 0.0, False, True, info
 
     # ---------------------------------------------------------------- snapshots
     def _physics_state(self) -> np.ndarray:
@@ -401,17 +359,12 @@ class ManipEnv(gym.Env):
             "target_yaw": float(self.robot.target_yaw),
             "np_random": self.np_random.bit_generator.state,
             "unstable_count": self.unstable_count,
-            "focus": None if self._focus is None else [
-                self._focus.family, self._focus.subject, self._focus.goal, self._focus_text],
         }  # fmt: skip
 
-    def set_state(self, state: dict | list | None) -> None:
+    def set_state(self, state: dict | None) -> None:
         """Continue the episode ``state`` (from `get_state` of an env built with the same
-        options) exactly where it was. In a vector env ``state`` may be a list with one entry per
-        env (entry ``vector_index`` is used); None leaves the env as it is. Raises RuntimeError
-        when the restored physics does not reproduce the snapshot bit for bit."""
-        if isinstance(state, (list, tuple)):
-            state = state[self.cfg.vector_index]
+        options) exactly where it was; None leaves the env as it is. Raises RuntimeError when
+        the restored physics does not reproduce the snapshot bit for bit."""
         if state is None:
             return
         lay = state["layout"]
@@ -423,11 +376,6 @@ class ManipEnv(gym.Env):
             {k: list(v) for k, v in lay["colours"].items()}, str(lay["instruction"]),
         )  # fmt: skip
         self._apply_colours(self.layout)
-        focus = state.get("focus")
-        if focus is None:
-            self._set_focus(None)
-        else:
-            self._set_focus(Subgoal(str(focus[0]), int(focus[1]), int(focus[2])), str(focus[3]))
         m, d = self.model, self.data
         want = np.asarray(state["physics"], np.float64)
         before = state["before_last_substep"]
@@ -450,45 +398,12 @@ class ManipEnv(gym.Env):
         self._warnings = self._warning_count()
 
     # ---------------------------------------------------------------- observation
-    @property
-    def active(self) -> Task:
-        """The task in force: the focused subgoal's primitive, else the env's own task."""
-        return self.task if self._focus is None else get_task(self._focus.family)
-
-    @property
-    def focused(self) -> Subgoal | None:
-        """The subgoal in focus (None: the env's own task)."""
-        return self._focus
-
-    def focus(self, subgoal: Subgoal | None, instruction: str | None = None) -> dict:
-        """Act as ``subgoal``'s primitive task from now on (see the module docstring), with
-        ``instruction`` (default: the primitive's first template in this scene's colours);
-        None returns to the env's own task. Returns the observation in the new view."""
-        if self.layout is None:
-            raise RuntimeError("ManipEnv.focus before the first reset")
-        self._set_focus(subgoal, instruction)
-        return self._observe()
-
-    def _set_focus(self, subgoal: Subgoal | None, instruction: str | None = None) -> None:
-        self._focus = subgoal
-        if subgoal is None:
-            self._order, self._focus_text = None, ""
-            return
-        self._order = view_order(task_counts(self.task), subgoal)
-        self._focus_text = instruction or subgoal.text(self.layout.colours)
-
     def subgoals_done(self) -> int:
         """How many of the task's subgoals hold, in order (0 for a primitive task)."""
-        return int(progress(self.scene_world(), self.task.subgoals))
+        return int(progress(self.world(), self.task.subgoals))
 
     def world(self) -> World:
-        """Privileged snapshot of the task state (for success, shaping and scripted experts),
-        in the focused subgoal's view when there is one."""
-        w = self.scene_world()
-        return w if self._order is None else focus_world(w, self._order)
-
-    def scene_world(self) -> World:
-        """`world` in the scene's own entity order, whatever the focus."""
+        """Privileged snapshot of the task state (for success, shaping and scripted experts)."""
         d, t = self.data, self.task
         blocks = np.array([d.qpos[a : a + 3] for a in self.block_qadr]).reshape(-1, 3)
         vel = np.array([np.linalg.norm(d.qvel[a : a + 3]) for a in self.block_dadr])
@@ -510,16 +425,8 @@ class ManipEnv(gym.Env):
             touch_l | touch_r,
         )
 
-    def _info(self, world: World, success: bool | None = None) -> dict:
-        if success is None:
-            success = self.active.success(world)
-        info = {f"reward/{k}": float(v) for k, v in self.active.shaping(world).items()}
-        info["reward/success"] = float(success)
-        info["success"] = bool(success)
-        info["sim_unstable"] = False
-        return info
-
-    def _observe(self) -> dict:
+    def observe(self) -> dict:
+        """The observation of the current state (what ``reset`` and ``step`` return)."""
         d = self.data
         obs = {}
         if self.cfg.obs_mode == "rgb":
@@ -528,17 +435,17 @@ class ManipEnv(gym.Env):
         if self.cfg.obs_mode == "state" or self.cfg.privileged_state:
             obs["objects"] = self._objects()
         obs["proprio"] = np.clip(self.robot.proprio(d), PROPRIO_LOW, PROPRIO_HIGH)
-        obs["instruction"] = self._focus_text or self.layout.instruction
+        obs["instruction"] = self.layout.instruction
         return obs
 
     def _objects(self) -> np.ndarray:
-        """The state observation's entities in the view's order (the scene's without a focus):
-        position and quaternion each, and with ``entity_features`` its kind and colour
-        (one-hot over `ENTITY_KINDS` and `COLOURS`)."""
-        d, order, names = self.data, self._order or {}, list(COLOURS)
+        """The state observation's entities in the scene's order: position and quaternion
+        each, and with ``entity_features`` its kind and colour (one-hot over `ENTITY_KINDS` and
+        `COLOURS`)."""
+        d, names = self.data, list(COLOURS)
         counts, rows = task_counts(self.task), []
         for kind in ENTITY_KINDS:
-            at = np.arange(counts[kind])[order.get(kind, slice(None))]
+            at = np.arange(counts[kind])
             if kind == "blocks":
                 poses = [d.qpos[a : a + 7] for a in self.block_qadr[at]]
             else:

@@ -2,10 +2,10 @@
 
 ``ScriptedExpert(env)`` reads ``env.unwrapped.world()`` (true positions, contacts) and returns
 delta-EE actions ``(dx, dy, dz, dyaw, gripper)`` in [-1, 1]. Each family is a small phase machine
-registered with ``@register_expert("<family>")``; all share one signature
-``fn(expert, world) -> action (5,)``. The env must use ``control="ee"``.
+registered in ``perceptrl.registry.EXPERTS`` (``@EXPERTS.register("<family>")``); all share one
+signature ``fn(expert, world) -> action (5,)``. The env must use ``control="ee"``.
 
-An expert acts on the env's task in force: the focused subgoal's primitive (``ManipEnv.focus``)
+An expert acts on the env's task in force: the focused subgoal's primitive (``SubgoalFocus``)
 or, given ``subgoal``, that subgoal of a long-horizon task whatever the env's focus. The
 ``composite`` expert runs a long task's subgoals in order with one such sub-expert each (the
 oracle plan executed by the oracle executor).
@@ -13,11 +13,11 @@ oracle plan executed by the oracle executor).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
+from ..registry import EXPERTS
 from .composite import Subgoal, focus_world, holds, view_order
+from .focus import focus_of
 from .robot import FINGER_OPEN
 from .scene import BLOCK_HALF
 from .tasks import World, task_counts
@@ -25,18 +25,6 @@ from .tasks import World, task_counts
 OPEN, CLOSE = -1.0, 1.0
 HOVER = 0.10
 """height above a block (metres) where the gripper lines up before descending"""
-
-EXPERTS: dict[str, Callable[[ScriptedExpert, World], np.ndarray]] = {}
-
-
-def register_expert(family: str):
-    """Register ``fn(expert, world) -> action (5,)`` as the scripted expert of ``family``."""
-
-    def wrap(fn):
-        EXPERTS[family] = fn
-        return fn
-
-    return wrap
 
 
 def _move(robot, goal: np.ndarray, yaw: float, grip: float) -> np.ndarray:
@@ -69,6 +57,7 @@ class ScriptedExpert:
     def __init__(self, env, subgoal: Subgoal | None = None):
         self.env = env.unwrapped
         self.subgoal = subgoal
+        self._wrapped = env
         if self.env.cfg.control != "ee":
             raise ValueError(
                 f"ScriptedExpert needs control='ee'; this env has control={self.env.cfg.control!r}"
@@ -77,17 +66,15 @@ class ScriptedExpert:
 
     def reset(self) -> None:
         """Forget the phase of the previous episode; follow the env's current focus."""
-        sub = self.subgoal or self.env.focused
+        sub = self.subgoal or focus_of(self._wrapped)
         family = self.env.task.family if sub is None else sub.family
-        if family not in EXPERTS:
-            raise KeyError(f"no scripted expert for task family {family!r}; have {sorted(EXPERTS)}")
-        self.fn = EXPERTS[family]
+        self.fn = EXPERTS.get(family)  # UnknownName, with the valid families, if none
         self.order = None if sub is None else view_order(task_counts(self.env.task), sub)
         self.phase, self.timer, self.memo = 0, 0, {}
 
     def world(self) -> World:
         """The privileged state in this expert's view."""
-        w = self.env.scene_world()
+        w = self.env.world()
         return w if self.order is None else focus_world(w, self.order)
 
     def act(self, obs=None) -> np.ndarray:
@@ -169,12 +156,12 @@ class ScriptedExpert:
         return self.move(above + [0.0, 0.0, 0.05], yaw, OPEN)
 
 
-@register_expert("reach")
+@EXPERTS.register("reach")
 def reach_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     return ex.move(w.targets[0], 0.0, OPEN)
 
 
-@register_expert("pick")
+@EXPERTS.register("pick")
 def pick_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     act = ex.pick_phases(w, 0)
     if act is None:  # hold it up
@@ -182,7 +169,7 @@ def pick_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     return act
 
 
-@register_expert("put")
+@EXPERTS.register("put")
 def put_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     act = ex.pick_phases(w, 0)
     if act is None:
@@ -190,7 +177,7 @@ def put_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     return act
 
 
-@register_expert("stack")
+@EXPERTS.register("stack")
 def stack_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     act = ex.pick_phases(w, 0)
     if act is None:
@@ -199,7 +186,7 @@ def stack_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     return act
 
 
-@register_expert("push")
+@EXPERTS.register("push")
 def push_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     block, zone = w.blocks[0], w.zones[0]
     to_zone = zone[:2] - block[:2]
@@ -262,7 +249,7 @@ def home_action(env) -> np.ndarray | None:
     return _move(robot, pos, yaw, OPEN).astype(np.float32)
 
 
-@register_expert("composite")
+@EXPERTS.register("composite")
 def composite_expert(ex: ScriptedExpert, w: World) -> np.ndarray:
     """The task's subgoals in order, each by its primitive's expert; once the current one has
     held for `SETTLE_STEPS` steps the gripper rises straight up to `CLEAR_HEIGHT`, then the next

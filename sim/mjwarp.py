@@ -1,9 +1,10 @@
 """`WarpEnv`: N worlds of one task in one MJWarp model, stepped, scored and rendered as a batch.
 
-``env.backend=warp`` builds this instead of the CPU backend's vector env (`sim.vector.BatchedEnv`,
-one ``MjData`` per env in a Python loop). It offers the same batched surface (``reset(mask,
-options, seed)``, ``step(actions [N, A])``, ``get_state``/``set_state``, the single spaces), so
-`vla.envs.VecRunner` and everything above it run unchanged, and it keeps `ManipEnv`'s semantics:
+``env.backend=warp`` makes `sim.vector.VecEnv` drive this backend instead of the CPU one
+(`sim.backends.GymBackend`, one ``MjData`` per env in a Python loop). It offers the same backend
+surface (``reset(mask, options, seeds)``, ``step(actions [N, A])``, ``get_state``/``set_state``,
+the single spaces; see `sim.backends`), so the vector layer's masked resets, chunks, restarts and
+snapshots and everything above them run unchanged, and it keeps `ManipEnv`'s semantics:
 
 * **Reset** builds each reset world's initial state on the host with the task's own `ManipEnv`
   (the same layout sampling, colours, instruction and home posture, hence the same initial state
@@ -33,15 +34,14 @@ other worlds' per-world arrays back (`WarpEnv._only`).
 
 Precision: MJWarp computes in float32 where MuJoCo uses float64, so trajectories agree with the
 CPU backend closely at first and drift apart where contacts amplify differences (measured by the
-equivalence tests, see ``tests/sim/test_sim_warp.py``). Not supported here: ``focus`` (the
-planner's subgoal view, which reads one env object) and ``render_mode``.
+equivalence tests, see ``tests/sim/test_sim_warp.py``). Not supported here: `sim.focus.SubgoalFocus`
+(``subgoal_focus`` and the planner's subgoal view, which wrap one env object), ``entity_features``
+and ``render_mode``. The helpers (warp import, `WorldView` for the scripted experts) are in
+`sim.warp_support`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import functools
 import logging
 
 import gymnasium as gym
@@ -49,107 +49,25 @@ import mujoco
 import numpy as np
 import torch
 from gymnasium.utils import seeding
-from gymnasium.vector import AutoresetMode
 
-from .env import MUJOCO_ONLY, OBJ_BOUND, PROPRIO_HIGH, PROPRIO_LOW, ManipEnv
-from .robot import FINGER_OPEN, HOME_Q, R_DOWN, Robot
+from .backends import MUJOCO_ONLY, Batch
+from .env import OBJ_BOUND, PROPRIO_HIGH, PROPRIO_LOW, ManipEnv
+from .robot import FINGER_OPEN, HOME_Q, R_DOWN
 from .scene import COLOURS
 from .tasks import World
-from .vector import Batch
+from .warp_support import (
+    WorldView,
+    contact_capacity,
+    import_warp,
+    mat_to_quat,
+    on_device,
+    world_arrays,
+)
 
 log = logging.getLogger(__name__)
 
 PHYSICS_SIG = int(mujoco.mjtState.mjSTATE_INTEGRATION)
 """the state ``get_state``/``set_state`` move: MuJoCo's integration state (as `ManipEnv`)"""
-
-
-def import_warp():
-    """``(warp, mujoco_warp)``, or an ImportError that says how to install them."""
-    try:
-        import mujoco_warp
-        import warp
-    except ImportError as e:
-        raise ImportError(
-            f"env.backend=warp needs MJWarp ({e}); install it with "
-            "`pip install 'mujoco-warp==4.0.0'` (it brings warp-lang; the package's [warp] extra "
-            "pins both) or use env.backend=mujoco"
-        ) from e
-    warp.config.quiet = True  # no line per compiled kernel module
-    return warp, mujoco_warp
-
-
-def warp_available() -> bool:
-    """MJWarp and warp-lang are importable."""
-    try:
-        import_warp()
-    except ImportError:
-        return False
-    return True
-
-
-def mat_to_quat(mat: np.ndarray) -> np.ndarray:
-    """Rotation matrices [..., 3, 3] -> unit quaternions [..., 4] (w, x, y, z), the branch
-    choice and signs of ``mujoco.mju_mat2Quat``."""
-    m = np.asarray(mat, np.float64).reshape(*np.shape(mat)[:-2], 9)
-    m0, m1, m2, m3, m4, m5, m6, m7, m8 = np.moveaxis(m, -1, 0)
-    q = np.zeros((*m.shape[:-1], 4))
-    b0 = m0 + m4 + m8 > 0
-    b1 = ~b0 & (m0 > m4) & (m0 > m8)
-    b2 = ~b0 & ~b1 & (m4 > m8)
-    b3 = ~(b0 | b1 | b2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = 0.5 * np.sqrt(np.maximum(1 + m0 + m4 + m8, 0))
-        q[b0] = np.stack([s, 0.25 * (m7 - m5) / s, 0.25 * (m2 - m6) / s,
-                          0.25 * (m3 - m1) / s], -1)[b0]  # fmt: skip
-        s = 0.5 * np.sqrt(np.maximum(1 + m0 - m4 - m8, 0))
-        q[b1] = np.stack([0.25 * (m7 - m5) / s, s, 0.25 * (m1 + m3) / s,
-                          0.25 * (m2 + m6) / s], -1)[b1]  # fmt: skip
-        s = 0.5 * np.sqrt(np.maximum(1 - m0 + m4 - m8, 0))
-        q[b2] = np.stack([0.25 * (m2 - m6) / s, 0.25 * (m1 + m3) / s, s,
-                          0.25 * (m5 + m7) / s], -1)[b2]  # fmt: skip
-        s = 0.5 * np.sqrt(np.maximum(1 - m0 - m4 + m8, 0))
-        q[b3] = np.stack([0.25 * (m3 - m1) / s, 0.25 * (m2 + m6) / s,
-                          0.25 * (m5 + m7) / s, s], -1)[b3]  # fmt: skip
-    return q / np.linalg.norm(q, axis=-1, keepdims=True)
-
-
-def contact_capacity(task) -> tuple[int, int]:
-    """(contacts, constraint rows) MJWarp allocates per world for ``task``'s scene. Its defaults
-    (sized from the initial state) overflow once the fingers close on a block; a box touches
-    another box at up to 8 points, each a 4-row pyramid (condim 3), so each block gets room for
-    three such touches (table, a finger or two, another block or a bowl), plus the arm's joint
-    limits. An overflow would drop contacts silently: `WarpEnv` treats it as a blow-up."""
-    nconmax = 24 * max(task.n_blocks, 1) + 16
-    return nconmax, 4 * nconmax + 32
-
-
-def _world_arrays(d) -> list:
-    """The warp arrays of ``d`` with one entry per world, by the field specs of MJWarp's
-    ``Data`` (leading dimension ``nworld``). The constraint block (``d.efc``, the largest) is
-    left out: every step rebuilds it from the state before anything reads it."""
-    out = []
-    for f in dataclasses.fields(d):
-        shape, arr = getattr(f.type, "shape", None), getattr(d, f.name, None)
-        if shape and shape[0] == "nworld" and arr is not None and arr.ndim >= 1:
-            if arr.shape[0] == d.nworld and arr.size > 0:
-                out.append(arr)
-    return out
-
-
-def _on_device(method):
-    """Run a `WarpEnv` method with warp on the env's device and, on a GPU, on torch's current
-    stream (the torch ops on the views and the warp kernels then stay in order)."""
-
-    @functools.wraps(method)
-    def wrapped(self, *args, **kwargs):
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(self._wp.ScopedDevice(self.device))
-            if self.device.is_cuda:
-                stream = torch.cuda.current_stream(self.torch_device)
-                stack.enter_context(self._wp.ScopedStream(self._wp.stream_from_torch(stream)))
-            return method(self, *args, **kwargs)
-
-    return wrapped
 
 
 class WarpEnv:
@@ -161,7 +79,6 @@ class WarpEnv:
         device: warp device of the simulation ("cpu", "cuda", "cuda:1", ...; "auto": the first
             CUDA device warp sees, else the CPU); the observation images are torch tensors on
             the matching torch device.
-        autoreset_mode: only ``DISABLED`` (the VLA runner resets explicitly).
         max_episode_steps: time limit (default: the task's registered one).
         **kwargs: `ManipEnv` options (``obs_mode``, ``width``, ``cameras``, ``control``, ...).
     """
@@ -169,17 +86,11 @@ class WarpEnv:
     async_ = False
 
     def __init__(
-        self, env_id: str, n: int, device: str = "cpu",
-        autoreset_mode: str | AutoresetMode = AutoresetMode.DISABLED,
-        max_episode_steps: int | None = None, **kwargs,
+        self, env_id: str, n: int, device: str = "cpu", max_episode_steps: int | None = None,
+        **kwargs,
     ):  # fmt: skip
         if n < 1:
             raise ValueError(f"WarpEnv needs n >= 1 worlds, got {n}")
-        if AutoresetMode(autoreset_mode) != AutoresetMode.DISABLED:
-            raise ValueError(
-                "WarpEnv resets worlds only when asked (autoreset_mode=DISABLED); the VLA runner "
-                f"decides who resets, got autoreset_mode={autoreset_mode}"
-            )
         if kwargs.get("render_mode") is not None:
             raise ValueError("WarpEnv has no render_mode; its observations carry the images")
         for name in MUJOCO_ONLY:
@@ -199,28 +110,11 @@ class WarpEnv:
             device = "cuda" if wp.get_cuda_device_count() > 0 else "cpu"
         self.device = wp.get_device(device)
         self.torch_device = wp.device_to_torch(self.device)
-        mjm = self.host.model
-        self._nstate = mujoco.mj_stateSize(mjm, PHYSICS_SIG)
+        self._nstate = mujoco.mj_stateSize(self.host.model, PHYSICS_SIG)
         with wp.ScopedDevice(self.device):
-            self.m = mjw.put_model(mjm, batch_sizes={"geom_rgba": n})
-            nconmax, njmax = contact_capacity(self.task)
-            self.d = mjw.put_data(mjm, self.host.data, nworld=n, nconmax=nconmax, njmax=njmax)
-            self._state = wp.zeros((n, self._nstate), dtype=float)
-            self._before_wp = wp.zeros((n, self._nstate), dtype=float)
-            self._mask = wp.zeros(n, dtype=bool)
-            self._jacp = wp.zeros((n, 3, mjm.nv), dtype=float)
-            self._jacr = wp.zeros((n, 3, mjm.nv), dtype=float)
-            self._point = wp.zeros(n, dtype=wp.vec3)
-            self._body = wp.full(n, self.host.robot.hand_body, dtype=int)
-            self.rc = None
-            if self.cfg.obs_mode == "rgb":
-                self.rc = mjw.create_render_context(
-                    mjm, nworld=n, cam_res=(self.cfg.width, self.cfg.height), render_rgb=True,
-                    render_depth=False, cam_active=list(self.cfg.cameras), use_textures=False,
-                    use_shadows=False,
-                )  # fmt: skip
+            self._put()
         self._views()
-        self._per_world = _world_arrays(self.d)
+        self._per_world = world_arrays(self.d)
         self._graph = None
         self._graph_failed = False
         # per-world bookkeeping (host): layouts, RNGs, time-limit counts, blow-up counts
@@ -238,6 +132,27 @@ class WarpEnv:
         self._host: dict | None = None
 
     # ------------------------------------------------------------------ setup
+    def _put(self) -> None:
+        """The batched model and data on the device, the work arrays and the renderer."""
+        wp, mjw, mjm, n = self._wp, self._mjw, self.host.model, self.n
+        self.m = mjw.put_model(mjm, batch_sizes={"geom_rgba": n})
+        nconmax, njmax = contact_capacity(self.task)
+        self.d = mjw.put_data(mjm, self.host.data, nworld=n, nconmax=nconmax, njmax=njmax)
+        self._state = wp.zeros((n, self._nstate), dtype=float)
+        self._before_wp = wp.zeros((n, self._nstate), dtype=float)
+        self._mask = wp.zeros(n, dtype=bool)
+        self._jacp = wp.zeros((n, 3, mjm.nv), dtype=float)
+        self._jacr = wp.zeros((n, 3, mjm.nv), dtype=float)
+        self._point = wp.zeros(n, dtype=wp.vec3)
+        self._body = wp.full(n, self.host.robot.hand_body, dtype=int)
+        self.rc = None
+        if self.cfg.obs_mode == "rgb":
+            self.rc = mjw.create_render_context(
+                mjm, nworld=n, cam_res=(self.cfg.width, self.cfg.height), render_rgb=True,
+                render_depth=False, cam_active=list(self.cfg.cameras), use_textures=False,
+                use_shadows=False,
+            )  # fmt: skip
+
     def _views(self) -> None:
         """Torch views (no copies) of the warp arrays this class reads and writes."""
         T, d, m, h = self._wp.to_torch, self.d, self.m, self.host
@@ -275,11 +190,6 @@ class WarpEnv:
                 a = int(adr[h.model.camera(cam).id])
                 self._cam_slices.append((cam, slice(a, a + hw)))
             self.t_rgb = T(self.rc.rgb_data).view(torch.int32)
-
-    @property
-    def processes(self) -> list:
-        """No worker processes (the batch lives in this process)."""
-        return []
 
     @property
     def envs(self) -> list[WorldView]:
@@ -334,34 +244,18 @@ class WarpEnv:
         return self.t_state.double().cpu().numpy()
 
     # ------------------------------------------------------------------ reset
-    @_on_device
-    def reset(
-        self, mask: np.ndarray | None = None, options: dict | None = None,
-        seed: int | list[int | None] | None = None,
-    ) -> tuple[Batch, dict]:  # fmt: skip
-        """Reset all worlds (``mask`` None) or those of ``mask`` [N]; ``options`` and ``seed``
-        as `sim.vector.BatchedEnv.reset` (per-world lists of ``task_id``/``trial_id`` are indexed
-        by world). Returns the observations of all N worlds and the infos."""
-        options = dict(options or {})
-        options.pop("reset_mask", None)
-        if mask is None:
-            mask = np.ones(self.n, bool)
-        mask = np.asarray(mask, bool)
-        if mask.shape != (self.n,) or not mask.any():
-            raise ValueError(
-                f"WarpEnv.reset mask must be [N={self.n}] bool with at least one True "
-                f"(got shape {mask.shape}, {int(mask.sum())} True)"
-            )
-        seeds = self._seeds(seed)
+    @on_device
+    def reset(self, mask: np.ndarray, options: list, seeds: list) -> tuple[Batch, dict]:
+        """Reset the worlds of ``mask`` [N], world i with reset options ``options[i]`` and seed
+        ``seeds[i]`` (the backend surface of `sim.backends`). Returns the observations of all N
+        worlds and the infos."""
         self._host = None
         idx = np.flatnonzero(mask)
         states = np.zeros((len(idx), self._nstate))
         h = self.host
         for j, i in enumerate(idx.tolist()):
-            opts = {k: (v[i] if isinstance(v, (list, tuple, np.ndarray)) else v)
-                    for k, v in options.items()}  # fmt: skip
             h._np_random = self._rngs[i]  # None: the host env draws a fresh generator
-            h.reset(seed=seeds[i], options=opts or None)
+            h.reset(seed=seeds[i], options=options[i] or None)
             self._rngs[i] = h.np_random
             self.layouts[i] = h.layout
             states[j] = h._physics_state()
@@ -374,15 +268,6 @@ class WarpEnv:
         info = self._infos(success, terms, np.zeros(self.n, bool))
         info["instruction"] = np.array([lay.instruction if lay else "" for lay in self.layouts])
         return self._observe(), info
-
-    def _seeds(self, seed) -> list[int | None]:
-        if seed is None:
-            return [None] * self.n
-        if isinstance(seed, (list, tuple, np.ndarray)):
-            if len(seed) != self.n:
-                raise ValueError(f"WarpEnv.reset got {len(seed)} seeds for {self.n} worlds")
-            return [None if s is None else int(s) for s in seed]
-        return [int(seed) + i for i in range(self.n)]
 
     def _colour(self, i: int, lay) -> None:
         for kind, names in lay.colours.items():
@@ -411,7 +296,7 @@ class WarpEnv:
         self.target_yaw[idx] = t[:, 3].expand(len(idx))
 
     # ------------------------------------------------------------------ step
-    @_on_device
+    @on_device
     def step(self, actions):
         """actions [N, A] in [-1, 1] (clipped; NaN -> 0 as `ManipEnv` with
         ``invalid_action="clip"``) -> (Batch, rewards [N], terminated [N], truncated [N],
@@ -605,7 +490,7 @@ class WarpEnv:
         return Batch(images, np.clip(proprio, PROPRIO_LOW, PROPRIO_HIGH), objects, instructions)
 
     # ------------------------------------------------------------------ snapshots
-    @_on_device
+    @on_device
     def get_state(self) -> list[dict]:
         """Per world ``{"env": state, "elapsed_steps": t}``, with ``state`` in
         `ManipEnv.get_state`'s format (physics in MuJoCo's integration layout, as float64);
@@ -628,12 +513,12 @@ class WarpEnv:
                 },
                 "target_pos": targets[i, :3].copy(), "target_yaw": float(targets[i, 3]),
                 "np_random": self._rngs[i].bit_generator.state,
-                "unstable_count": int(self.unstable_count[i]), "focus": None,
+                "unstable_count": int(self.unstable_count[i]),
             }  # fmt: skip
             out.append({"env": state, "elapsed_steps": int(self.elapsed[i])})
         return out
 
-    @_on_device
+    @on_device
     def set_state(self, states: list[dict | None]) -> None:
         """Continue the episodes of `get_state`'s ``states`` [N] (None entries leave their world
         as it is). A world stepped before its snapshot replays its last substep, so the
@@ -694,61 +579,8 @@ class WarpEnv:
             self._stepped[replay] = True
             self._set_targets(replay, targets[replay])
 
-    def close(self) -> None:
-        """Release the device arrays (the model, data and render buffers)."""
+    def close(self, force: bool = False) -> None:
+        """Release the device arrays (the model, data and render buffers); ``force`` is the
+        backend surface's (no workers to end here)."""
         self.rc = self.m = self.d = None
         self._per_world = []
-
-
-class _Data:
-    """The ``MjData`` fields a scripted expert reads, for one world (host copies)."""
-
-    def __init__(self, state: dict, i: int):
-        self.qpos, self.site_xpos = state["qpos"][i], state["site_xpos"][i]
-        self.site_xmat = state["site_xmat"][i]
-
-
-class _RobotView:
-    """`Robot`'s readers and controller targets for one world of a `WarpEnv`."""
-
-    yaw, tcp_pos, gripper_width = Robot.yaw, Robot.tcp_pos, Robot.gripper_width
-
-    def __init__(self, env: WarpEnv, i: int):
-        r = env.host.robot
-        self.cfg, self.tcp, self.finger_qadr = r.cfg, r.tcp, r.finger_qadr
-        self._env, self._i = env, i
-
-    @property
-    def target_pos(self) -> np.ndarray:
-        return self._env.host_state()["target_pos"][self._i]
-
-    @property
-    def target_yaw(self) -> float:
-        return float(self._env.host_state()["target_yaw"][self._i])
-
-
-class WorldView:
-    """World ``i`` of a `WarpEnv` as a scripted expert sees an env (``sim.expert``): the task,
-    ``scene_world()``/``world()``, ``data`` (qpos, site poses), ``robot`` (targets, readers),
-    ``block_qadr``. Read-only; no focus (``focused`` is None)."""
-
-    focused = None
-
-    def __init__(self, env: WarpEnv, i: int):
-        self._env, self._i = env, i
-        self.cfg, self.task, self.block_qadr = env.cfg, env.task, env.host.block_qadr
-        self.robot = _RobotView(env, i)
-
-    @property
-    def unwrapped(self) -> WorldView:
-        return self
-
-    @property
-    def data(self) -> _Data:
-        return _Data(self._env.host_state(), self._i)
-
-    def scene_world(self) -> World:
-        w = self._env.host_state()["world"]
-        return World(*(getattr(w, f.name)[self._i] for f in dataclasses.fields(World)))
-
-    world = scene_world

@@ -165,7 +165,7 @@ def test_vla_ppo_on_warp_simulates_and_renders_on_cuda(tmp_path):
     """The shipped MJWarp recipe on the GPU: worlds stepped and ray-traced on CUDA, the images
     handed to the policy as CUDA tensors (no host copy), a PPO update that changes the weights.
     Skips when warp-lang is not installed on the GPU machine."""
-    from perceptrl.sim.mjwarp import warp_available
+    from perceptrl.sim.warp_support import warp_available
     from perceptrl.vla.run import build_trainer
     from perceptrl.wiring import load_config
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..sim.expert import ScriptedExpert
+from ..sim.vector import VecEnv
 from ..trainer.batch import RolloutBatch
-from .envs import VecRunner
 from .runner import CUT, Actor, EpisodeRunner, Rows
 
 
@@ -29,21 +29,18 @@ class ExpertSource:
 
     Args:
         policy: provides ``observe(sim_batch) -> obs tensors`` (its input layout).
-        runner: a synchronous `VecRunner` with ``control="ee"`` (the experts' action space).
+        runner: in-process envs (`sim.vector.VecEnv`) with ``control="ee"`` (the experts'
+            action space); the experts act every env step (one action per step, whatever the
+            policy's chunk: targets of K actions come from ``chunk``).
         batch_steps: env steps per env per batch.
         chunk: K, actions per target (the policy's action chunk).
     """
 
-    def __init__(self, policy, runner: VecRunner, batch_steps: int = 64, chunk: int = 1):
-        if runner.cfg.async_envs:
+    def __init__(self, policy, runner: VecEnv, batch_steps: int = 64, chunk: int = 1):
+        if runner.async_:
             raise ValueError(
                 "behaviour cloning reads the envs' privileged state in-process; set "
                 "env.async_envs=false for `perceptrl sft` on the VLA side"
-            )
-        if runner.cfg.action_chunk != 1:
-            raise ValueError(
-                "the closed-loop experts act every env step: build the BC runner with "
-                "action_chunk=1 (targets of K actions come from `chunk`)"
             )
         if chunk < 1 or batch_steps < chunk:
             raise ValueError(

@@ -49,9 +49,10 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from ..sim.vector import VecEnv
 from ..trainer.batch import RolloutBatch
 from .config import EnvConfig
-from .envs import VecRunner
+from .envs import make_envs
 from .runner import END_NAMES, Actor, EpisodeRunner, Episodes, EpisodeSpecs
 
 log = logging.getLogger(__name__)
@@ -63,11 +64,11 @@ SIM_UNSTABLE_WARN = 0.05
 class _Base:
     """Shared bookkeeping: runner, episode stats, counters, resume state."""
 
-    def __init__(self, env_cfg: EnvConfig, seed: int = 0, runner: VecRunner | None = None):
+    def __init__(self, env_cfg: EnvConfig, seed: int = 0, runner: VecEnv | None = None):
         self.env_cfg = env_cfg
         self.seed = seed
-        self.runner = runner or VecRunner(env_cfg, seed=seed)
-        self.loop = EpisodeRunner(self.runner)
+        self.runner = runner or make_envs(env_cfg, seed=seed)
+        self.loop = EpisodeRunner(self.runner, chunk=env_cfg.action_chunk)
         self.rng = np.random.default_rng(seed)
         self.stats: dict[str, list] = defaultdict(list)
         self.episodes_done = 0
@@ -211,7 +212,7 @@ class GRPOCollector(_Base):
 
     def __init__(
         self, env_cfg: EnvConfig, groups: int, group_size: int, seed: int = 0,
-        runner: VecRunner | None = None, deterministic: bool = False,
+        runner: VecEnv | None = None, deterministic: bool = False,
         branches: list[int] | None = None, segment_steps: int = 8,
     ):  # fmt: skip
         branches = list(branches or [])

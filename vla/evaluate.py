@@ -15,17 +15,18 @@ import json
 import logging
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 
+from ..sim.focus import make_env
+from ..sim.vector import VecEnv
 from .config import EnvConfig
-from .envs import VecRunner, env_kwargs
+from .envs import env_kwargs, make_envs
 from .runner import Actor, EpisodeRunner, EpisodeSpecs
 
 log = logging.getLogger(__name__)
 
 
-def run_seeded(policy, runner: VecRunner, seeds: list[int], deterministic: bool = True) -> dict:
+def run_seeded(policy, runner: VecEnv, seeds: list[int], deterministic: bool = True) -> dict:
     """Run one episode per seed, ``runner.n`` at a time, with the policy's mean / greedy
     actions (``deterministic``) or sampled ones. Returns per-episode lists ``success`` (the
     runner's `episode_success` rule), ``return``, ``length`` (env steps) and ``unstable`` (cut
@@ -54,7 +55,7 @@ def evaluate_policy(
     metrics: dict[str, float] = {}
     for env_id in env_cfg.eval_tasks or [env_cfg.id]:
         cfg = dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, n), async_envs=False)
-        runner = VecRunner(cfg, env_id=env_id)
+        runner = make_envs(cfg, env_id=env_id)
         try:
             res = run_seeded(policy, runner, seeds, deterministic=deterministic)
         finally:
@@ -100,9 +101,9 @@ def compare_video(
     from ..sim.demos import write_video
 
     cfg = dataclasses.replace(env_cfg, num_envs=1, async_envs=False)
-    runner = VecRunner(cfg, env_id=env_id)
+    runner = make_envs(cfg, env_id=env_id)
     kw = {**env_kwargs(cfg), "obs_mode": "rgb", "width": size, "height": size}
-    cam = gym.make(env_id, render_mode="rgb_array", **kw)
+    cam = make_env(env_id, render_mode="rgb_array", **kw)
     fps = int(cam.metadata.get("render_fps", 20))
     frames = []
     try:
@@ -117,7 +118,7 @@ def compare_video(
     return write_video(path, frames, fps=fps)
 
 
-def episode_frames(policy, runner: VecRunner, cam, seed: int, label: str = "") -> list[np.ndarray]:
+def episode_frames(policy, runner: VecEnv, cam, seed: int, label: str = "") -> list[np.ndarray]:
     """One deterministic episode of ``seed``: the policy acts on ``runner``'s observations (the
     recipe's image size, one env) while ``cam``, an env of the same task reset with the same
     seed and sent the same actions, renders the agent view (at the video's size). Returns the

@@ -3,7 +3,8 @@
 ``oracle``: the scripted expert of the focused subgoal (privileged state), the upper bound.
 ``policy``: frozen VLA policies saved by the VLA recipes, one per primitive family or one that
 reads the subgoal's words for all (``plan.policies.all``). An executor has ``can(family)`` and
-``start(env) -> act``, ``act(obs) -> actions [K, A]`` for the subgoal the env is focused on;
+``start(env) -> act``, ``act(obs) -> actions [K, A]`` for the subgoal the env (a
+`sim.focus.SubgoalFocus`) is focused on;
 `PolicyExecutor.start_many` acts for several envs with one policy forward per step.
 """
 
@@ -113,9 +114,10 @@ class PolicyExecutor:
             policy = self.policies.get(env.focused.family) or self.policies[ALL]
         cut = None
         if not reads_entities(policy):
-            cut = task_counts(env.task), task_counts(get_task(env.focused.family))
+            cut = task_counts(env.unwrapped.task), task_counts(get_task(env.focused.family))
         to_env = getattr(policy, "env_action", None)
-        return policy, cut, to_env, tuple(env.cfg.cameras), env.action_space.shape[0]
+        cameras = tuple(env.unwrapped.cfg.cameras)
+        return policy, cut, to_env, cameras, env.action_space.shape[0]
 
 
 ALL = "all"

@@ -18,10 +18,11 @@ cut out of the buffers in one gather at the end of a run (`Rows`). Policies whos
 rows differ in shape per env (TokenVLA prompts, lists of N tensors) are kept as one list per
 step. The success rule (`episode_success`) and the episodes' initial-state ids live here only.
 
-Interface for other backends: the runner only needs `VecRunner`'s batched surface (``batch``,
-``reset(mask, options, seeds)``, ``step(actions [N, K, A]) -> StepResult`` of [N] arrays,
-``noop()``, ``EnvRestarted``), so a batched simulator or a remote env worker that offers it
-plugs in unchanged.
+Interface for other backends: the runner only needs the surface of the sim's one vector-env
+layer, `sim.vector.VecEnv` (``n``, ``action_dim``, ``time_limit``, ``batch``, ``reset(mask,
+options [N], seeds [N])``, ``step(actions [N, K, A]) -> StepResult`` of [N] arrays, ``noop()``,
+``snapshot``/``restore``, ``EnvRestarted``), so a simulator that offers it plugs in unchanged
+(the MJWarp backend plugs in one level lower, behind `VecEnv`).
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor
 
-from .envs import EnvRestarted, StepResult, VecRunner
+from ..sim.vector import EnvRestarted, StepResult, VecEnv
 
 CONTINUES, TERMINATED, TRUNCATED, CUT, UNSTABLE = 0, 1, 2, 3, 4
 END_NAMES = ("", "terminated", "truncated", "cut", "unstable")
@@ -190,18 +190,21 @@ class RunResult:
 
 
 class EpisodeRunner:
-    """N envs of a `VecRunner`, fixed ``[T, N]`` buffers and masks; see the module docstring.
+    """N envs of a `VecEnv`, fixed ``[T, N]`` buffers and masks; see the module docstring.
 
     Args:
-        vec: the envs (autoreset disabled; the runner decides who resets, with which state).
+        vec: the envs (the runner decides who resets, with which state).
         rows: store observations and actions and emit `Rows` (False: episode outcomes only,
             e.g. evaluation).
         on_reset: called with the [N] bool mask of envs that just started an episode (after
             their reset), e.g. to reset scripted experts.
+        chunk: K, env steps per policy step (sizes the buffers of `episodes`).
     """
 
-    def __init__(self, vec: VecRunner, rows: bool = True, on_reset: Callable | None = None):
-        self.vec, self.store, self.on_reset = vec, rows, on_reset
+    def __init__(
+        self, vec: VecEnv, rows: bool = True, on_reset: Callable | None = None, chunk: int = 1
+    ):
+        self.vec, self.store, self.on_reset, self.chunk = vec, rows, on_reset, chunk
         N = vec.n
         self.active = np.zeros(N, bool)
         """[N] the env runs an episode"""
@@ -277,8 +280,7 @@ class EpisodeRunner:
         self.specs, self.queue = specs, np.arange(len(specs), dtype=np.int64)
         self.active[:] = False
         N = self.vec.n
-        limit = self.vec.cfg.max_episode_steps or (gym.spec(self.vec.env_id).max_episode_steps or 0)
-        per_episode = math.ceil(limit / self.vec.cfg.action_chunk)
+        per_episode = math.ceil((self.vec.time_limit or 0) / self.chunk)
         if max_steps > 0:
             per_episode = min(per_episode, max_steps)
         self._reserve(math.ceil(len(specs) / N) * per_episode + 1)
@@ -402,9 +404,9 @@ class EpisodeRunner:
         mask[envs], slot[envs] = True, ids
         options, seeds = None, None
         if (sp.task_id[ids] >= 0).any():
-            task, trial = np.zeros(N, np.int64), np.zeros(N, np.int64)
-            task[envs], trial[envs] = sp.task_id[ids], sp.trial_id[ids]
-            options = {"task_id": task.tolist(), "trial_id": trial.tolist()}
+            options = [None] * N
+            for e, a, b in zip(envs.tolist(), sp.task_id[ids].tolist(), sp.trial_id[ids].tolist()):
+                options[e] = {"task_id": a, "trial_id": b}
         if (sp.seed[ids] >= 0).any():
             seeds = [None] * N
             for e, s in zip(envs.tolist(), sp.seed[ids].tolist()):
@@ -437,7 +439,7 @@ class EpisodeRunner:
     def state_dict(self) -> dict:
         """Between runs: the episodes in flight that the next `horizon` call continues (which
         envs run one, its spec, return, length and success so far). Segments never carry over
-        (every run cuts its own), so this and the envs' state (`VecRunner.get_state`) are all a
+        (every run cuts its own), so this and the envs' state (`VecEnv.get_state`) are all a
         resumed runner needs. Numpy arrays and plain Python values."""
         return {
             "started": self.started, "active": self.active.copy(), "slot": self.slot.copy(),

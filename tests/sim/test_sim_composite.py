@@ -17,11 +17,13 @@ from perceptrl.sim.composite import (
     parse_subgoal,
 )
 from perceptrl.sim.expert import ScriptedExpert, rollout_expert
+from perceptrl.sim.focus import SubgoalFocus
 from perceptrl.sim.tasks import get_task
 
 
 def _env(task: str, tid: int = 0, **kw):
-    env = gym.make(sim.env_id(task), obs_mode="state", **kw)
+    """(the env in a `SubgoalFocus`, the `ManipEnv`), reset to initial state (tid, 0)."""
+    env = SubgoalFocus(gym.make(sim.env_id(task), obs_mode="state", **kw))
     env.reset(options={"task_id": tid, "trial_id": 0})
     return env, env.unwrapped
 
@@ -83,17 +85,18 @@ def test_focus_shows_the_subgoal_as_its_primitive_task():
     env, u = _env("put_then_stack", 1)
     sub = u.task.subgoals[1]
     raw = u.layout.blocks
-    obs = u.focus(sub)
+    obs = env.focus(sub)
     objects = obs["objects"].reshape(-1, 7)
     np.testing.assert_allclose(objects[0, :3], raw[sub.subject], atol=1e-6)
     np.testing.assert_allclose(objects[1, :3], raw[sub.goal], atol=1e-6)
     assert obs["instruction"] == sub.text(u.layout.colours)
-    assert u.active is get_task("stack") and u.focused == sub
-    np.testing.assert_allclose(u.world().blocks[0], u.scene_world().blocks[sub.subject])
-    custom = u.focus(sub, "stack the pink cube on the blue one")  # the planner's words
+    assert env.active is get_task("stack") and env.focused == sub
+    np.testing.assert_allclose(env.world().blocks[0], u.world().blocks[sub.subject])
+    custom = env.focus(sub, "stack the pink cube on the blue one")  # the planner's words
     assert custom["instruction"] == "stack the pink cube on the blue one"
-    u.focus(None)
-    assert u.active is u.task and u._observe()["instruction"] == u.layout.instruction
+    plain = env.focus(None)
+    assert env.active is u.task and plain["instruction"] == u.layout.instruction
+    np.testing.assert_array_equal(plain["objects"], u.observe()["objects"])
 
 
 def test_subgoals_count_in_order():
@@ -101,14 +104,14 @@ def test_subgoals_count_in_order():
     then doing the first counts both, and the composite succeeds."""
     env, u = _env("put_then_stack", 0)
     first, second = u.task.subgoals
-    u.focus(second)
+    env.focus(second)
     assert _run(env, ScriptedExpert(env))  # terminates on the subgoal's success
-    w = u.scene_world()
+    w = u.world()
     assert holds(w, second) and not holds(w, first) and u.subgoals_done() == 0
     assert check_subgoal(w, second) == "it is already done"
-    u.focus(first)
+    env.focus(first)
     assert _run(env, ScriptedExpert(env))
-    assert u.subgoals_done() == 2 and u.task.success(u.scene_world())
+    assert u.subgoals_done() == 2 and u.task.success(u.world())
 
 
 @pytest.mark.parametrize("name", sorted(COMPOSITES))
@@ -120,13 +123,13 @@ def test_the_oracle_plan_with_the_scripted_executor_succeeds(name):
 
 def test_subgoals_that_cannot_be_executed_now():
     env, u = _env("put_then_stack", 0)
-    w = u.scene_world()
+    w = u.world()
     assert check_subgoal(w, Subgoal("stack", 1, 1)) == "a block cannot be stacked on itself"
     assert "not in the scene" in check_subgoal(w, Subgoal("put", 0, 7))
     assert check_subgoal(w, Subgoal("stack", 3, 2)) is None
-    u.focus(Subgoal("stack", 1, 2))
+    env.focus(Subgoal("stack", 1, 2))
     assert _run(env, ScriptedExpert(env))  # block 1 now lies on block 2
-    w = u.scene_world()
+    w = u.world()
     assert check_subgoal(w, Subgoal("put", 2, 0)) == "another block lies on the block to move"
     assert check_subgoal(w, Subgoal("stack", 3, 2)) == "the block to stack on is not free"
     assert check_subgoal(w, Subgoal("stack", 0, 2)) == "the block to stack on is not free"
@@ -135,14 +138,14 @@ def test_subgoals_that_cannot_be_executed_now():
 
 def test_a_pushed_block_must_rest_on_the_table():
     env, u = _env("push_then_put", 0)
-    u.focus(Subgoal("put", 0, 0))
+    env.focus(Subgoal("put", 0, 0))
     expert = ScriptedExpert(env)
     for _ in range(80):  # until the block is carried
         env.step(expert.act())
         if expert.phase == 4:
             break
     assert expert.phase == 4
-    w = u.scene_world()
+    w = u.world()
     assert (
         check_subgoal(w, Subgoal("push", 0, 0)) == "only a block resting on the table can be pushed"
     )
@@ -151,15 +154,19 @@ def test_a_pushed_block_must_rest_on_the_table():
 def test_a_snapshot_keeps_the_focus():
     env, u = _env("put_two", 2)
     sub = u.task.subgoals[1]
-    u.focus(sub, "drop the x block in the y bowl")
+    env.focus(sub, "drop the x block in the y bowl")
     expert = ScriptedExpert(env)
     for _ in range(10):
         env.step(expert.act())
-    state = u.get_state()
+    state = env.get_state()
     other, v = _env("put_two", 5)
-    v.set_state(state)
-    assert v.focused == sub and v._observe()["instruction"] == "drop the x block in the y bowl"
-    np.testing.assert_array_equal(v._observe()["objects"], u._observe()["objects"])
-    u.focus(None)
-    v.set_state(u.get_state())
-    assert v.focused is None
+    other.set_state(state)
+    assert other.focused == sub
+    a = expert.act()
+    got, want = other.step(a), env.step(a)  # the restored focus views and scores the steps
+    assert got[0]["instruction"] == want[0]["instruction"] == "drop the x block in the y bowl"
+    np.testing.assert_array_equal(got[0]["objects"], want[0]["objects"])
+    assert got[1:] == want[1:]
+    env.focus(None)
+    other.set_state(env.get_state())
+    assert other.focused is None

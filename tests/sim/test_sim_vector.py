@@ -1,4 +1,5 @@
-"""Sync and async vector envs, the batched helper and the shared-memory instruction space."""
+"""The vector envs: gymnasium's (`make_vec`, per-env options through the slots), the one layer
+`VecEnv` (masked resets, chunks, snapshots, worker faults) and the shared-memory instructions."""
 
 from __future__ import annotations
 
@@ -7,18 +8,22 @@ import copy
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode
 
 from perceptrl.sim import ENV_IDS
-from perceptrl.sim.vector import BatchedEnv, make_vec
+from perceptrl.sim.backends import PER_ENV, make_vec
+from perceptrl.sim.vector import EnvRestarted, VecEnv
 
 KW = {"width": 32, "height": 32}
 
 
+def _indexed(*ids: int, trial: int = 0) -> list[dict]:
+    return [{"task_id": i, "trial_id": trial} for i in ids]
+
+
 @pytest.mark.parametrize("async_", [False, True])
-def test_batched_env_gives_arrays_and_live_instructions(async_):
-    env = BatchedEnv(ENV_IDS["pick"], 2, async_=async_, **KW)
-    batch, infos = env.reset(options={"task_id": [4, 5], "trial_id": [0, 0]})
+def test_vec_env_gives_arrays_and_live_instructions(async_):
+    env = VecEnv(ENV_IDS["pick"], 2, async_=async_, **KW)
+    batch = env.reset(options=_indexed(4, 5))
     assert batch.images["agentview"].shape == (2, 32, 32, 3)
     assert batch.images["wrist"].dtype == np.uint8 and batch.proprio.shape == (2, 8)
     assert all(batch.instructions) and batch.instructions[0] != batch.instructions[1]
@@ -27,13 +32,18 @@ def test_batched_env_gives_arrays_and_live_instructions(async_):
     assert batch.instructions[0] == obs0["instruction"]
     assert np.array_equal(batch.images["agentview"][0], obs0["agentview"])
     first = list(batch.instructions)
-    batch, infos = env.reset(options={"task_id": [9, 9], "trial_id": [1, 2]})
+    batch = env.reset(options=[{"task_id": 9, "trial_id": 1}, {"task_id": 9, "trial_id": 2}])
     assert batch.instructions[0] == batch.instructions[1] != first[0]
-    actions = np.zeros((2, 5), np.float32)
-    batch, rew, term, trunc, infos = env.step(actions)
-    assert rew.shape == (2,) and term.dtype == bool and infos["success"].shape == (2,)
-    with pytest.raises(ValueError, match="shape"):
-        env.step(np.zeros((3, 5)))
+    res = env.step(np.zeros((2, 1, 5), np.float32))
+    assert (
+        res.reward.shape == (2,)
+        and res.terminated.dtype == bool
+        and res.env_steps.tolist() == [1, 1]
+    )
+    with pytest.raises(ValueError, match="expects actions"):
+        env.step(np.zeros((3, 1, 5)))
+    with pytest.raises(ValueError, match="one entry"):
+        env.reset(options=_indexed(3))
     env.close()
     ref.close()
 
@@ -53,6 +63,23 @@ def test_sync_vector_matches_single_env_loop():
             obs, r, *_ = env.step(a[i])
             assert np.array_equal(obs["objects"], vo["objects"][i]) and r == vr[i]
         env.close()
+
+
+def test_each_sub_env_takes_its_own_reset_options():
+    """gymnasium hands every sub-env the same options; the slots give each its own entry."""
+    vec = make_vec(ENV_IDS["put"], 3, obs_mode="state")
+    obs, infos = vec.reset(options={PER_ENV: [*_indexed(3, 4), None]}, seed=[None, None, 7])
+    ref = gym.make(ENV_IDS["put"], obs_mode="state")
+    for i, (opts, seed) in enumerate([({"task_id": 3, "trial_id": 0}, None),
+                                      ({"task_id": 4, "trial_id": 0}, None), (None, 7)]):  # fmt: skip
+        want, _ = ref.reset(seed=seed, options=opts)
+        assert np.array_equal(obs["objects"][i], want["objects"])
+    assert infos["task_id"].tolist()[:2] == [3, 4] and not infos["_task_id"][2]
+    assert [e.index for e in vec.envs] == [0, 1, 2]
+    with pytest.raises(ValueError, match="one entry per env"):
+        vec.reset(options={PER_ENV: _indexed(3, 4)})
+    vec.close()
+    ref.close()
 
 
 def test_async_state_mode_runs_through_autoreset():
@@ -80,79 +107,88 @@ def test_live_texts_freeze_on_copy():
 
 
 @pytest.mark.parametrize("async_", [False, True])
-def test_batched_env_masked_reset_spaces_and_sub_envs(async_):
-    env = BatchedEnv(ENV_IDS["push"], 3, async_=async_, obs_mode="state")
-    assert env.single_observation_space["objects"].shape[0] > 0
-    assert env.single_action_space.shape == (5,)
-    first, _ = env.reset(seed=0)
-    again, _ = env.reset(mask=np.array([False, True, False]), seed=[None, 7, None])
+def test_masked_reset_spaces_and_sub_envs(async_):
+    env = VecEnv(ENV_IDS["push"], 3, async_=async_, obs_mode="state")
+    assert env.observation_space["objects"].shape[0] > 0
+    assert env.action_space.shape == (5,) and env.action_dim == 5
+    first = env.reset(seeds=0)
+    again = env.reset(mask=np.array([False, True, False]), seeds=[None, 7, None])
     assert np.array_equal(again.objects[[0, 2]], first.objects[[0, 2]])  # untouched
     assert not np.array_equal(again.objects[1], first.objects[1])
     ref = gym.make(ENV_IDS["push"], obs_mode="state")
     assert np.array_equal(again.objects[1], ref.reset(seed=7)[0]["objects"])
+    assert np.array_equal(first.objects[2], ref.reset(seed=2)[0]["objects"])  # seed + i
     ref.close()
-    with pytest.raises(ValueError, match="at least one True"):
-        env.reset(mask=np.zeros(3, bool))
+    assert env.reset(mask=np.zeros(3, bool)) is again  # nobody to reset
+    with pytest.raises(ValueError, match="mask must be"):
+        env.reset(mask=np.array([True, False]))
     if async_:
-        assert len(env.processes) == 3
+        assert len(env.env.processes) == 3
         with pytest.raises(RuntimeError, match="async_=False"):
             env.envs  # noqa: B018
     else:
-        assert env.processes == [] and [e.unwrapped.cfg.vector_index for e in env.envs] == [0, 1, 2]
+        assert [e.index for e in env.envs] == [0, 1, 2]
     env.close()
 
 
+def test_a_first_masked_reset_resets_every_env_first():
+    env = VecEnv(ENV_IDS["reach"], 2, seed=5, obs_mode="state")
+    batch = env.reset(mask=np.array([False, True]), seeds=[None, 9])
+    ref = gym.make(ENV_IDS["reach"], obs_mode="state")
+    assert np.array_equal(batch.objects[0], ref.reset(seed=5)[0]["objects"])
+    assert np.array_equal(batch.objects[1], ref.reset(seed=9)[0]["objects"])
+    env.close()
+    ref.close()
+
+
 @pytest.mark.parametrize("async_", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_batched_env_state_round_trip_continues_exactly(async_):
-    """A snapshot of every sub-env (physics, layout, RNG, time-limit count) restored into a
-    fresh vector env continues the episodes as the original does, through the time limit."""
-    kw = dict(obs_mode="state", max_episode_steps=6, autoreset_mode=AutoresetMode.DISABLED)
-    a = BatchedEnv(ENV_IDS["push"], 2, async_=async_, **kw)
-    b = BatchedEnv(ENV_IDS["push"], 2, async_=async_, **kw)
-    actions = np.random.default_rng(1).uniform(-1, 1, (9, 2, 5)).astype(np.float32)
+def test_state_round_trip_continues_exactly(async_):
+    """A snapshot of every env (physics, layout, RNG, time-limit count, last observations)
+    restored into fresh envs continues the episodes as the original does, through the time
+    limit and the next resets."""
+    kw = dict(obs_mode="state", max_episode_steps=6)
+    a = VecEnv(ENV_IDS["push"], 2, async_=async_, **kw)
+    b = VecEnv(ENV_IDS["push"], 2, seed=50, async_=async_, **kw)
+    actions = np.random.default_rng(1).uniform(-1, 1, (9, 2, 1, 5)).astype(np.float32)
     try:
-        a.reset(seed=0)
+        a.reset()
         for x in actions[:4]:
             a.step(x)
-        b.reset(seed=50)
+        b.reset()
         b.set_state(a.get_state())
+        np.testing.assert_array_equal(a.batch.objects, b.batch.objects)
         for k, x in enumerate(actions[4:6]):
             ra, rb = a.step(x), b.step(x)
-            assert np.array_equal(ra[0].objects, rb[0].objects)
-            assert np.array_equal(ra[0].proprio, rb[0].proprio)
-            for i in (1, 2, 3):
-                assert np.array_equal(ra[i], rb[i])
-            assert ra[3].all() == (k == 1)  # the time limit (6 steps) falls at the same step
+            np.testing.assert_array_equal(ra.batch.objects, rb.batch.objects)
+            np.testing.assert_array_equal(ra.batch.proprio, rb.batch.proprio)
+            for f in ("reward", "terminated", "truncated", "success"):
+                np.testing.assert_array_equal(getattr(ra, f), getattr(rb, f))
+            assert ra.truncated.all() == (k == 1)  # the time limit (6 steps) falls at the same step
         ra, rb = a.reset(), b.reset()  # the layouts np_random draws next
-        assert np.array_equal(ra[0].objects, rb[0].objects)
+        assert np.array_equal(ra.objects, rb.objects)
     finally:
         a.close()
         b.close()
 
 
 @pytest.mark.slow  # the collectors' tests go through the same path in `make test`
-def test_a_worker_that_raises_or_dies_is_an_env_worker_error():
-    from perceptrl.sim.vector import EnvWorkerError
-
-    env = BatchedEnv(ENV_IDS["reach"], 2, async_=True, obs_mode="state")
+def test_a_worker_that_raises_or_dies_restarts_the_envs():
+    env = VecEnv(ENV_IDS["reach"], 2, async_=True, obs_mode="state")
     try:
-        env.reset(seed=0)
-        # a ValueError raised inside worker 1's reset (its options list is too short) ends it
-        with pytest.raises(EnvWorkerError, match="died or raised") as err:
-            env.reset(options={"task_id": [3], "trial_id": [0]})
-        assert isinstance(err.value.__cause__, ValueError)
-    finally:
-        env.close()
-    env = BatchedEnv(ENV_IDS["reach"], 2, async_=True, obs_mode="state")
-    try:
-        env.reset(seed=0)
-        env.processes[0].kill()
-        env.processes[0].join(timeout=10)
-        with pytest.raises(EnvWorkerError):
+        env.reset()
+        # a ValueError raised inside worker 1's reset (a task id that is no number) ends it
+        with pytest.raises(EnvRestarted, match="ValueError"):
+            env.reset(options=[None, {"task_id": "x"}])
+        assert env.counters == {"bad_actions": 0, "dropped_episodes": 2, "env_restarts": 1}
+        env.env.processes[0].kill()
+        env.env.processes[0].join(timeout=10)
+        with pytest.raises(EnvRestarted):
             env.reset(mask=np.array([True, False]))
+        assert env.counters["env_restarts"] == 2
+        assert env.step(np.zeros((2, 1, 5), np.float32)).env_steps.tolist() == [1, 1]
     finally:
         env.close()
-    sync = BatchedEnv(ENV_IDS["reach"], 2, obs_mode="state")
-    with pytest.raises(ValueError, match="vector_index"):  # in-process: the error itself
-        sync.reset(options={"task_id": [3], "trial_id": [0]})
+    sync = VecEnv(ENV_IDS["reach"], 2, obs_mode="state")
+    with pytest.raises(ValueError, match="invalid literal"):  # in process: the error itself
+        sync.reset(options=[None, {"task_id": "x"}])
     sync.close()

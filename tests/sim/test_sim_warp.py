@@ -17,17 +17,16 @@ import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from gymnasium.vector import AutoresetMode  # noqa: E402
 
 from perceptrl.sim import ENV_IDS, TASKS  # noqa: E402
+from perceptrl.sim.backends import make_backend  # noqa: E402
 from perceptrl.sim.env import ManipEnv  # noqa: E402
 from perceptrl.sim.expert import ScriptedExpert  # noqa: E402
-from perceptrl.sim.mjwarp import mat_to_quat, warp_available  # noqa: E402
 from perceptrl.sim.scene import COLOURS  # noqa: E402
 from perceptrl.sim.tasks import World  # noqa: E402
-from perceptrl.sim.vector import BatchedEnv  # noqa: E402
+from perceptrl.sim.warp_support import mat_to_quat, warp_available  # noqa: E402
 from perceptrl.vla.config import EnvConfig  # noqa: E402
-from perceptrl.vla.envs import VecRunner  # noqa: E402
+from perceptrl.vla.envs import make_envs  # noqa: E402
 
 TOL = 1e-4
 """largest |warp - mujoco| allowed on proprio and entity poses after a few random actions"""
@@ -35,15 +34,21 @@ needs_warp = pytest.mark.skipif(not warp_available(), reason="mujoco-warp is not
 
 
 def _pair(task: str, n: int, **kw):
-    from perceptrl.sim.mjwarp import WarpEnv
-
-    warp = WarpEnv(ENV_IDS[task], n, device="cpu", **kw)
-    cpu = BatchedEnv(ENV_IDS[task], n, autoreset_mode=AutoresetMode.DISABLED, **kw)
+    """The two backends (`sim.backends`) of ``n`` envs of ``task``: warp (on warp's CPU), mujoco."""
+    warp = make_backend(ENV_IDS[task], n, backend="warp", device="cpu", **kw)
+    cpu = make_backend(ENV_IDS[task], n, backend="mujoco", **kw)
     return warp, cpu
 
 
-def _indexed(n: int, trial: int = 3) -> dict:
-    return {"task_id": list(range(n)), "trial_id": [trial] * n}
+def _indexed(n: int, trial: int = 3) -> list[dict]:
+    """Reset options of indexed initial states (i, ``trial``), one per env."""
+    return [{"task_id": i, "trial_id": trial} for i in range(n)]
+
+
+def _reset(env, options: list, mask=None):
+    """Reset a backend: the envs of ``mask`` (default all), each with its options, no seeds."""
+    n = len(options)
+    return env.reset(np.ones(n, bool) if mask is None else np.asarray(mask), options, [None] * n)
 
 
 # ----------------------------------------------------------------------------- no warp needed
@@ -69,7 +74,7 @@ def test_batched_scores_equal_one_world_at_a_time(task):
     worlds = []
     for trial in range(6):
         env.reset(options={"task_id": trial, "trial_id": trial})
-        w = env.scene_world()
+        w = env.world()
         # perturb so that some worlds succeed: entities near their goals, random contacts
         jitter = lambda x: x + rng.normal(scale=0.03, size=x.shape)  # noqa: E731
         worlds.append(World(
@@ -79,7 +84,7 @@ def test_batched_scores_equal_one_world_at_a_time(task):
             rng.random(len(w.blocks)) < 0.5,
         ))  # fmt: skip
     batch = World(*(np.stack([getattr(w, f) for w in worlds]) for f in World.__dataclass_fields__))
-    t = TASKS[task]
+    t = TASKS.get(task)
     np.testing.assert_array_equal(t.success(batch), [bool(t.success(w)) for w in worlds])
     for k, v in t.shaping(batch).items():
         np.testing.assert_allclose(v, [float(t.shaping(w)[k]) for w in worlds], atol=1e-12)
@@ -93,8 +98,8 @@ def test_same_actions_same_trajectory(task):
     entity poses, rewards and success on both backends (within `TOL`)."""
     n, steps = 2, 5
     warp, cpu = _pair(task, n, obs_mode="state", reward_mode="dense")
-    bw, iw = warp.reset(options=_indexed(n))
-    bc, ic = cpu.reset(options=_indexed(n))
+    bw, iw = _reset(warp, _indexed(n))
+    bc, ic = _reset(cpu, _indexed(n))
     assert bw.instructions == bc.instructions
     np.testing.assert_allclose(bw.objects, bc.objects, atol=TOL)
     np.testing.assert_allclose(bw.proprio, bc.proprio, atol=TOL)
@@ -121,7 +126,7 @@ def test_scripted_expert_succeeds_on_both_backends(task):
     for backend in ("warp", "mujoco"):
         cfg = EnvConfig(id=ENV_IDS[task], num_envs=n, obs_mode="state", backend=backend,
                         device="cpu")  # fmt: skip
-        runner = VecRunner(cfg)
+        runner = make_envs(cfg)
         runner.reset(options=_indexed(n, trial=7))
         experts = [ScriptedExpert(e) for e in runner.envs]
         done, success, poses = np.zeros(n, bool), np.zeros(n, bool), []
@@ -152,8 +157,8 @@ def test_rendered_frames_show_the_same_objects_in_the_same_places():
     n = 2
     warp, cpu = _pair("pick", n, obs_mode="rgb", width=64, height=64,
                       cameras=("agentview", "wrist"))  # fmt: skip
-    bw, _ = warp.reset(options=_indexed(n))
-    bc, _ = cpu.reset(options=_indexed(n))
+    bw, _ = _reset(warp, _indexed(n))
+    bc, _ = _reset(cpu, _indexed(n))
     for _ in range(2):
         a = np.tile([[0.5, 0.3, -0.8, 0.0, -1.0]], (n, 1)).astype(np.float32)
         bw, *_ = warp.step(a)
@@ -189,13 +194,13 @@ def test_masked_reset_and_restore_leave_the_other_worlds_alone():
     kw = dict(obs_mode="state")
     a_env, b_env = (WarpEnv(ENV_IDS["pick"], 2, device="cpu", **kw) for _ in range(2))
     for e in (a_env, b_env):
-        e.reset(options=_indexed(2))
+        _reset(e, _indexed(2))
     initial = a_env.get_state()[1]["env"]["physics"]  # world 1's episode-initial state
     act = np.tile([[0.4, -0.2, -0.6, 0.2, -1.0]], (2, 1)).astype(np.float32)
     for e in (a_env, b_env):
         e.step(act)
     snap = a_env.get_state()
-    a_env.reset(mask=np.array([True, False]), options=_indexed(2, trial=9))
+    _reset(a_env, _indexed(2, trial=9), mask=[True, False])
     ba, *_ = a_env.step(act)
     bb, *_ = b_env.step(act)
     np.testing.assert_array_equal(ba.objects[1], bb.objects[1])
@@ -203,7 +208,7 @@ def test_masked_reset_and_restore_leave_the_other_worlds_alone():
     assert not np.allclose(ba.objects[0], bb.objects[0])
 
     c_env = WarpEnv(ENV_IDS["pick"], 2, device="cpu", **kw)
-    c_env.reset()
+    _reset(c_env, [None, None])
     c_env.set_state(snap)
     bc, *_ = c_env.step(act)
     np.testing.assert_array_equal(bc.objects, bb.objects)

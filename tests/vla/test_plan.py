@@ -17,11 +17,11 @@ import perceptrl.sim as sim
 from perceptrl.datasets.plan import SPLIT_BASE, generate, reasoning_trace
 from perceptrl.rewards import RewardContext, build_reward
 from perceptrl.sim.expert import HOME_TOLERANCE
+from perceptrl.sim.vector import idle_action
 from perceptrl.trainer.config import ConfigError
 from perceptrl.trainer.metrics import read_metrics
 from perceptrl.vla.compact import build_compact, spec_from_config
 from perceptrl.vla.config import VLAConfig
-from perceptrl.vla.envs import idle_action
 from perceptrl.vla.executors import OracleExecutor, PolicyExecutor, load_executor
 from perceptrl.vla.plan import INVALID, PlanEnv, PlanSettings, plan_settings
 from perceptrl.wiring import load_config, side
@@ -36,7 +36,7 @@ def _sample(task="put_then_stack", tid=3, trial=0) -> dict:
 
 def _plan(env: PlanEnv, row: int) -> list[str]:
     """The oracle plan of episode ``row``'s task, as subgoal texts."""
-    e = env.scene(row)
+    e = env.scene(row).unwrapped
     return [s.text(e.layout.colours) for s in e.task.subgoals]
 
 
@@ -78,9 +78,9 @@ def test_a_policy_executor_s_subgoals_start_at_the_home_pose():
         env.reset([_sample()])
         first, second = _plan(env, 0)
         assert env.respond(0, f"<subgoal>{first}</subgoal>").info["planner/progress"] == 0.5
-        robot = env.scene(0).robot
+        robot = env.scene(0).unwrapped.robot
         at = robot.home_pose()[0]
-        after[home] = float(np.linalg.norm(robot.tcp_pos(env.scene(0).data) - at))
+        after[home] = float(np.linalg.norm(robot.tcp_pos(env.scene(0).unwrapped.data) - at))
         obs = env.respond(0, f"<subgoal>{second}</subgoal>")
         assert obs.info["planner/success"] == 1.0  # going home disturbs nothing
     assert after[True] < HOME_TOLERANCE < 0.1 < after[None]
@@ -126,7 +126,7 @@ def test_a_remembered_subgoal_replays_exactly_what_simulating_it_did():
             assert a.text == b.text and a.info == b.info
             np.testing.assert_array_equal(np.asarray(a.images[0]), np.asarray(b.images[0]))
     assert env.memo_hits == 4 and plain.memo_hits == 0
-    e = env.scene(2)
+    e = env.scene(2).unwrapped
     assert e.subgoals_done() == 2
     # the same subgoal after another history is a new path: simulated
     env.reset([s])
@@ -138,14 +138,14 @@ def test_a_blow_up_fails_the_subgoal_and_restores_the_scene():
     env = PlanEnv(PlanSettings(OracleExecutor(), subgoal_steps=30))
     env.reset([_sample("put_two", 1)])
     first, _ = _plan(env, 0)
-    e = env.scene(0)
+    e = env.scene(0).unwrapped
     e.cfg = dataclasses.replace(e.cfg, max_qvel=1e-4)  # any motion counts as a blow-up
-    blocks = e.scene_world().blocks.copy()
+    blocks = e.world().blocks.copy()
     obs = env.respond(0, f"<subgoal>{first}</subgoal>")
     assert "simulation failed" in obs.text and obs.info["planner/unstable"] == 1
     assert obs.info["planner/executed"] == 0 and obs.info["planner/progress"] == 0.0
     e.set_state(env.rows[0].state)
-    torch.testing.assert_close(torch.as_tensor(e.scene_world().blocks), torch.as_tensor(blocks))
+    torch.testing.assert_close(torch.as_tensor(e.world().blocks), torch.as_tensor(blocks))
 
 
 class NaNExecutor:

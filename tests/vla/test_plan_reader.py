@@ -14,6 +14,7 @@ import torch
 import perceptrl.sim as sim
 from perceptrl.sim.composite import ENTITY_KINDS, ENTITY_SIZE, POSE_SIZE, parse_subgoal
 from perceptrl.sim.expert import ScriptedExpert
+from perceptrl.sim.focus import SubgoalFocus, make_env
 from perceptrl.sim.scene import COLOURS
 from perceptrl.trainer.config import ConfigError
 from perceptrl.vla.compact import (
@@ -65,8 +66,8 @@ def test_entity_features_name_each_entity_s_kind_and_colour():
     # a focus lists the entities in its view's order, as it does the plain poses (the subject
     # first: the auxiliary loss's target); the entity reader is blind to the order
     stack = u.task.subgoals[1]
-    focused = u.focus(stack)["objects"].reshape(-1, ENTITY_SIZE)
-    plain = gym.make(sim.env_id("put_then_stack"), obs_mode="state").unwrapped
+    focused = SubgoalFocus(env).focus(stack)["objects"].reshape(-1, ENTITY_SIZE)
+    plain = SubgoalFocus(gym.make(sim.env_id("put_then_stack"), obs_mode="state"))
     plain.reset(options={"task_id": 4, "trial_id": 1})
     poses = plain.focus(stack)["objects"].reshape(-1, POSE_SIZE)
     np.testing.assert_array_equal(focused[:, :POSE_SIZE], poses)
@@ -75,22 +76,22 @@ def test_entity_features_name_each_entity_s_kind_and_colour():
 
 
 def test_subgoal_episodes_start_on_an_executable_subgoal_drawn_with_the_layout():
-    env = gym.make(sim.env_id("skills"), obs_mode="state", entity_features=True,
+    env = make_env(sim.env_id("skills"), obs_mode="state", entity_features=True,
                    subgoal_focus=True, max_episode_steps=150)  # fmt: skip
     u = env.unwrapped
     drawn = {}
     for tid in range(20):
         obs, info = env.reset(options={"task_id": tid, "trial_id": 0})
-        sub = u.focused
+        sub = env.focused
         assert sub in u.task.subgoals and info["instruction"] == obs["instruction"]
         assert parse_subgoal(obs["instruction"], u.layout.colours) == sub
         again, _ = env.reset(options={"task_id": tid, "trial_id": 0})
-        assert u.focused == sub and again["instruction"] == obs["instruction"]
+        assert env.focused == sub and again["instruction"] == obs["instruction"]
         drawn.setdefault(sub.family, tid)
     assert set(drawn) == {"push", "put", "stack"}
     # the episode is the subgoal's: the scripted expert finishes it and the env says success
     env.reset(options={"task_id": drawn["stack"], "trial_id": 0})
-    expert = ScriptedExpert(u)
+    expert = ScriptedExpert(env)  # the env with its focus (the bare env is the whole task)
     for _ in range(150):
         _, reward, terminated, truncated, info = env.step(expert.act())
         if terminated or truncated:
@@ -109,7 +110,7 @@ def _observation(env, tid: int) -> dict[str, torch.Tensor]:
 
 
 def test_the_entity_reader_reads_words_not_the_order_of_the_entities():
-    env = gym.make(sim.env_id("skills"), obs_mode="state", entity_features=True,
+    env = make_env(sim.env_id("skills"), obs_mode="state", entity_features=True,
                    subgoal_focus=True)  # fmt: skip
     spaces = {"action": env.action_space, "observation": env.observation_space}
     torch.manual_seed(0)
@@ -181,7 +182,7 @@ def test_one_reading_policy_executes_every_family_and_the_long_instruction(tmp_p
     env = PlanEnv(PlanSettings(executor, subgoal_steps=4))
     for task in ("push_then_put", "put_then_stack", "put_three"):  # other entity counts
         env.reset([_sample(task, 1)])
-        e = env.scene(0)
+        e = env.scene(0).unwrapped
         for sub in e.task.subgoals[:2]:
             obs = env.respond(0, f"<subgoal>{sub.text(e.layout.colours)}</subgoal>")
             assert obs.error is None, obs.text
@@ -194,7 +195,7 @@ def test_one_reading_policy_executes_every_family_and_the_long_instruction(tmp_p
     scores, records = executor_alone(PlanSettings(executor, subgoal_steps=3), [sample])
     assert scores["count"] == 1.0 and records[sample["id"]]["info"]["env_steps"] == 9
     env.reset([sample])
-    assert set(seen) == {env.scene(0).layout.instruction}  # the whole long instruction
+    assert set(seen) == {env.scene(0).unwrapped.layout.instruction}  # the whole long instruction
 
 
 def test_the_executor_alone_scores_the_task_in_the_scene():

@@ -10,13 +10,14 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from perceptrl.sim.vector import VecEnv  # noqa: E402
 from perceptrl.vla.collect import GRPOCollector, PPOCollector  # noqa: E402
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
 from perceptrl.vla.config import (
     EnvConfig,  # noqa: E402
     VLAConfig,  # noqa: E402
 )
-from perceptrl.vla.envs import VecRunner  # noqa: E402
+from perceptrl.vla.envs import make_envs  # noqa: E402
 
 
 def state_env(**kw) -> EnvConfig:
@@ -25,7 +26,7 @@ def state_env(**kw) -> EnvConfig:
     return EnvConfig(**{**base, **kw})
 
 
-def policy_for(runner: VecRunner, chunk: int = 1) -> CompactVLA:
+def policy_for(runner: VecEnv, chunk: int = 1) -> CompactVLA:
     torch.manual_seed(0)
     obj = runner.observation_space["objects"].shape[0]
     return CompactVLA(
@@ -37,7 +38,7 @@ class ExpertActions:
     """Test double: the CompactVLA's observations, the scripted expert's actions (to reach
     success and terminate quickly); values from the real policy."""
 
-    def __init__(self, policy: CompactVLA, runner: VecRunner):
+    def __init__(self, policy: CompactVLA, runner: VecEnv):
         from perceptrl.sim.expert import ScriptedExpert
 
         self.policy, self.runner = policy, runner
@@ -51,9 +52,10 @@ class ExpertActions:
 
 
 def test_ppo_segments_right_padded_with_bootstrap_on_truncation():
-    runner = VecRunner(state_env(), seed=3)
+    cfg = state_env()
+    runner = make_envs(cfg, seed=3)
     policy = policy_for(runner)
-    col = PPOCollector(runner.cfg, seed=3, runner=runner)
+    col = PPOCollector(cfg, seed=3, runner=runner)
     batch, m = col.collect(policy, 0)
     # 2 envs x 12 steps, episodes of 5: per env 2 truncated episodes + a cut segment of 2
     lens = sorted(int(x) for x in batch.mask.sum(1))
@@ -81,9 +83,10 @@ def test_ppo_segments_right_padded_with_bootstrap_on_truncation():
 
 
 def test_ppo_terminal_segments_bootstrap_zero():
-    runner = VecRunner(state_env(max_episode_steps=0, steps_per_rollout=40), seed=1)
+    cfg = state_env(max_episode_steps=0, steps_per_rollout=40)
+    runner = make_envs(cfg, seed=1)
     policy = ExpertActions(policy_for(runner), runner)
-    batch, m = PPOCollector(runner.cfg, runner=runner).collect(policy, 0)
+    batch, m = PPOCollector(cfg, runner=runner).collect(policy, 0)
     term = [b for b, meta in enumerate(batch.meta) if meta["end"] == "terminated"]
     assert term and m["rollout/success_rate"] == 1.0
     assert (batch.bootstrap_value[term] == 0).all()
@@ -94,9 +97,10 @@ def test_ppo_terminal_segments_bootstrap_zero():
 
 
 def test_action_chunks_execute_k_env_steps():
-    runner = VecRunner(state_env(action_chunk=3, max_episode_steps=7, steps_per_rollout=3))
+    cfg = state_env(action_chunk=3, max_episode_steps=7, steps_per_rollout=3)
+    runner = make_envs(cfg)
     policy = policy_for(runner, chunk=3)
-    batch, m = PPOCollector(runner.cfg, runner=runner).collect(policy, 0)
+    batch, m = PPOCollector(cfg, runner=runner).collect(policy, 0)
     assert batch.tokens.shape[-1] == 15
     assert m["rollout/episode_length"] == 7  # 3 + 3 + 1 env steps, the chunk cut by the limit
     assert sorted(int(x) for x in batch.mask.sum(1)) == [3, 3]
@@ -104,9 +108,10 @@ def test_action_chunks_execute_k_env_steps():
 
 
 def test_grpo_groups_share_initial_state():
-    runner = VecRunner(state_env(num_envs=3), seed=0)
+    cfg = state_env(num_envs=3)
+    runner = make_envs(cfg, seed=0)
     policy = policy_for(runner)
-    col = GRPOCollector(runner.cfg, groups=2, group_size=3, runner=runner)
+    col = GRPOCollector(cfg, groups=2, group_size=3, runner=runner)
     batch, m = col.collect(policy, 0)
     assert len(batch) == 6 and batch.rewards.shape == (6,)
     assert m["rollout/episodes"] == 6
@@ -128,8 +133,9 @@ def test_grpo_groups_share_initial_state():
 
 def test_grpo_with_fewer_episodes_than_envs():
     """The envs left without an episode wait (no-op steps) in a valid state."""
-    runner = VecRunner(state_env(num_envs=4, max_episode_steps=4), seed=0)
-    col = GRPOCollector(runner.cfg, groups=1, group_size=2, runner=runner)
+    cfg = state_env(num_envs=4, max_episode_steps=4)
+    runner = make_envs(cfg, seed=0)
+    col = GRPOCollector(cfg, groups=1, group_size=2, runner=runner)
     try:
         batch, m = col.collect(policy_for(runner), 0)
     finally:
@@ -140,7 +146,8 @@ def test_grpo_with_fewer_episodes_than_envs():
 def test_nan_action_replaced_counted_and_never_sent(caplog):
     import dataclasses
 
-    runner = VecRunner(state_env(), seed=0)
+    cfg = state_env()
+    runner = make_envs(cfg, seed=0)
     runner.reset()
     for env in runner.envs:  # the env itself would now raise on a NaN action
         env.unwrapped.cfg = dataclasses.replace(env.unwrapped.cfg, invalid_action="raise")
@@ -157,9 +164,10 @@ def test_nan_action_replaced_counted_and_never_sent(caplog):
 
 
 def test_dead_worker_restarts_and_counts_dropped_episodes():
-    runner = VecRunner(state_env(async_envs=True, steps_per_rollout=4), seed=0)
+    cfg = state_env(async_envs=True, steps_per_rollout=4)
+    runner = make_envs(cfg, seed=0)
     policy = policy_for(runner)
-    col = PPOCollector(runner.cfg, runner=runner)
+    col = PPOCollector(cfg, runner=runner)
     try:
         col.collect(policy, 0)
         runner.env.processes[0].kill()
@@ -174,7 +182,8 @@ def test_dead_worker_restarts_and_counts_dropped_episodes():
 
 
 def test_bad_shapes_are_rejected():
-    runner = VecRunner(state_env(), seed=0)
+    cfg = state_env()
+    runner = make_envs(cfg, seed=0)
     runner.reset()
     with pytest.raises(ValueError, match="expects actions"):
         runner.step(np.zeros((2, 5), np.float32))
@@ -184,7 +193,7 @@ def test_bad_shapes_are_rejected():
 def test_state_critic_without_poses_stops_ppo_collection_with_the_setting():
     cfg = EnvConfig(id="perceptrl/Reach-v0", num_envs=1, obs_mode="rgb", image_size=32,
                     steps_per_rollout=2, max_episode_steps=4)  # fmt: skip
-    runner = VecRunner(cfg, seed=0)
+    runner = make_envs(cfg, seed=0)
     torch.manual_seed(0)
     spec = CompactSpec(
         5,
@@ -278,7 +287,7 @@ class BlowsUp:
     """The policy, plus a physics explosion injected into env 0 before its ``at``-th act
     (so the step that acts then blows up); records the values it gave."""
 
-    def __init__(self, policy, runner: VecRunner, at: int):
+    def __init__(self, policy, runner: VecEnv, at: int):
         self.policy, self.runner, self.at, self.calls, self.values = policy, runner, at, 0, []
         self.observe, self.value = policy.observe, policy.value
 
@@ -292,9 +301,10 @@ class BlowsUp:
 
 
 def test_blow_up_is_cut_before_its_step_without_bootstrapping_from_the_restored_state(caplog):
-    runner = VecRunner(state_env(steps_per_rollout=6, max_episode_steps=50), seed=2)
+    cfg = state_env(steps_per_rollout=6, max_episode_steps=50)
+    runner = make_envs(cfg, seed=2)
     actor = BlowsUp(policy_for(runner), runner, at=4)  # steps 0-2 fine, step 3 blows up
-    col = PPOCollector(runner.cfg, seed=2, runner=runner)
+    col = PPOCollector(cfg, seed=2, runner=runner)
     try:
         with caplog.at_level("WARNING"):
             batch, m = col.collect(actor, 0)
@@ -314,23 +324,23 @@ def test_blow_up_is_cut_before_its_step_without_bootstrapping_from_the_restored_
 
 
 # ---------------------------------------------------------------------- dead or raising workers
-def sabotage(runner: VecRunner, fault: str, nth: int) -> list:
-    """Make the ``nth`` reset of ``runner``'s current vector env fail in a worker: worker 0 is
+def sabotage(runner: VecEnv, fault: str, nth: int) -> list:
+    """Make the ``nth`` reset of ``runner``'s current backend fail in a worker: worker 0 is
     killed just before it (``"kill"``), or every reset worker raises ValueError inside its
-    reset (``"raise"``: an options list too short for it). The rebuilt env is not sabotaged.
+    reset (``"raise"``: a task id that is no number). The rebuilt backend is not sabotaged.
     Returns the list of reset masks seen."""
     env, calls = runner.env, []
     real = env.reset
 
-    def reset(mask=None, options=None, seed=None):
+    def reset(mask, options, seeds):
         calls.append(mask)
         if len(calls) == nth:
             if fault == "kill":
                 env.processes[0].kill()
                 env.processes[0].join(timeout=10)
             else:
-                options = {"task_id": [], "trial_id": []}
-        return real(mask=mask, options=options, seed=seed)
+                options = [{"task_id": "x"}] * len(options)
+        return real(mask, options, seeds)
 
     env.reset = reset
     return calls
@@ -353,11 +363,12 @@ def test_ppo_worker_failing_in_a_reset_is_restarted_and_counted(fault, which):
     episode ended mid-chunk: a worker that dies or raises there is restarted and counted, and
     the collection goes on (the episodes in flight are cut, never a crash)."""
     chunk = 2 if which == "ppo-park" else 1
-    runner = VecRunner(_async(steps_per_rollout=4, max_episode_steps=3, action_chunk=chunk))
+    cfg = _async(steps_per_rollout=4, max_episode_steps=3, action_chunk=chunk)
+    runner = make_envs(cfg)
     policy = policy_for(runner, chunk=chunk)
-    col = PPOCollector(runner.cfg, runner=runner)
+    col = PPOCollector(cfg, runner=runner)
     try:
-        # resets: 1 the first, 2 the park of the envs that just ended (in VecRunner.step),
+        # resets: 1 the first, 2 the park of the envs that just ended (in VecEnv.step),
         # 3 the runner's masked reset into their next episodes
         nth = {"ppo-first": 1, "ppo-park": 2, "ppo-masked": 3}[which]
         calls = sabotage(runner, fault, nth)
@@ -373,8 +384,9 @@ def test_ppo_worker_failing_in_a_reset_is_restarted_and_counted(fault, which):
 
 @pytest.mark.parametrize("fault", ["kill", pytest.param("raise", marks=pytest.mark.slow)])
 def test_grpo_worker_failing_in_a_reset_reruns_the_episodes_it_dropped(fault):
-    runner = VecRunner(_async(num_envs=2, max_episode_steps=3))
-    col = GRPOCollector(runner.cfg, groups=3, group_size=1, runner=runner)
+    cfg = _async(num_envs=2, max_episode_steps=3)
+    runner = make_envs(cfg)
+    col = GRPOCollector(cfg, groups=3, group_size=1, runner=runner)
     try:
         sabotage(runner, fault, nth=3)  # 1 assign, 2 park, 3 the third episode's assign
         batch, m = col.collect(policy_for(runner), 0)

@@ -19,7 +19,7 @@ from perceptrl.vla.bc import chunk_targets  # noqa: E402
 from perceptrl.vla.collect import PPOCollector  # noqa: E402
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
 from perceptrl.vla.config import EnvConfig, VLAConfig  # noqa: E402
-from perceptrl.vla.envs import VecRunner  # noqa: E402
+from perceptrl.vla.envs import make_envs  # noqa: E402
 from perceptrl.vla.flow import FlowVLA  # noqa: E402
 from perceptrl.vla.runner import CONTINUES, CUT, TERMINATED, Rows  # noqa: E402
 
@@ -102,7 +102,7 @@ def test_collected_logp_old_equal_training_forward():
     the training forward gives the stored chains (the ratio starts at exactly 1)."""
     cfg = EnvConfig(id="perceptrl/Reach-v0", num_envs=2, obs_mode="state", steps_per_rollout=6,
                     max_episode_steps=8, action_chunk=2)  # fmt: skip
-    runner = VecRunner(cfg, seed=0)
+    runner = make_envs(cfg, seed=0)
     policy = flow_policy("sde", chunk=2, objects=runner.observation_space["objects"].shape[0])
     batch, m = PPOCollector(cfg, seed=0, runner=runner).collect(policy, 0)
     runner.close()
@@ -163,7 +163,7 @@ def test_sde_keeps_the_flow_marginal_of_a_known_field():
 def test_nonfinite_chain_is_a_counted_noop_and_carries_no_gradient():
     cfg = EnvConfig(id="perceptrl/Reach-v0", num_envs=2, obs_mode="state", max_episode_steps=8,
                     action_chunk=2)  # fmt: skip
-    runner = VecRunner(cfg, seed=0)
+    runner = make_envs(cfg, seed=0)
     policy = flow_policy("sde", chunk=2, objects=runner.observation_space["objects"].shape[0])
     velocity = policy.velocity
     diverged = torch.tensor([[float("nan")], [1.0]])  # env 0's velocity field diverges

@@ -7,21 +7,21 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from types import SimpleNamespace  # noqa: E402
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from perceptrl.sim.backends import split_obs  # noqa: E402
 from perceptrl.sim.expert import ScriptedExpert  # noqa: E402
-from perceptrl.sim.vector import Batch, split_obs  # noqa: E402
+from perceptrl.sim.vector import Batch, EnvRestarted, StepResult, VecEnv  # noqa: E402
 from perceptrl.vla.collect import GRPOCollector, PPOCollector  # noqa: E402
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
 from perceptrl.vla.config import (
     EnvConfig,  # noqa: E402
     VLAConfig,  # noqa: E402
 )
-from perceptrl.vla.envs import EnvRestarted, StepResult, VecRunner, env_kwargs  # noqa: E402
+from perceptrl.vla.envs import env_kwargs, make_envs  # noqa: E402
 from perceptrl.vla.evaluate import run_seeded  # noqa: E402
 from perceptrl.vla.runner import (  # noqa: E402
     CUT,
@@ -39,15 +39,14 @@ LIMIT = 4
 
 
 class CounterEnvs:
-    """N fake envs behind VecRunner's batched surface. Env i observes ``(i, t, serial)``: t
+    """N fake envs behind `VecEnv`'s surface. Env i observes ``(i, t, serial)``: t
     steps into its episode, serial = episodes it started. An episode terminates (success)
     after ``goal`` steps, from the reset option ``task_id`` (or the seed, or ``2 + serial % 4``
     for a plain reset), and is truncated at ``LIMIT``; step t's reward is ``0.1 * t``.
-    ``fail_at``: the global step that raises `EnvRestarted` (all envs reset, as VecRunner does)."""
+    ``fail_at``: the global step that raises `EnvRestarted` (all envs reset, as `VecEnv` does)."""
 
     def __init__(self, n: int, fail_at: int = -1):
-        self.n, self.action_dim, self.env_id = n, 1, "counter"
-        self.cfg = SimpleNamespace(max_episode_steps=LIMIT, action_chunk=1)
+        self.n, self.action_dim, self.env_id, self.time_limit = n, 1, "counter", LIMIT
         self.counters = {"bad_actions": 0, "dropped_episodes": 0, "env_restarts": 0}
         self.t, self.serial, self.goal = (np.zeros(n, np.int64) for _ in range(3))
         self.steps, self.fail_at, self.batch = 0, fail_at, None
@@ -62,7 +61,7 @@ class CounterEnvs:
             self.serial[i] += 1
             self.t[i] = 0
             if options is not None:
-                self.goal[i] = options["task_id"][i]
+                self.goal[i] = options[i]["task_id"]
             elif seeds is not None and seeds[i] is not None:
                 self.goal[i] = seeds[i]
             else:
@@ -204,7 +203,7 @@ def state_env(**kw) -> EnvConfig:
     return EnvConfig(**{**base, **kw})
 
 
-def small_policy(runner: VecRunner, chunk: int = 1) -> CompactVLA:
+def small_policy(runner: VecEnv, chunk: int = 1) -> CompactVLA:
     torch.manual_seed(0)
     obj = runner.observation_space["objects"].shape[0]
     return CompactVLA(
@@ -250,7 +249,7 @@ def reference_episode(policy: CompactVLA, cfg: EnvConfig, seed: int) -> tuple[fl
 
 def test_seeded_evaluation_matches_a_plain_one_env_loop():
     cfg = state_env(action_chunk=2, max_episode_steps=14, reward_mode="dense")
-    runner = VecRunner(cfg, seed=0)
+    runner = make_envs(cfg, seed=0)
     policy = small_policy(runner, chunk=2)
     seeds = [1_000_000 + j for j in range(5)]
     try:
@@ -265,8 +264,9 @@ def test_seeded_evaluation_matches_a_plain_one_env_loop():
 
 
 def test_grpo_queue_longer_than_envs_starts_each_group_from_its_state():
-    runner = VecRunner(state_env(num_envs=2), seed=0)
-    col = GRPOCollector(runner.cfg, groups=3, group_size=3, runner=runner)
+    cfg = state_env(num_envs=2)
+    runner = make_envs(cfg, seed=0)
+    col = GRPOCollector(cfg, groups=3, group_size=3, runner=runner)
     try:
         batch, m = col.collect(small_policy(runner), 4)
     finally:
@@ -295,9 +295,10 @@ class CountingPolicy:
 
 
 def test_ppo_bootstraps_read_the_critic_without_sampling():
-    runner = VecRunner(state_env(), seed=1)
+    cfg = state_env()
+    runner = make_envs(cfg, seed=1)
     policy = CountingPolicy(small_policy(runner))
-    col = PPOCollector(runner.cfg, seed=1, runner=runner)
+    col = PPOCollector(cfg, seed=1, runner=runner)
     try:
         batch, m = col.collect(policy, 0)
         assert policy.acts == 7  # one act per policy step: none for the bootstraps

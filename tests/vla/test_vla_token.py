@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from perceptrl.trainer.batch import RolloutBatch  # noqa: E402
-from perceptrl.vla.envs import VecRunner  # noqa: E402
+from perceptrl.vla.envs import make_envs  # noqa: E402
 from perceptrl.vla.run import build_trainer, load_policy  # noqa: E402
 from perceptrl.vla.token_vla import TokenSpec, TokenVLA, action_block  # noqa: E402
 from perceptrl.vlm.tiny import build_tiny  # noqa: E402
@@ -57,7 +57,8 @@ def test_action_block_avoids_special_tokens(tiny_dir):
 def test_act_and_evaluate_agree_under_the_mask(tiny_dir, env_cfg, cameras):
     torch.manual_seed(0)
     policy = TokenVLA.from_pretrained(tiny_dir, TokenSpec(action_dim=5, chunk=2))
-    runner = VecRunner(dataclasses.replace(env_cfg, cameras=cameras), seed=3)
+    cfg = dataclasses.replace(env_cfg, cameras=cameras)
+    runner = make_envs(cfg, seed=3)
     try:
         obs = policy.observe(runner.reset())
     finally:
@@ -96,7 +97,7 @@ def test_act_and_evaluate_agree_under_the_mask(tiny_dir, env_cfg, cameras):
 def test_policy_gradient_step_raises_logp(tiny_dir, env_cfg):
     torch.manual_seed(1)
     policy = TokenVLA.from_pretrained(tiny_dir, TokenSpec(action_dim=5))
-    runner = VecRunner(env_cfg, seed=5)
+    runner = make_envs(env_cfg, seed=5)
     try:
         obs = policy.observe(runner.reset())
     finally:
@@ -174,7 +175,7 @@ def test_action_bins_from_the_recipe(tiny_dir, tmp_path, env_cfg):
     model = bc_token(tiny_dir, tmp_path, "vla.action_bins=31", "train.steps=1")
     policy = load_policy(model)
     assert policy.spec.bins == 31
-    runner = VecRunner(env_cfg, seed=3)
+    runner = make_envs(env_cfg, seed=3)
     try:
         actions, _, _ = policy.act(policy.observe(runner.reset()), deterministic=True)
         again = load_config(CONFIGS / "vla_grpo_token.yaml", [f"model.path={model}", *QUIET])

@@ -11,10 +11,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from perceptrl.sim.vector import VecEnv  # noqa: E402
 from perceptrl.vla.collect import GRPOCollector, _give_back, _Node, _split  # noqa: E402
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
 from perceptrl.vla.config import EnvConfig, VLAConfig  # noqa: E402
-from perceptrl.vla.envs import VecRunner  # noqa: E402
+from perceptrl.vla.envs import make_envs  # noqa: E402
 from perceptrl.vla.runner import CUT, Actor, EpisodeRunner, EpisodeSpecs  # noqa: E402
 
 
@@ -23,7 +24,7 @@ def env_cfg(**kw) -> EnvConfig:
     return EnvConfig(**{**base, **kw})
 
 
-def policy_for(runner: VecRunner) -> CompactVLA:
+def policy_for(runner: VecEnv) -> CompactVLA:
     torch.manual_seed(0)
     obj = runner.observation_space["objects"].shape[0]
     return CompactVLA(CompactSpec(5, objects_dim=obj, vla=VLAConfig(encoder="state", hidden=32)))
@@ -32,7 +33,8 @@ def policy_for(runner: VecRunner) -> CompactVLA:
 def test_branch_point_restores_the_exact_state():
     """An episode stopped at the cap and continued from its snapshot in another env follows the
     same physics as the uninterrupted one under the same actions."""
-    runner = VecRunner(env_cfg(num_envs=2), seed=0)
+    cfg = env_cfg(num_envs=2)
+    runner = make_envs(cfg, seed=0)
     policy = policy_for(runner)
     actions = torch.linspace(-0.6, 0.6, 5).repeat(2, 1)  # the same action every step, both envs
 
@@ -61,7 +63,7 @@ def test_branch_point_restores_the_exact_state():
 
 def test_tree_groups_share_trunks_and_keep_group_size_leaves():
     cfg = env_cfg(num_envs=3)
-    runner = VecRunner(cfg, seed=1)
+    runner = make_envs(cfg, seed=1)
     policy = policy_for(runner)
     col = GRPOCollector(cfg, groups=2, group_size=4, seed=1, runner=runner, branches=[2, 2],
                         segment_steps=3)  # fmt: skip
