@@ -2,7 +2,7 @@
 
 Batched simulation: env steps/s of CPU MuJoCo against MJWarp, with and without rendering.
 
-Both backends run the way collection runs them: `vla.envs.VecRunner` steps N envs of a task
+Both backends run the way collection runs them: `sim.vector.VecEnv` steps N envs of a task
 with random delta-EE actions, episodes end at the time limit and restart by masked resets.
 "state" renders nothing; "rgb" renders two 64x64 cameras (agent view + wrist) every step.
 
@@ -39,13 +39,13 @@ def make_runner(backend: str, task: str, n: int, mode: str, device: str):
     import perceptrl.sim  # noqa: F401
     from perceptrl.sim import env_id
     from perceptrl.vla.config import EnvConfig
-    from perceptrl.vla.envs import VecRunner
+    from perceptrl.vla.envs import make_envs
 
     cfg = EnvConfig(
         id=env_id(task), num_envs=n, obs_mode=mode, image_size=64,
         cameras=["agentview", "wrist"], backend=backend, device=device,
     )  # fmt: skip
-    runner = VecRunner(cfg, seed=0)
+    runner = make_envs(cfg, seed=0)
     runner.reset()
     return runner
 
@@ -108,13 +108,13 @@ def measure_collect(n: int, rollouts: int, device: str) -> dict:
     """The PPO collector of the warp recipe with the compact VLA on ``device``."""
     import torch
 
-    from perceptrl.vla.envs import VecRunner
+    from perceptrl.vla.envs import make_envs
     from perceptrl.vla.run import build_policy, build_source
     from perceptrl.wiring import load_config
 
     cfg = load_config(RECIPE, [f"env.num_envs={n}", f"env.device={device}",
                                f"train.device={device}"])  # fmt: skip
-    runner = VecRunner(cfg.env, seed=0)
+    runner = make_envs(cfg.env, seed=0)
     policy = build_policy(cfg, runner)
     source = build_source(cfg, runner)
     source.collect(policy, 0)
@@ -148,7 +148,7 @@ def cpu_report(args) -> None:
         f"# CPU MuJoCo against MJWarp on warp's CPU device ({args.task})",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores; mujoco {m['mujoco']}, warp {m['warp']}. "
-        "`VecRunner` stepping N envs with random delta-EE actions (episodes restart by masked "
+        "`VecEnv` stepping N envs with random delta-EE actions (episodes restart by masked "
         "resets); rgb renders two 64x64 cameras per step (MuJoCo: EGL/Mesa per env; MJWarp: "
         f"its ray tracer, all worlds in one launch). Alternating slices, {args.rounds} of each "
         "backend per row, after a warm-up step (kernels compiled and cached beforehand).",

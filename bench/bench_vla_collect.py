@@ -31,12 +31,12 @@ def measure(num_envs: int, rollouts: int) -> dict:
     """One setting, in this process: ``rollouts`` collections after one warm-up collection."""
     import torch  # before any rendering
 
-    from perceptrl.vla.envs import VecRunner
+    from perceptrl.vla.envs import make_envs
     from perceptrl.vla.run import build_policy, build_source
     from perceptrl.wiring import load_config
 
     cfg = load_config(RECIPE, [f"env.num_envs={num_envs}", "train.device=cpu"])
-    runner = VecRunner(cfg.env, seed=0)
+    runner = make_envs(cfg.env, seed=0)
     policy = build_policy(cfg, runner)
     source = build_source(cfg, runner)
     source.collect(policy, 0)  # warm-up: renderers, first resets
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         f"| {r['peak_rss_mb']} |"
         for r in rows
     ]
-    write_results("vla_collect", result, "\n".join(lines), seeds=[0])  # VecRunner seed
+    write_results("vla_collect", result, "\n".join(lines), seeds=[0])  # the envs' seed
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .expert import ScriptedExpert
+from .focus import make_env
 
 
 def write_video(path: str | Path, frames: list[np.ndarray], fps: int) -> Path:
@@ -159,7 +160,8 @@ def record_demos(
     """Record ``n_episodes`` scripted-expert episodes of ``env_id`` into ``out_dir``.
 
     Args:
-        env_id: registered id, e.g. ``"perceptrl/Put-v0"``; ``env_kwargs`` go to ``gymnasium.make``.
+        env_id: registered id, e.g. ``"perceptrl/Put-v0"``; ``env_kwargs`` go to
+            `sim.focus.make_env` (``gymnasium.make``'s options and ``subgoal_focus``).
         out_dir: folder (created) for the files described in the module docstring.
         n_episodes: episodes to keep.
         seed: episode ``k`` of the attempts uses reset seed ``seed + k``.
@@ -170,7 +172,7 @@ def record_demos(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    env = gym.make(env_id, **env_kwargs)
+    env = make_env(env_id, **env_kwargs)
     cameras = tuple(
         k for k in env.observation_space.spaces if k not in ("proprio", "objects", "instruction")
     )

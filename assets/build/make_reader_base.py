@@ -48,7 +48,7 @@ def states(env, n: int, first: int) -> dict:
     from perceptrl.sim.composite import ENTITY_KINDS, GOAL_INDEX
     from perceptrl.sim.tasks import task_counts
 
-    counts = task_counts(env.task)
+    counts = task_counts(env.unwrapped.task)
     first_of = dict(zip(ENTITY_KINDS, np.cumsum([0, *[counts[k] for k in ENTITY_KINDS]])))
     objects, proprio, texts, goal = [], [], [], []
     for tid in range(first, first + n):
@@ -78,11 +78,9 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="recipe overrides (key=value)")
     args = ap.parse_args()
 
-    import gymnasium as gym
-
-    import perceptrl.sim  # noqa: F401  (registers the ids)
     from perceptrl.cli import CONFIGS
     from perceptrl.sim.composite import ENTITY_SIZE
+    from perceptrl.sim.focus import make_env
     from perceptrl.vla.compact import build_compact, encode_words, spec_from_config
     from perceptrl.vla.envs import env_kwargs
     from perceptrl.wiring import load_config
@@ -93,7 +91,7 @@ def main() -> None:
                          "entities and vla.aux=subject in the recipe")  # fmt: skip
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
-    env = gym.make(cfg.env.id, **env_kwargs(cfg.env)).unwrapped
+    env = make_env(cfg.env.id, **env_kwargs(cfg.env))  # a SubgoalFocus: env.subgoal_focus
     train = states(env, args.states, 2_000_000)
     held = states(env, 500, 3_000_000)  # neither the BC seeds nor the evaluation's
     made = time.perf_counter() - t0
