@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from perceptrl.trainer.engine import build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.vlm.lora import LoraVLMPolicy, apply_lora
 from perceptrl.vlm.policy import VLMPolicy
@@ -81,7 +82,14 @@ def _train(policy, samples, run_dir: Path, steps: int = 3, kl_coef: float = 0.05
     cfg.train.device, cfg.algo.kl_coef = "cpu", kl_coef
     cfg.log.tensorboard, cfg.log.progress = False, False
     source = zero_worker.FixedSource(samples, 0, 1)
-    trainer = Trainer(cfg, policy, source, run_dir, ref_policy=policy.reference())
+    trainer = Trainer(
+        cfg,
+        policy,
+        source,
+        run_dir,
+        engine=build_engine(policy, cfg.train),
+        ref_policy=policy.reference(),
+    )
     trainer.fit()
     return trainer
 
@@ -153,7 +161,7 @@ def test_lora_learns_the_rewarded_completion(tiny, samples, tmp_path):
     cfg = Config()
     cfg.train.steps, cfg.train.lr, cfg.train.device = 4, 1e-2, "cpu"
     cfg.log.tensorboard, cfg.log.progress = False, False
-    Trainer(cfg, policy, source, tmp_path / "run").fit()
+    Trainer(cfg, policy, source, tmp_path / "run", engine=build_engine(policy, cfg.train)).fit()
     with torch.no_grad():
         gain = policy.evaluate(batch).logp.sum(1) - before
     assert gain[good].min() > gain[~good].max() + 0.2

@@ -52,3 +52,14 @@ def test_builtins_are_imported_on_first_read():
     r = Registry("thing", builtins=("json",))
     assert not r._loaded
     assert r.names() == [] and r._loaded
+
+
+def test_declared_keys_get_their_defaults_and_a_typo_raises():
+    r = Registry("thing", declares={"needs": (), "per_step": False})
+    r.register("a", object(), needs=("values",))
+    assert dict(r.meta("a")) == {"needs": ("values",), "per_step": False}
+    with pytest.raises(ValueError, match="declares need; a thing declares only needs, per_step"):
+        r.register("b", object(), need=("values",))
+    nothing = Registry("other", declares={})
+    with pytest.raises(ValueError, match="declares only nothing"):
+        nothing.register("c", object(), x=1)

@@ -27,9 +27,10 @@ from perceptrl.trainer.deepspeed_engine import (
     DeepSpeedEngine,
     UnsafeCheckpointError,
     ds_config,
+    policy_module,
     weights_only_torch_load,
 )
-from perceptrl.trainer.engine import TorchEngine, build_engine, policy_module
+from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.wiring import Config, load_config
 
 WORKER = Path(__file__).resolve().parent / "zero_worker.py"
@@ -289,7 +290,7 @@ def test_ds_config_follows_train_config():
 def test_build_engine_backends_and_errors():
     module = torch.nn.Linear(3, 2)
     assert isinstance(build_engine(module, TrainConfig()), TorchEngine)
-    with pytest.raises(ValueError, match="valid: torch, deepspeed"):
+    with pytest.raises(ValueError, match="valid: deepspeed, torch"):
         build_engine(module, TrainConfig(backend="fsdp"))
     with pytest.raises(ValueError, match="ZeRO 2 or 3"):
         DeepSpeedEngine(module, TrainConfig(backend="deepspeed", zero_stage=1))
@@ -384,7 +385,7 @@ def test_an_error_on_rank0_stops_every_rank(tmp_path):
     script = tmp_path / "rank0_error.py"
     script.write_text(
         "import sys\n"
-        "from perceptrl.trainer.deepspeed_engine import (\n"
+        "from perceptrl.trainer.distributed import (\n"
         "    on_rank0, rank_and_world, shutdown_distributed)\n"
         "def load():\n"
         "    raise ValueError('data file empty: x.jsonl')\n"

@@ -22,7 +22,7 @@ import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
-from perceptrl.trainer.deepspeed_engine import shutdown_distributed
+from perceptrl.trainer.distributed import shutdown_distributed
 from perceptrl.trainer.engine import build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.vlm.policy import VLMPolicy

@@ -1,15 +1,16 @@
-"""Advantage estimators, their registry, and the masked statistics they share with the losses.
+"""Advantage estimators, their inputs record, and the masked statistics they share with the losses.
 
-Every estimator has one signature::
+Every estimator has one signature and registers in ``perceptrl.registry.ADVANTAGES``::
 
-    fn(rewards, mask, group_id, cfg, values=None, bootstrap_value=None)
-        -> (advantages [B, T], returns [B, T], metrics)
+    @ADVANTAGES.register("grpo")
+    def grpo(inp: AdvantageInputs, cfg: AlgoConfig) -> (advantages [B, T], returns [B, T], metrics)
 
-An estimator may also take the keywords ``segments`` (the tree node of each token,
-``RolloutBatch.segments``: tree rollouts) and ``step_rewards`` (process rewards [B, T],
-``RolloutBatch.step_rewards``); the loop passes them when the batch has them and the signature
-names them. An estimator without ``step_rewards`` gets outcome + ``cfg.process_coef`` * process
-as [B, T] ``rewards``.
+and declares there what it reads besides ``rewards``, ``mask`` and ``group_id``
+(``needs=("values", "bootstrap_value")`` for gae, ``("segments",)`` for the tree estimators,
+``("step_rewards",)`` for prime): the trainer fills only those fields of the record. An
+estimator that does not read ``step_rewards`` gets outcome + ``cfg.process_coef`` * process as
+[B, T] ``rewards``. ``per_step=True`` says it credits each step from per-step rewards and a
+critic (gae), which a VLA run reads to collect PPO segments rather than whole-episode groups.
 
 ``mask`` [B, T] is 1 on the policy's own tokens/steps and 0 elsewhere: trailing padding, and
 also interior holes (observations the policy did not write, e.g. a tool result inside a
@@ -17,7 +18,7 @@ multi-turn episode). A hole gets no advantage of its own, does not reset a retur
 reward reaches earlier policy tokens across it. ``rewards`` is [B] (one per sequence, placed at
 the last policy token when a token-level view is needed) or [B, T] (per token; values at masked
 positions are dropped, so a reward must sit on a policy token). Advantages and returns are
-detached and zero on masked positions. :mod:`perceptrl.trainer.algos` re-exports the registry.
+detached and zero on masked positions.
 
 Semantics follow verl's ``core_algos`` estimators; where they differ, the docstring says why.
 """
@@ -25,56 +26,49 @@ Semantics follow verl's ``core_algos`` estimators; where they differ, the docstr
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from .config import AlgoConfig
+from ..registry import ADVANTAGES
 
-AdvantageFn = Callable[..., tuple[Tensor, Tensor, dict[str, float]]]
-F = TypeVar("F", bound=Callable)
+if TYPE_CHECKING:
+    from .config import AlgoConfig
 
-ADVANTAGES: dict[str, AdvantageFn] = {}
 WHITEN_EPS = 1e-8  # verl's masked_whiten: added to the variance
 
 
-# ----------------------------------------------------------------------------- registries
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an estimator reads of a scored batch. The optional fields are filled only when the
+    estimator declares them in ``needs`` (and the batch has them)."""
+
+    rewards: Tensor  # [B] (one per sequence) or [B, T] (per token/step)
+    mask: Tensor  # [B, T], 1 on the policy's own tokens/steps
+    group_id: Tensor  # [B], rows with one id share a prompt or an initial state
+    values: Tensor | None = None  # [B, T], the critic's values at rollout time
+    bootstrap_value: Tensor | None = None  # [B], value after a truncated episode (else None)
+    segments: Tensor | None = None  # [B, T], tree node of each token (0 on padding)
+    step_rewards: Tensor | None = None  # [B, T], process rewards on the tokens that end a step
 
 
-def _register(table: dict, kind: str, name: str) -> Callable[[F], F]:
-    """Decorator registering a function in ``table``; a second function under a name raises."""
-
-    def deco(fn: F) -> F:
-        old = table.get(name, fn)
-        if (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(
-                f"{kind} {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
-                f"register {fn.__qualname__} under another name"
-            )
-        table[name] = fn
-        return fn
-
-    return deco
+OPTIONAL_INPUTS = ("values", "bootstrap_value", "segments", "step_rewards")
+"""the fields of `AdvantageInputs` an estimator may declare in ``needs``"""
 
 
-def _lookup(table: dict, kind: str, field: str, name: str):
-    if name not in table:
+def declared_needs(name: str) -> tuple[str, ...]:
+    """The optional inputs that estimator ``name`` declared at registration (``needs``);
+    `UnknownName` for an unregistered name, ValueError for a need that is no input."""
+    needs = tuple(ADVANTAGES.meta(name)["needs"])
+    unknown = [k for k in needs if k not in OPTIONAL_INPUTS]
+    if unknown:
         raise ValueError(
-            f"unknown {kind} {name!r}; valid names: {', '.join(sorted(table))}. "
-            f"Set {field} to one of them, or register a new one in perceptrl.trainer.algos."
+            f"advantage estimator {name!r} declares needs={needs}; {', '.join(unknown)} is no "
+            f"field of AdvantageInputs (an estimator may need {', '.join(OPTIONAL_INPUTS)})"
         )
-    return table[name]
-
-
-def register_advantage(name: str) -> Callable[[F], F]:
-    """Decorator: register an advantage estimator under ``name`` (see module docstring)."""
-    return _register(ADVANTAGES, "advantage estimator", name)
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """The advantage estimator registered as ``name``; ValueError listing valid names if none."""
-    return _lookup(ADVANTAGES, "advantage estimator", "algo.adv_estimator", name)
+    return needs
 
 
 # ----------------------------------------------------------------------------- masked statistics
@@ -205,8 +199,8 @@ def _adv_metrics(adv: Tensor, mask: Tensor, **extra: Tensor | float) -> dict[str
 # ----------------------------------------------------------------------------- estimators
 
 
-@register_advantage("grpo")
-def grpo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
+@ADVANTAGES.register("grpo")
+def grpo(inp: AdvantageInputs, cfg: AlgoConfig):
     """GRPO: ``(r - mean_g) / (std_g + eps)`` per group, broadcast over valid tokens.
 
     As verl's ``grpo``: unbiased group std, ``cfg.eps`` added to the std, and a group of one
@@ -215,13 +209,14 @@ def grpo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=
     tokens first. Returns are the advantages (no critic).
 
     Args:
-        rewards [B] or [B, T], mask [B, T], group_id [B]; values/bootstrap_value unused.
+        inp: ``rewards`` [B] or [B, T], ``mask`` [B, T], ``group_id`` [B].
     Returns:
         advantages [B, T], returns [B, T], metrics (``group_zero_std_frac``: groups without a
         group-relative signal, singletons included).
     """
-    r = _seq_rewards(rewards, mask)
-    _, mean, std, group_std = _group_baseline(r, group_id)
+    mask = inp.mask
+    r = _seq_rewards(inp.rewards, mask)
+    _, mean, std, group_std = _group_baseline(r, inp.group_id)
     score = r - mean
     if cfg.norm_by_std:
         score = score / (std + cfg.eps)
@@ -230,19 +225,19 @@ def grpo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=
     return adv, adv, _adv_metrics(adv, mask, group_zero_std_frac=zero)
 
 
-@register_advantage("rloo")
-def rloo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
+@ADVANTAGES.register("rloo")
+def rloo(inp: AdvantageInputs, cfg: AlgoConfig):
     """RLOO: ``r_i - mean(r_j, j != i)`` = ``G / (G - 1) * (r_i - mean_g)``.
 
     A group of one has no other member to average and keeps its reward, as verl's ``rloo``
     (its ``rloo_vectorized`` gives 0 instead; we follow the estimator named ``rloo``).
     Args/Returns as :func:`grpo` (returns are the advantages).
     """
-    r = _seq_rewards(rewards, mask)
-    g, mean, _, _ = _group_baseline(r, group_id)
+    r = _seq_rewards(inp.rewards, inp.mask)
+    g, mean, _, _ = _group_baseline(r, inp.group_id)
     score = torch.where(g > 1, g / (g - 1).clamp(min=1) * (r - mean), r)
-    adv = _broadcast(score, mask)
-    return adv, adv, _adv_metrics(adv, mask)
+    adv = _broadcast(score, inp.mask)
+    return adv, adv, _adv_metrics(adv, inp.mask)
 
 
 def _discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
@@ -260,8 +255,8 @@ def _discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return torch.stack(out[::-1], dim=1) if out else r
 
 
-@register_advantage("reinforce_pp")
-def reinforce_pp(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp(inp: AdvantageInputs, cfg: AlgoConfig):
     """REINFORCE++: token-level discounted returns-to-go (``cfg.gamma``), whitened over all
     valid tokens of the batch (:func:`masked_whiten`, as verl).
 
@@ -272,28 +267,28 @@ def reinforce_pp(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstra
     masks the two agree. A [B] reward sits at
     the last valid token. ``returns`` are the un-whitened returns-to-go (0 on masked positions).
     """
-    ret = _discounted_returns(token_rewards(rewards, mask), mask, cfg.gamma)
+    mask = inp.mask
+    ret = _discounted_returns(token_rewards(inp.rewards, mask), mask, cfg.gamma)
     adv = masked_whiten(ret, mask)
     return adv, ret, _adv_metrics(adv, mask, returns_mean=masked_mean(ret, mask))
 
 
-@register_advantage("reinforce_pp_baseline")
-def reinforce_pp_baseline(
-    rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None
-):
+@ADVANTAGES.register("reinforce_pp_baseline")
+def reinforce_pp_baseline(inp: AdvantageInputs, cfg: AlgoConfig):
     """REINFORCE++ with a group baseline (verl ``reinforce_plus_plus_baseline``): subtract the
     group mean of the sequence rewards, broadcast over valid tokens, then whiten over all valid
     tokens of the batch. A group of one keeps its reward (baseline 0, as verl) before
     whitening. Returns are the advantages.
     """
-    r = _seq_rewards(rewards, mask)
-    _, mean, _, _ = _group_baseline(r, group_id)
+    mask = inp.mask
+    r = _seq_rewards(inp.rewards, mask)
+    _, mean, _, _ = _group_baseline(r, inp.group_id)
     adv = masked_whiten(_broadcast(r - mean, mask), mask)
     return adv, adv, _adv_metrics(adv, mask)
 
 
-@register_advantage("gae")
-def gae(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
+@ADVANTAGES.register("gae", needs=("values", "bootstrap_value"), per_step=True)
+def gae(inp: AdvantageInputs, cfg: AlgoConfig):
     """Generalised advantage estimation (``cfg.gamma``, ``cfg.lam``) for critic policies.
 
     Masked positions (padding and interior holes) are skipped, as in verl's
@@ -308,17 +303,19 @@ def gae(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=N
     to get verl's GAE. returns = advantages + values.
 
     Args:
-        values [B, T]: critic values at rollout time (required).
+        inp: ``rewards`` [B] or [B, T], ``mask`` [B, T], ``values`` [B, T] (the critic's at
+            rollout time, required), ``bootstrap_value`` [B] or None.
     Returns:
         advantages [B, T], returns [B, T], metrics; all zero on masked positions.
     """
+    mask, values, bootstrap_value = inp.mask, inp.values, inp.bootstrap_value
     if values is None:
         raise ValueError(
             "gae needs values [B, T] from a critic; the policy returned no value "
             "head (use adv_estimator grpo / rloo / reinforce_pp instead)"
         )
     valid = mask > 0
-    r = token_rewards(rewards, mask)
+    r = token_rewards(inp.rewards, mask)
     v = torch.where(valid, values.detach().to(r.dtype), 0.0)
     B = mask.shape[0]
     next_v = (
@@ -344,8 +341,8 @@ def _log_comb(n: Tensor, k: Tensor) -> Tensor:
     return torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
 
 
-@register_advantage("grpo_passk")
-def grpo_passk(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None):
+@ADVANTAGES.register("grpo_passk")
+def grpo_passk(inp: AdvantageInputs, cfg: AlgoConfig):
     """Pass@k advantage ("Pass@k Training", Chen et al. 2025, analytical form) for binary rewards.
 
     A sample succeeds when its sequence reward is >= 0.5. For a group of N samples, N_neg of them
@@ -359,8 +356,8 @@ def grpo_passk(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_
     the population std, so k must be below the group size to give a learning signal to mixed
     groups. (Not verl's ``grpo_passk``, which credits only the best sample of a group.)
     """
-    r = _seq_rewards(rewards, mask)
-    inv, n_groups = _group_index(group_id)
+    r = _seq_rewards(inp.rewards, inp.mask)
+    inv, n_groups = _group_index(inp.group_id)
     ok = (r >= 0.5).double()
     zeros = torch.zeros(n_groups, dtype=torch.float64, device=r.device)
     n = zeros.index_add(0, inv, torch.ones_like(ok))
@@ -377,8 +374,8 @@ def grpo_passk(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_
     a_pos, a_neg = (1.0 - mean) / safe, (1.0 - mean - neg_term) / safe
     score = torch.where(ok > 0, a_pos[inv], a_neg[inv])
     score = torch.where(std[inv] > 0, score, 0.0).to(r.dtype)
-    adv = _broadcast(score, mask)
-    return adv, adv, _adv_metrics(adv, mask, passk_mean=mean.mean())
+    adv = _broadcast(score, inp.mask)
+    return adv, adv, _adv_metrics(adv, inp.mask, passk_mean=mean.mean())
 
 
 # ----------------------------------------------------------------------------- tree rollouts
@@ -413,9 +410,8 @@ def _subtree_means(paths: list[list[tuple]], r: Tensor) -> tuple[dict, dict]:
     return {k: total[k] / count[k] for k in total}, count
 
 
-@register_advantage("treepo")
-def treepo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None,
-           segments=None):  # fmt: skip
+@ADVANTAGES.register("treepo", needs=("segments",))
+def treepo(inp: AdvantageInputs, cfg: AlgoConfig):
     """TreePO-style tree advantage: each leaf against the mean of every subtree it belongs to.
 
     For leaf i with subtrees ``S`` on its path (the group's root and each segment node above it
@@ -427,15 +423,17 @@ def treepo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_valu
     row's valid tokens, so losses and aggregation are unchanged.
 
     Args:
-        segments [B, T]: tree node per token (0 on padding), ``RolloutBatch.segments``.
+        inp: ``rewards``, ``mask``, ``group_id`` as :func:`grpo`; ``segments`` [B, T]: tree
+            node per token (0 on padding), ``RolloutBatch.segments``.
     Returns:
         advantages [B, T], returns (= advantages), metrics (``tree_depth``: mean path length).
     """
-    r = _seq_rewards(rewards, mask)
-    inv, _ = _group_index(group_id)
-    paths = _tree_nodes(segments, mask, inv)
+    mask = inp.mask
+    r = _seq_rewards(inp.rewards, mask)
+    inv, _ = _group_index(inp.group_id)
+    paths = _tree_nodes(inp.segments, mask, inv)
     mean, count = _subtree_means(paths, r)
-    _, _, std, group_std = _group_baseline(r, group_id)
+    _, _, std, group_std = _group_baseline(r, inp.group_id)
     score = torch.zeros_like(r)
     for b, path in enumerate(paths):
         shared = [n for n in path if count[n] >= 2]
@@ -449,9 +447,8 @@ def treepo(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_valu
     return adv, adv, _adv_metrics(adv, mask, tree_depth=depth, group_zero_std_frac=zero)
 
 
-@register_advantage("treerl")
-def treerl(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None,
-           segments=None):  # fmt: skip
+@ADVANTAGES.register("treerl", needs=("segments",))
+def treerl(inp: AdvantageInputs, cfg: AlgoConfig):
     """TreeRL-style segment credit: each segment's tokens get its node's value gain.
 
     A node's value ``V(n)`` is the mean reward of the leaves below it; the root's is the group
@@ -462,12 +459,14 @@ def treerl(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_valu
     returns are the advantages. Groups of one get 0.
 
     Args:
-        segments [B, T]: tree node per token (0 on padding), ``RolloutBatch.segments``.
+        inp: ``rewards``, ``mask``, ``group_id`` as :func:`grpo`; ``segments`` [B, T]: tree
+            node per token (0 on padding), ``RolloutBatch.segments``.
     Returns:
         advantages [B, T], returns [B, T], metrics.
     """
-    r = _seq_rewards(rewards, mask)
-    inv, _ = _group_index(group_id)
+    mask, segments = inp.mask, inp.segments
+    r = _seq_rewards(inp.rewards, mask)
+    inv, _ = _group_index(inp.group_id)
     paths = _tree_nodes(segments, mask, inv)
     value, count = _subtree_means(paths, r)
     adv = torch.zeros_like(mask, dtype=r.dtype)
@@ -491,9 +490,8 @@ def treerl(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_valu
 # ----------------------------------------------------------------------------- process rewards
 
 
-@register_advantage("prime")
-def prime(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value=None,
-          step_rewards=None):  # fmt: skip
+@ADVANTAGES.register("prime", needs=("step_rewards",))
+def prime(inp: AdvantageInputs, cfg: AlgoConfig):
     """PRIME's combination of process and outcome rewards: an RLOO term on each, summed.
 
     Outcome: RLOO of the sequence rewards (:func:`rloo`), broadcast over valid tokens. Process:
@@ -505,17 +503,19 @@ def prime(rewards, mask, group_id, cfg: AlgoConfig, values=None, bootstrap_value
     implicit rewards; the per-row form here also fits sparse step rewards, one per step.)
 
     Args:
-        step_rewards [B, T]: process rewards on the tokens that end each step (0 elsewhere).
+        inp: ``rewards``, ``mask``, ``group_id`` as :func:`rloo`; ``step_rewards`` [B, T]:
+            process rewards on the tokens that end each step (0 elsewhere), or None.
     Returns:
         advantages [B, T], returns [B, T], metrics (``process_mean``, ``outcome_mean``).
     """
-    outcome, _, _ = rloo(rewards, mask, group_id, cfg)
-    if step_rewards is None:
+    mask = inp.mask
+    outcome, _, _ = rloo(inp, cfg)
+    if inp.step_rewards is None:
         return outcome, outcome, _adv_metrics(outcome, mask)
-    p = torch.where(mask > 0, _as_float(step_rewards.detach()), 0.0)
+    p = torch.where(mask > 0, _as_float(inp.step_rewards.detach()), 0.0)
     ret = _discounted_returns(p, mask, cfg.gamma)
     total = p.sum(1)
-    g, mean, _, _ = _group_baseline(total, group_id)
+    g, mean, _, _ = _group_baseline(total, inp.group_id)
     loo = torch.where(g > 1, (g * mean - total) / (g - 1).clamp(min=1), 0.0)
     process = torch.where(mask > 0, ret - loo[:, None], 0.0)
     adv = outcome + cfg.process_coef * process

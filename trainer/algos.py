@@ -1,13 +1,16 @@
 """The shared RL algorithm core: policy losses, KL estimators, loss aggregation, value loss.
 
-Everything here is a pure tensor function (torch only, no model code), looked up by name in a
-registry so the training loop never special-cases an algorithm. One signature per kind:
+Everything here is a pure tensor function (torch only, no model code), registered by name in
+the registries of :mod:`perceptrl.registry` so the training loop never special-cases an
+algorithm. One signature per kind:
 
-* advantage estimator (in :mod:`.advantages`, re-exported here): ``fn(rewards, mask, group_id,
-  cfg, values=None, bootstrap_value=None) -> (advantages [B, T], returns [B, T], metrics)``
-* policy loss: ``fn(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None,
-  num_seqs=None) -> (loss [], metrics)``
-* KL estimator: ``fn(logp, logp_ref) -> kl [B, T]`` (per token, not masked)
+* policy loss (``POLICY_LOSSES``): ``fn(logp, logp_old, advantages, mask, cfg, *,
+  is_weight=None, num_tokens=None, num_seqs=None) -> (loss [], metrics)``
+* KL estimator (``KL_ESTIMATORS``): ``fn(logp, logp_ref) -> kl [B, T]`` (per token, not masked)
+* loss aggregation mode (``AGG_MODES``): ``fn(loss, valid, *, num_tokens, num_seqs, norm_len)
+  -> loss []``, called through :func:`agg_loss`
+
+Advantage estimators live in :mod:`.advantages` (their masked statistics are re-exported here).
 
 Conventions: ``mask`` [B, T] is 1 on the policy's own tokens/steps and 0 elsewhere (padding,
 and interior holes such as observations inside a multi-turn episode). ``rewards`` is [B] (one
@@ -24,81 +27,39 @@ same objective; each place that differs says why in its docstring.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from ..registry import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 from .advantages import (
-    ADVANTAGES,
     WHITEN_EPS,
     _floats,
     _group_index,
-    _lookup,
-    _register,
     _seq_rewards,
-    get_advantage,
     masked_mean,
     masked_whiten,
-    register_advantage,
     token_rewards,
 )
-from .config import AlgoConfig
+
+if TYPE_CHECKING:
+    from .config import AlgoConfig
 
 __all__ = [
-    "ADVANTAGES",
-    "AGG_MODES",
-    "KL_ESTIMATORS",
-    "POLICY_LOSSES",
     "WHITEN_EPS",
     "agg_loss",
     "filter_groups",
     "filter_metrics",
-    "get_advantage",
-    "get_kl",
-    "get_policy_loss",
     "kl_to_reward",
     "masked_mean",
     "masked_whiten",
-    "register_advantage",
-    "register_kl",
-    "register_policy_loss",
     "rollout_gap_metrics",
     "token_rewards",
     "value_loss",
 ]
 
-PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
-KLFn = Callable[[Tensor, Tensor], Tensor]
-
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-KL_ESTIMATORS: dict[str, KLFn] = {}
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
 _LOG_RATIO_CLAMP = 20.0  # |logp - logp_old| beyond this is clamped before exp (as verl)
-
-
-# ----------------------------------------------------------------------------- registries
-
-
-def register_policy_loss(name: str) -> Callable:
-    """Decorator: register a policy loss under ``name`` (see module docstring)."""
-    return _register(POLICY_LOSSES, "policy loss", name)
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The policy loss registered as ``name``; ValueError listing valid names if none."""
-    return _lookup(POLICY_LOSSES, "policy loss", "algo.policy_loss", name)
-
-
-def register_kl(name: str) -> Callable:
-    """Decorator: register a per-token KL estimator ``fn(logp, logp_ref) -> [B, T]``."""
-    return _register(KL_ESTIMATORS, "KL estimator", name)
-
-
-def get_kl(name: str) -> KLFn:
-    """The KL estimator registered as ``name``; ValueError listing valid names if none."""
-    return _lookup(KL_ESTIMATORS, "KL estimator", "algo.kl_estimator", name)
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -118,52 +79,72 @@ def agg_loss(
     num_seqs: Tensor | float | None = None,
     norm_len: float | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss [B, T] to a scalar, as verl's ``agg_loss``.
-
-    Modes:
-        token-mean: ``sum(loss * mask) / num_tokens`` (default: valid tokens).
-        seq-mean-token-sum: each row's token sum, summed and divided by ``num_seqs``.
-        seq-mean-token-mean: each row's token mean, summed and divided by ``num_seqs``.
-        seq-mean-token-sum-norm: each row's token sum, summed and divided by ``norm_len`` only
-            (default T; Dr.GRPO's constant normaliser).
-
-    ``num_seqs`` counts the rows with at least one valid token (default: those of this batch):
-    as verl, a row with nothing valid is not a sequence of the mean, so that empty rows (all
-    observation, or all padding) do not shrink the weight of every other row.
-
-    seq-mean-token-sum-norm matches verl's formula, which has no division by the number of rows:
-    the loss is the batch's token sum over a constant. (verl's legacy workers then also scale
-    each micro-batch by 1 / gradient-accumulation steps, and data parallelism averages over
-    ranks, so its effective divisor depends on the parallel layout; ours does not. Dr.GRPO's
-    paper and TRL's ``dr_grpo`` also divide by the number of rows: set ``loss_norm_len`` to
-    rows x length to get theirs.)
+    """Reduce a per-token loss [B, T] to a scalar with the aggregation mode ``mode`` (one of
+    ``AGG_MODES``, as verl's ``agg_loss``; an unknown name raises with the valid ones).
 
     Pass the global ``num_tokens`` / ``num_seqs`` of the whole minibatch when calling on
     micro-batches: the sum of the micro-batch losses is then the full-batch loss. Padding values
     (even NaN/inf) are ignored; an all-masked batch gives 0.
 
     Args:
-        loss_mat [B, T], mask [B, T]; num_tokens, num_seqs: global normalisers (see above);
-        norm_len: constant divisor of seq-mean-token-sum-norm.
+        loss_mat [B, T], mask [B, T]; num_tokens: valid tokens of the whole (mini)batch;
+        num_seqs: its rows with at least one valid token; norm_len: constant divisor of
+        seq-mean-token-sum-norm.
     Returns:
         scalar loss.
     """
-    if mode not in AGG_MODES:
-        raise ValueError(
-            f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(AGG_MODES)} "
-            f"(set algo.loss_agg_mode)"
-        )
+    fn = AGG_MODES.get(mode)
     valid = mask > 0
     loss = torch.where(valid, loss_mat, 0.0)
-    if mode == "token-mean":
-        return _safe_div(loss.sum(), valid.sum() if num_tokens is None else num_tokens)
-    seq = loss.sum(dim=-1)  # (B,)
-    if mode == "seq-mean-token-sum-norm":
-        return seq.sum() / (norm_len or loss_mat.shape[-1] or 1)
-    if mode == "seq-mean-token-mean":
-        seq = seq / valid.sum(dim=-1).clamp(min=1)
+    return fn(loss, valid, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
+
+
+def _seq_mean(seq: Tensor, valid: Tensor, num_seqs) -> Tensor:
+    """Row values [B] summed and divided by ``num_seqs``. As verl, ``num_seqs`` counts the rows
+    with at least one valid token (default: those of this batch), so that empty rows (all
+    observation, or all padding) do not shrink the weight of every other row."""
     n = valid.any(dim=-1).sum() if num_seqs is None else num_seqs
     return _safe_div(seq.sum(), n)
+
+
+@AGG_MODES.register("token-mean")
+def token_mean(loss: Tensor, valid: Tensor, *, num_tokens=None, num_seqs=None, norm_len=None):
+    """``sum(loss) / num_tokens`` (default: this batch's valid tokens)."""
+    return _safe_div(loss.sum(), valid.sum() if num_tokens is None else num_tokens)
+
+
+@AGG_MODES.register("seq-mean-token-sum")
+def seq_mean_token_sum(
+    loss: Tensor, valid: Tensor, *, num_tokens=None, num_seqs=None, norm_len=None
+):
+    """Each row's token sum, summed and divided by ``num_seqs``."""
+    return _seq_mean(loss.sum(dim=-1), valid, num_seqs)
+
+
+@AGG_MODES.register("seq-mean-token-mean")
+def seq_mean_token_mean(
+    loss: Tensor, valid: Tensor, *, num_tokens=None, num_seqs=None, norm_len=None
+):
+    """Each row's token mean, summed and divided by ``num_seqs``."""
+    seq = loss.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)  # (B,)
+    return _seq_mean(seq, valid, num_seqs)
+
+
+@AGG_MODES.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(
+    loss: Tensor, valid: Tensor, *, num_tokens=None, num_seqs=None, norm_len=None
+):
+    """Each row's token sum, summed and divided by ``norm_len`` only (default T; Dr.GRPO's
+    constant normaliser).
+
+    This is verl's formula, which has no division by the number of rows: the loss is the
+    batch's token sum over a constant. (verl's legacy workers then also scale each micro-batch
+    by 1 / gradient-accumulation steps, and data parallelism averages over ranks, so its
+    effective divisor depends on the parallel layout; ours does not. Dr.GRPO's paper and TRL's
+    ``dr_grpo`` also divide by the number of rows: set ``loss_norm_len`` to rows x length to
+    get theirs.)
+    """
+    return loss.sum(dim=-1).sum() / (norm_len or loss.shape[-1] or 1)
 
 
 # ----------------------------------------------------------------------------- policy losses
@@ -198,7 +179,7 @@ def _pg_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor,
         )
 
 
-@register_policy_loss("ppo_clip")
+@POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(
     logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None, num_seqs=None
 ):
@@ -234,7 +215,7 @@ def ppo_clip(
     return loss, _pg_metrics(log_ratio, ratio, l2 > l1, mask, **extra)
 
 
-@register_policy_loss("gspo")
+@POLICY_LOSSES.register("gspo")
 def gspo(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None, num_seqs=None):
     """GSPO (Zheng et al. 2025), token-level form.
 
@@ -262,7 +243,7 @@ def gspo(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=No
     )
 
 
-@register_policy_loss("cispo")
+@POLICY_LOSSES.register("cispo")
 def cispo(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None, num_seqs=None):
     """CISPO (MiniMax-M1): ``loss_t = -sg[clip(r, 1 - cispo_clip_low, 1 + cispo_clip_high)] A logp``.
 
@@ -331,25 +312,25 @@ def value_loss(
 # kl / mse / low_var_kl.
 
 
-@register_kl("k1")
+@KL_ESTIMATORS.register("k1")
 def kl_k1(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """k1 = logp - logp_ref (unbiased, high variance, can be negative). [B, T]."""
     return logp - logp_ref
 
 
-@register_kl("k2")
+@KL_ESTIMATORS.register("k2")
 def kl_k2(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """k2 = 0.5 (logp - logp_ref)^2 (its gradient is an unbiased KL gradient). [B, T]."""
     return 0.5 * (logp - logp_ref).square()
 
 
-@register_kl("abs")
+@KL_ESTIMATORS.register("abs")
 def kl_abs(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """|logp - logp_ref| (verl's ``abs``). [B, T]."""
     return (logp - logp_ref).abs()
 
 
-@register_kl("k3")
+@KL_ESTIMATORS.register("k3")
 def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """k3 = exp(logp_ref - logp) - (logp_ref - logp) - 1 (unbiased, >= 0, low variance).
 
@@ -365,7 +346,7 @@ def _k2_gradient(value: Tensor, logp: Tensor, logp_ref: Tensor) -> Tensor:
     return value.detach() + (k2 - k2.detach())
 
 
-@register_kl("k1+")
+@KL_ESTIMATORS.register("k1+")
 def kl_k1_plus(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """Straight-through k1: the value of k1, the gradient of k2. [B, T].
 
@@ -378,7 +359,7 @@ def kl_k1_plus(logp: Tensor, logp_ref: Tensor) -> Tensor:
     return _k2_gradient(kl_k1(logp, logp_ref), logp, logp_ref)
 
 
-@register_kl("k3+")
+@KL_ESTIMATORS.register("k3+")
 def kl_k3_plus(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """Straight-through k3: the value of k3 (clamped as :func:`kl_k3`), the gradient of k2
     (unclamped, so a clamped token still pulls towards the reference). [B, T]. See ``k1+``."""
@@ -446,10 +427,10 @@ def kl_to_reward(
 
     Args:
         rewards [B] (placed at the last valid token) or [B, T]; logp, logp_ref, mask [B, T];
-        estimator: name of a registered KL estimator (see ``KL_ESTIMATORS``).
+        estimator: name of a registered KL estimator (``perceptrl.registry.KL_ESTIMATORS``).
     Returns:
         [B, T] detached token rewards, 0 on padding.
     """
-    kl = get_kl(estimator)(logp.detach(), logp_ref.detach())
+    kl = KL_ESTIMATORS.get(estimator)(logp.detach(), logp_ref.detach())
     r = token_rewards(rewards, mask)
     return torch.where(mask > 0, r - kl_coef * kl.to(r.dtype), 0.0)

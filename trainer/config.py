@@ -21,6 +21,8 @@ from typing import Any, NamedTuple, Protocol
 
 import yaml
 
+from ..registry import ADVANTAGES, AGG_MODES, CORRECTIONS, ENGINES, KL_ESTIMATORS, POLICY_LOSSES
+
 
 def choice(default: Any, valid: Sequence | Callable[[], Iterable]) -> Any:
     """A field whose value must be one of ``valid``: a tuple, or a function returning the names
@@ -50,51 +52,21 @@ class Registry:
     """its names now (a mapping: names per group, e.g. each generator's question families)"""
 
 
-def _advantages() -> list[str]:
-    from .advantages import ADVANTAGES
-
-    return sorted(ADVANTAGES)
-
-
-def _policy_losses() -> list[str]:
-    from .algos import POLICY_LOSSES
-
-    return sorted(POLICY_LOSSES)
-
-
-def _kl_estimators() -> list[str]:
-    from .algos import KL_ESTIMATORS
-
-    return sorted(KL_ESTIMATORS)
-
-
-def _corrections() -> list[str]:
-    from .corrections import CORRECTIONS
-
-    return sorted(CORRECTIONS)
-
-
-def _agg_modes() -> list[str]:
-    from .algos import AGG_MODES
-
-    return list(AGG_MODES)
-
-
 @dataclass
 class AlgoConfig:
-    adv_estimator: str = choice("grpo", _advantages)
-    """advantage estimator, a name of the registry of trainer/advantages.py (gae is for critic
-    policies; treepo and treerl credit the segments of tree rollouts; prime keeps the process
-    rewards apart)"""
+    adv_estimator: str = choice("grpo", ADVANTAGES.names)
+    """advantage estimator, a name registered in ADVANTAGES (built-ins in trainer/advantages.py:
+    gae is for critic policies; treepo and treerl credit the segments of tree rollouts; prime
+    keeps the process rewards apart)"""
     norm_by_std: bool = True
     """grpo: divide by the group std (False gives Dr.GRPO)"""
     gamma: float = 1.0
     """discount factor (gae, reinforce_pp)"""
     lam: float = 1.0
     """GAE lambda"""
-    policy_loss: str = choice("ppo_clip", _policy_losses)
-    """policy loss, a name of the registry of trainer/algos.py (each has its own clip settings
-    below)"""
+    policy_loss: str = choice("ppo_clip", POLICY_LOSSES.names)
+    """policy loss, a name registered in POLICY_LOSSES (built-ins in trainer/algos.py, each with
+    its own clip settings below)"""
     clip_low: float = 0.2
     """PPO lower clip range: ratio >= 1 - clip_low"""
     clip_high: float = 0.2
@@ -109,7 +81,7 @@ class AlgoConfig:
     """CISPO: the stop-gradient importance weight is capped at 1 + cispo_clip_high"""
     cispo_clip_low: float = 0.0
     """CISPO: the importance weight is floored at 1 - cispo_clip_low (0 disables the floor)"""
-    loss_agg_mode: str = choice("token-mean", _agg_modes)
+    loss_agg_mode: str = choice("token-mean", AGG_MODES.names)
     """how per-token losses are averaged, as verl: token-mean over the batch's valid tokens; the
     seq-mean modes take a mean over rows with a valid token of each row's token sum or mean, but
     seq-mean-token-sum-norm divides the summed row sums by loss_norm_len (no division by rows);
@@ -118,10 +90,10 @@ class AlgoConfig:
     """constant divisor for seq-mean-token-sum-norm (Dr.GRPO); 0 uses the batch's T"""
     kl_coef: float = 0.0
     """weight of the KL(policy || reference) term in the loss; 0 skips the reference model"""
-    kl_estimator: str = choice("k3", _kl_estimators)
-    """per-token KL estimator, a name of the registry of trainer/algos.py: k3 has low variance;
-    a name ending in + takes the value of its estimator and the gradient of k2 (straight-through);
-    verl's kl / mse / low_var_kl are k1 / k2 / k3"""
+    kl_estimator: str = choice("k3", KL_ESTIMATORS.names)
+    """per-token KL estimator, a name registered in KL_ESTIMATORS (trainer/algos.py): k3 has low
+    variance; a name ending in + takes the value of its estimator and the gradient of k2
+    (straight-through); verl's kl / mse / low_var_kl are k1 / k2 / k3"""
     kl_in_reward: bool = False
     """fold the KL penalty into the per-token reward instead of the loss"""
     entropy_coef: float = 0.0
@@ -137,20 +109,20 @@ class AlgoConfig:
     tis_cap: float = 0.0
     """upper bound of the rollout correction (a weight cap, or the ratio pi_prox / pi_behav past
     which tokens or rows are dropped); 0 disables the correction"""
-    rollout_correction: str = choice("tis", _corrections)
+    rollout_correction: str = choice("tis", CORRECTIONS.names)
     """how the rollout log-probs correct the loss when the behaviour policy (an inference
     engine, or older weights in an asynchronous pipeline) differs from the proximal one (the
-    weights at the start of the update), a name of the registry of trainer/corrections.py: tis
-    is token truncated IS (AReaL's decoupled PPO), the mask forms reject tokens or rows, icepop
-    masks tokens on both sides, none leaves the loss uncorrected"""
+    weights at the start of the update), a name registered in CORRECTIONS
+    (trainer/corrections.py): tis is token truncated IS (AReaL's decoupled PPO), the mask forms
+    reject tokens or rows, icepop masks tokens on both sides, none leaves the loss uncorrected"""
     correction_low: float = 0.5
     """lower threshold of the two-sided corrections (geo_mask, icepop) on pi_prox / pi_behav"""
     passk_k: int = 0
     """grpo_passk: k of pass@k (0 uses half the group size; k must be below the group size to learn)"""
     process_coef: float = 1.0
     """weight of the process rewards (RolloutBatch.step_rewards) next to the outcome reward: prime
-    sums its two RLOO terms with it; other estimators get outcome + process_coef * process per
-    token"""
+    (which reads them) sums its two RLOO terms with it; an estimator that does not read them gets
+    outcome + process_coef * process per token"""
     whiten_advantages: bool = False
     """normalise advantages to zero mean / unit std over the batch's valid tokens (PPO's norm_adv)"""
     eps: float = 1e-6
@@ -193,9 +165,10 @@ class TrainConfig:
     """evaluate on held-out data every N steps (0: only before and after training)"""
     eval_samples: int = 200
     """held-out questions per evaluation"""
-    backend: str = choice("torch", ("torch", "deepspeed"))
-    """optimisation engine: torch (one process) | deepspeed (ZeRO, data parallel under torchrun
-    or the deepspeed launcher; bf16 on GPU, fp32 on CPU)"""
+    backend: str = choice("torch", ENGINES.names)
+    """optimisation engine, a name registered in ENGINES (trainer/engine.py): torch trains in one
+    process, deepspeed with ZeRO, data parallel under torchrun or the deepspeed launcher (bf16 on
+    GPU, fp32 on CPU)"""
     zero_stage: int = choice(2, (2, 3))
     """DeepSpeed ZeRO stage when backend=deepspeed: 2 (optimizer state + gradients partitioned)
     | 3 (parameters too; rollouts gather the full weights)"""
@@ -250,16 +223,18 @@ class TrainerConfig(Protocol):
 
 
 REGISTRIES = (
-    Registry("Advantage estimators", "`trainer/advantages.py`, `ADVANTAGES`",
-             ("algo.adv_estimator",), _advantages),
-    Registry("Policy losses", "`trainer/algos.py`, `POLICY_LOSSES`",
-             ("algo.policy_loss",), _policy_losses),
-    Registry("KL estimators", "`trainer/algos.py`, `KL_ESTIMATORS`",
-             ("algo.kl_estimator",), _kl_estimators),
-    Registry("Loss aggregation modes", "`trainer/algos.py`, `AGG_MODES`",
-             ("algo.loss_agg_mode",), _agg_modes),
-    Registry("Rollout corrections", "`trainer/corrections.py`, `CORRECTIONS`",
-             ("algo.rollout_correction",), _corrections),
+    Registry("Advantage estimators", "`ADVANTAGES`, entries in `trainer/advantages.py`",
+             ("algo.adv_estimator",), ADVANTAGES.names),
+    Registry("Policy losses", "`POLICY_LOSSES`, entries in `trainer/algos.py`",
+             ("algo.policy_loss",), POLICY_LOSSES.names),
+    Registry("KL estimators", "`KL_ESTIMATORS`, entries in `trainer/algos.py`",
+             ("algo.kl_estimator",), KL_ESTIMATORS.names),
+    Registry("Loss aggregation modes", "`AGG_MODES`, entries in `trainer/algos.py`",
+             ("algo.loss_agg_mode",), AGG_MODES.names),
+    Registry("Rollout corrections", "`CORRECTIONS`, entries in `trainer/corrections.py`",
+             ("algo.rollout_correction",), CORRECTIONS.names),
+    Registry("Training engines", "`ENGINES`, entries in `trainer/engine.py` and "
+             "`trainer/deepspeed_engine.py`", ("train.backend",), ENGINES.names),
 )  # fmt: skip
 """The registries the trainer's sections read (the sides' are added in wiring.py)."""
 
@@ -328,26 +303,14 @@ def _check_choice(value: Any, f, dotted: str) -> Any:
     )
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return asdict(cfg)
-
-
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config (every field, defaults included) as YAML."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    Path(path).write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
 
 
 def all_keys(cls: type, prefix: str = "") -> list[str]:
     """Every dotted key of ``cls`` (``algo.kl_coef`` ...)."""
-    out = []
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        dotted = f"{prefix}{f.name}"
-        if is_dataclass(hints[f.name]):
-            out += all_keys(hints[f.name], dotted + ".")
-        else:
-            out.append(dotted)
-    return out
+    return [key for key, _, _ in leaf_fields(cls, prefix)]
 
 
 def field_docs(cls: type) -> dict[str, str]:

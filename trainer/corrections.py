@@ -4,8 +4,8 @@ When the policy that sampled a batch (the *behaviour* policy: an inference engin
 copy of the weights in an asynchronous pipeline) differs from the one the update starts from
 (the *proximal* policy: the trainer's weights at the start of the update, whose log-probs are
 ``logp_old``), the policy loss is corrected with the behaviour log-probs ``logp_rollout``. Every
-correction is a pure function in a registry, selected by ``algo.rollout_correction``, with one
-signature::
+correction is a pure function registered in ``perceptrl.registry.CORRECTIONS``, selected by
+``algo.rollout_correction``, with one signature::
 
     fn(logp_old [B, T], logp_rollout [B, T], mask [B, T], cfg) -> (weight [B, T], keep [B, T])
 
@@ -26,26 +26,14 @@ masked IS, geometric-mean rejection) and IcePop's two-sided token masking (Ling 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from .advantages import _lookup, _register, masked_mean
+from ..registry import CORRECTIONS
+from .advantages import masked_mean
 
-CorrectionFn = Callable[..., tuple[Tensor, Tensor]]
-CORRECTIONS: dict[str, CorrectionFn] = {}
 _CLAMP = 20.0  # |log ratio| bound before exp
-
-
-def register_correction(name: str) -> Callable:
-    """Decorator: register a rollout correction under ``name`` (see the module docstring)."""
-    return _register(CORRECTIONS, "rollout correction", name)
-
-
-def get_correction(name: str) -> CorrectionFn:
-    """The correction registered as ``name``; ValueError listing the valid names if none."""
-    return _lookup(CORRECTIONS, "rollout correction", "algo.rollout_correction", name)
 
 
 def _log_ratio(logp_old: Tensor, logp_rollout: Tensor, mask: Tensor) -> Tensor:
@@ -65,20 +53,20 @@ def _ones(mask: Tensor) -> Tensor:
     return torch.ones_like(mask, dtype=torch.float32)
 
 
-@register_correction("none")
+@CORRECTIONS.register("none")
 def none(logp_old, logp_rollout, mask, cfg):
     """No correction: weight 1, every token kept."""
     return _ones(mask), mask > 0
 
 
-@register_correction("tis")
+@CORRECTIONS.register("tis")
 def token_tis(logp_old, logp_rollout, mask, cfg):
     """Token-level truncated IS (and AReaL's decoupled PPO): ``w_t = min(r_t, tis_cap)``."""
     d = _log_ratio(logp_old, logp_rollout, mask).clamp(max=math.log(cfg.tis_cap))
     return torch.where(mask > 0, torch.exp(d), 1.0), mask > 0
 
 
-@register_correction("seq_tis")
+@CORRECTIONS.register("seq_tis")
 def seq_tis(logp_old, logp_rollout, mask, cfg):
     """Sequence-level truncated IS: every token of row i weighs ``min(prod_t r_t, tis_cap)``."""
     s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask)
@@ -86,21 +74,21 @@ def seq_tis(logp_old, logp_rollout, mask, cfg):
     return torch.where(mask > 0, w, 1.0), mask > 0
 
 
-@register_correction("token_mask")
+@CORRECTIONS.register("token_mask")
 def token_mask(logp_old, logp_rollout, mask, cfg):
     """Masked IS, token level: tokens whose ratio exceeds ``tis_cap`` leave the loss."""
     d = _log_ratio(logp_old, logp_rollout, mask)
     return _ones(mask), (mask > 0) & (d <= math.log(cfg.tis_cap))
 
 
-@register_correction("seq_mask")
+@CORRECTIONS.register("seq_mask")
 def seq_mask(logp_old, logp_rollout, mask, cfg):
     """Masked IS, sequence level: rows whose sequence ratio exceeds ``tis_cap`` leave the loss."""
     s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask)
     return _ones(mask), (mask > 0) & (s <= math.log(cfg.tis_cap))[:, None]
 
 
-@register_correction("geo_mask")
+@CORRECTIONS.register("geo_mask")
 def geo_mask(logp_old, logp_rollout, mask, cfg):
     """Geometric-mean rejection: rows whose geometric-mean token ratio is outside
     ``[correction_low, tis_cap]`` leave the loss (length-normalised, so long sequences are not
@@ -110,7 +98,7 @@ def geo_mask(logp_old, logp_rollout, mask, cfg):
     return _ones(mask), (mask > 0) & inside[:, None]
 
 
-@register_correction("icepop")
+@CORRECTIONS.register("icepop")
 def icepop(logp_old, logp_rollout, mask, cfg):
     """IcePop: two-sided token masking, tokens whose ratio is outside ``[correction_low,
     tis_cap]`` leave the loss (the others keep weight 1)."""
@@ -132,7 +120,7 @@ def apply_correction(
         raise ValueError(
             f"algo.correction_low={cfg.correction_low} must be in (0, algo.tis_cap={cfg.tis_cap})"
         )
-    weight, keep = get_correction(name)(logp_old, logp_rollout, mask, cfg)
+    weight, keep = CORRECTIONS.get(name)(logp_old, logp_rollout, mask, cfg)
     valid = mask > 0
     new_mask = mask * keep.to(mask.dtype)
     metrics = {

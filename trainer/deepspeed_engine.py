@@ -1,5 +1,6 @@
-"""DeepSpeed ZeRO (stage 2 or 3) engine behind the same seam as `TorchEngine`, and the
-data-parallel helpers the loop needs (rank, world size, sums over ranks).
+"""DeepSpeed ZeRO (stage 2 or 3) engine behind the same seam as `TorchEngine`
+(``trainer.engine.Engine``), registered as ``train.backend=deepspeed``; the process group it
+joins is managed by trainer/distributed.py.
 
 Launch with ``torchrun --nproc_per_node N`` or ``deepspeed --num_gpus N`` (multi-node: a
 hostfile, see docs/launch.md). Every rank runs the whole loop on its own share of the prompts;
@@ -23,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-import os
 import pickle
 import re
 from pathlib import Path
@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..registry import ENGINES
 from .config import TrainConfig
-from .engine import lr_factor
+from .distributed import init_distributed, rank_and_world
+from .optim import adamw
 
 ZERO_DIR = "zero"
 """sub-directory of a checkpoint with DeepSpeed's own per-rank files (optimizer and, under
@@ -100,86 +102,6 @@ def weights_only_torch_load(allowed: tuple[str, ...] = SAFE_DEEPSPEED_GLOBALS):
         torch.load = original
 
 
-def launched_distributed() -> bool:
-    """True when a launcher (torchrun, deepspeed) started this process as one of several ranks."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def init_distributed() -> None:
-    """Join the process group the launcher set up (idempotent). NCCL on GPUs, gloo on the CPU
-    (DeepSpeed's CPU accelerator picks gloo when oneCCL is not installed)."""
-    import deepspeed
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return
-    from deepspeed.accelerator import get_accelerator
-
-    if get_accelerator().device_name() == "cuda" and "LOCAL_RANK" in os.environ:
-        get_accelerator().set_device(int(os.environ["LOCAL_RANK"]))
-    deepspeed.init_distributed(
-        dist_backend=get_accelerator().communication_backend_name(), verbose=False
-    )
-
-
-def shutdown_distributed(barrier: bool = True) -> None:
-    """Leave the process group before the interpreter exits (measured on the CPU: a rank that
-    exited with it still open sometimes aborted in a C++ destructor, "terminate called without
-    an active exception", after all its work was done, so its exit status became SIGABRT's).
-    ``barrier=False`` on an error path, where a peer may never reach the barrier."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        if barrier:
-            dist.barrier()
-        dist.destroy_process_group()
-
-
-def rank_and_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def broadcast_object(obj):
-    """``obj`` from rank 0 on every rank (identity in a single process)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def on_rank0(fn, *args):
-    """``fn(*args)`` computed once, by rank 0, and its result sent to every rank (a single
-    writer, e.g. for synthetic data under data parallelism); a plain call in one process. An
-    exception raised on rank 0 is raised on every rank."""
-    if not launched_distributed():
-        return fn(*args)
-    init_distributed()
-    result = None
-    if rank_and_world()[0] == 0:
-        try:
-            result = fn(*args)
-        except Exception as e:  # noqa: BLE001 - every rank raises it, none waits forever
-            result = _Raised(e)
-    result = broadcast_object(result)
-    if isinstance(result, _Raised):
-        raise result.error
-    return result
-
-
-class _Raised:
-    """An exception of rank 0 sent to every rank (so a data or config error stops them all)."""
-
-    def __init__(self, error: Exception):
-        self.error = error
-
-
 def ds_config(cfg: TrainConfig, bf16: bool) -> dict:
     """The DeepSpeed config of a run: ZeRO ``train.zero_stage``, no managed gradient
     accumulation (the loop calls ``backward`` per micro-batch and ``step`` once per minibatch),
@@ -226,8 +148,7 @@ class DeepSpeedEngine:
             raise ValueError("the policy has no trainable parameters (all requires_grad=False)")
         on_gpu = next(module.parameters()).device.type == "cuda"
         self.bf16 = on_gpu
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
+        optimizer, scheduler = adamw(params, cfg)
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=scheduler,
             config=ds_config(cfg, bf16=self.bf16),
@@ -378,3 +299,20 @@ class DeepSpeedEngine:
             if self.is_main:
                 policy.save(path)
         self.barrier()
+
+
+def policy_module(policy) -> nn.Module:
+    """The ``nn.Module`` that holds a policy's weights: ``policy.model`` (VLM) or the policy."""
+    module = getattr(policy, "model", policy)
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"{type(policy).__name__} exposes no nn.Module (neither a .model attribute nor a "
+            "module itself); the DeepSpeed backend needs one to partition"
+        )
+    return module
+
+
+@ENGINES.register("deepspeed")
+def deepspeed_engine(policy, cfg: TrainConfig) -> DeepSpeedEngine:
+    """``train.backend=deepspeed``: a `DeepSpeedEngine` partitioning the policy's module."""
+    return DeepSpeedEngine(policy_module(policy), cfg)

@@ -1,44 +1,87 @@
 """Optimisation engines behind the loop: gradients in, a parameter update out.
 
-`TorchEngine` is the single-process engine (AdamW, warm-up and `lr_factor`'s schedule,
-global-norm clipping).
-`DeepSpeedEngine` (deepspeed_engine.py, ZeRO-2/3, data parallel) exposes the same methods, so
-the loop never knows which one it drives: ``backward``, ``step``, ``zero_grad``, ``lr``,
-``state_dict``/``restore``, plus the data-parallel seam (``world_size``, ``is_main``,
-``all_reduce_sum``, ``all_true``, ``barrier``, ``rollout_context``) and the checkpoint seam
-(``save_sharded``, ``export``), which are identities in a single process.
+An engine is built from the policy and ``train.*`` by the builder registered under its
+``train.backend`` name in ``perceptrl.registry.ENGINES`` (`build_engine`): ``torch`` here
+(`TorchEngine`: one process, AdamW, the schedule of trainer/optim.py, global-norm clipping) and
+``deepspeed`` in deepspeed_engine.py (ZeRO-2/3, data parallel). Every engine has the methods of
+`Engine`, so the loop never knows which one it drives. The side's builder builds the engine and
+hands it to `Trainer` (see docs/architecture.md, "Decisions").
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
+from ..registry import ENGINES
 from .config import TrainConfig
+from .optim import adamw
 
 
-def lr_factor(cfg: TrainConfig) -> Callable[[int], float]:
-    """The learning-rate multiplier at optimizer step ``s`` (``LambdaLR``): a linear warm-up over
-    ``warmup_steps``, then constant or a cosine decay to ``min_lr_ratio`` at ``steps``."""
-    warmup, total, floor = max(cfg.warmup_steps, 0), max(cfg.steps, 1), cfg.min_lr_ratio
+class Engine(Protocol):
+    """The seam between the loop and an optimisation engine. The data-parallel methods
+    (``all_reduce_sum`` ... ``gathered_params``) and the checkpoint ones (``save_sharded``,
+    ``export``) are identities in a single process."""
 
-    def factor(s: int) -> float:
-        if warmup and s < warmup:
-            return (s + 1) / warmup
-        if cfg.lr_schedule != "cosine":
-            return 1.0
-        done = min(1.0, (s - warmup) / max(1, total - warmup))
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * done))
+    rank: int
+    world_size: int
+    is_main: bool
 
-    return factor
+    def backward(self, loss: Tensor) -> None:
+        """Accumulate the gradient of ``loss`` (this rank's share of the minibatch loss)."""
+
+    def step(self) -> tuple[float, bool]:
+        """Apply the accumulated gradients: (pre-clip grad norm, whether the update happened)."""
+
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradients."""
+
+    @property
+    def lr(self) -> float:
+        """The current learning rate."""
+
+    def state_dict(self) -> dict:
+        """What the checkpoint's trainer state holds of the engine."""
+
+    def restore(self, ckpt_dir: Path, state: dict, policy) -> None:
+        """Resume weights, optimizer and schedule from checkpoint ``ckpt_dir``."""
+
+    def all_reduce_sum(self, x: Tensor | float) -> Tensor:
+        """Sum of ``x`` over ranks."""
+
+    def all_true(self, flag: bool) -> bool:
+        """True only when ``flag`` holds on every rank."""
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+
+    def rollout_context(self) -> AbstractContextManager:
+        """Weights ready for sampling and evaluation (ZeRO-3 gathers them)."""
+
+    def gathered_params(self) -> AbstractContextManager:
+        """Every parameter whole on every rank."""
+
+    def save_sharded(self, ckpt_dir: Path) -> None:
+        """Write what the engine keeps outside ``state_dict`` (per-rank partitions)."""
+
+    def export(self, policy, path: Path) -> None:
+        """Write the consolidated weights of ``policy`` to ``path``."""
+
+
+def build_engine(policy, cfg: TrainConfig) -> Engine:
+    """The engine of ``cfg.backend`` (``train.backend``) for ``policy``'s trainable weights."""
+    return ENGINES.get(cfg.backend)(policy, cfg)
 
 
 class TorchEngine:
+    """One process: AdamW over the trainable ``params``, `lr_factor`'s schedule, clipping."""
+
     rank, world_size, is_main = 0, 1, True
 
     def __init__(self, params, cfg: TrainConfig):
@@ -46,8 +89,7 @@ class TorchEngine:
         if not self.params:
             raise ValueError("the policy has no trainable parameters (all requires_grad=False)")
         self.cfg = cfg
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
+        self.optimizer, self.scheduler = adamw(self.params, cfg)
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()
@@ -116,23 +158,7 @@ class TorchEngine:
         policy.save(path)
 
 
-def policy_module(policy) -> nn.Module:
-    """The ``nn.Module`` that holds a policy's weights: ``policy.model`` (VLM) or the policy."""
-    module = getattr(policy, "model", policy)
-    if not isinstance(module, nn.Module):
-        raise TypeError(
-            f"{type(policy).__name__} exposes no nn.Module (neither a .model attribute nor a "
-            "module itself); the DeepSpeed backend needs one to partition"
-        )
-    return module
-
-
-def build_engine(policy, cfg: TrainConfig):
-    """``train.backend``: ``torch`` (one process) or ``deepspeed`` (ZeRO ``train.zero_stage``)."""
-    if cfg.backend == "torch":
-        return TorchEngine(policy.parameters(), cfg)
-    if cfg.backend == "deepspeed":
-        from .deepspeed_engine import DeepSpeedEngine
-
-        return DeepSpeedEngine(policy_module(policy), cfg)
-    raise ValueError(f"unknown train.backend {cfg.backend!r}; valid: torch, deepspeed")
+@ENGINES.register("torch")
+def torch_engine(policy, cfg: TrainConfig) -> TorchEngine:
+    """``train.backend=torch``: a `TorchEngine` over the policy's parameters."""
+    return TorchEngine(policy.parameters(), cfg)

@@ -1,7 +1,8 @@
 """The training loop, shared by both sides and both objectives.
 
 `Trainer.fit` owns the run: seeding, the time limit, periodic evaluation, metrics, checkpoints,
-resume, the non-finite streak and the engine (one process or DeepSpeed). Each step is one of:
+resume and the non-finite streak; it drives the engine it is handed (one process or DeepSpeed,
+trainer/engine.py). Each step is one of:
 
 * ``objective="rl"``: collect scored experience from the rollout source -> (optional) drop
   groups without signal -> behaviour / reference log-probs (see `Trainer.behaviour_source`) ->
@@ -16,7 +17,6 @@ model, a dataset or a simulator.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import time
 from collections import defaultdict
@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..registry import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES
 from . import algos
+from .advantages import AdvantageInputs, declared_needs
 from .batch import RolloutBatch
 from .checkpoint import (
     best_record,
@@ -41,8 +43,8 @@ from .checkpoint import (
 )
 from .config import TrainerConfig
 from .corrections import apply_correction
-from .engine import build_engine
-from .metrics import MetricsLogger
+from .engine import Engine
+from .metrics import MetricsLogger, NullLogger
 from .policy import Policy, RolloutSource, SFTSource
 from .runtime import peak_rss_mb, progress_bar, resolve_device, seed_everything
 
@@ -58,19 +60,6 @@ SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl", "actor/entropy", "sft/lo
 each hold a share of the value, so they are summed rather than token-weighted"""
 
 
-class _NullLogger:
-    """The metrics sink of ranks other than 0 (one writer per run directory)."""
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def truncate_after(self, step: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class Trainer:
     """Drives one run. ``evaluator(policy) -> metrics`` is called before training, every
     ``train.eval_every`` steps and at the end; its metrics are logged under ``eval/``.
@@ -79,6 +68,8 @@ class Trainer:
         cfg: any config with the trainer's sections (``algo``, ``train``, ``log``,
             ``checkpoint``).
         source: a `RolloutSource` (``objective="rl"``) or an `SFTSource` (``"sft"``).
+        engine: the optimisation engine over ``policy``'s weights, built by the caller
+            (``trainer.engine.build_engine(policy, cfg.train)``); the trainer never builds one.
         objective: one of `OBJECTIVES`.
     """
 
@@ -89,9 +80,9 @@ class Trainer:
         source: RolloutSource | SFTSource,
         run_dir: str | Path,
         *,
+        engine: Engine,
         ref_policy: Policy | None = None,
         evaluator: Callable[[Policy], dict[str, float]] | None = None,
-        engine=None,
         objective: str = "rl",
     ):
         if objective not in OBJECTIVES:
@@ -105,7 +96,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(cfg.train.device)
-        self.engine = engine or build_engine(policy, cfg.train)
+        self.engine = engine
         if self.engine.world_size > 1 and cfg.algo.dynamic_sampling:
             raise ValueError(
                 "algo.dynamic_sampling with several ranks would give the ranks different batch "
@@ -116,13 +107,12 @@ class Trainer:
         self.logger = (
             MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard)
             if self.engine.is_main
-            else _NullLogger()
+            else NullLogger()
         )
-        self.policy_loss = algos.get_policy_loss(cfg.algo.policy_loss)
-        self.advantage = algos.get_advantage(cfg.algo.adv_estimator)
-        self._advantage_args = set(inspect.signature(self.advantage).parameters)
-        self.kl = algos.get_kl(cfg.algo.kl_estimator)
-        algos.agg_loss(torch.zeros(1, 1), torch.ones(1, 1), cfg.algo.loss_agg_mode)  # validate name
+        self.policy_loss = POLICY_LOSSES.get(cfg.algo.policy_loss)
+        self.advantage = ADVANTAGES.get(cfg.algo.adv_estimator)
+        self.advantage_needs = declared_needs(cfg.algo.adv_estimator)
+        self.kl = KL_ESTIMATORS.get(cfg.algo.kl_estimator)
         self.step = 0
         self.bad_streak = 0
         self.counters: dict[str, int] = defaultdict(int)
@@ -326,6 +316,8 @@ class Trainer:
         batch.logp_ref = torch.cat([self.ref_policy.evaluate(m).logp.float() for m in micro])
 
     def _advantages(self, batch: RolloutBatch) -> dict[str, float]:
+        """The estimator's advantages and returns into the batch. It gets the inputs it declared
+        (``needs``); process rewards it does not read are folded into the rewards."""
         algo = self.cfg.algo
         rewards = batch.rewards.float()
         if algo.kl_in_reward and batch.logp_ref is not None:
@@ -334,19 +326,17 @@ class Trainer:
                 rewards, per_pos(batch.logp_old), per_pos(batch.logp_ref), batch.mask,
                 algo.kl_coef, algo.kl_estimator,
             )  # fmt: skip
-        extra = {}
-        if batch.segments is not None and "segments" in self._advantage_args:
-            extra["segments"] = batch.segments
-        if batch.step_rewards is not None:
-            if "step_rewards" in self._advantage_args:
-                extra["step_rewards"] = batch.step_rewards
-            else:  # outcome + process per token
-                steps = batch.step_rewards.float().to(rewards.device)
-                rewards = algos.token_rewards(rewards, batch.mask) + algo.process_coef * steps
-        adv, ret, m = self.advantage(
-            rewards, batch.mask, batch.group_id, algo,
-            values=batch.values_old, bootstrap_value=batch.bootstrap_value, **extra,
-        )  # fmt: skip
+        if batch.step_rewards is not None and "step_rewards" not in self.advantage_needs:
+            steps = batch.step_rewards.float().to(rewards.device)  # outcome + process per token
+            rewards = algos.token_rewards(rewards, batch.mask) + algo.process_coef * steps
+        have = {
+            "values": batch.values_old, "bootstrap_value": batch.bootstrap_value,
+            "segments": batch.segments, "step_rewards": batch.step_rewards,
+        }  # fmt: skip
+        inp = AdvantageInputs(
+            rewards, batch.mask, batch.group_id, **{k: have[k] for k in self.advantage_needs}
+        )
+        adv, ret, m = self.advantage(inp, algo)
         if algo.whiten_advantages:
             adv = self._whiten(adv, batch.mask)
         batch.advantages, batch.returns = adv, ret

@@ -51,3 +51,16 @@ def _jsonable(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None  # JSON has no NaN/inf; the loop logs non-finite events as their own counters
     return v
+
+
+class NullLogger:
+    """The metrics sink of ranks other than 0 (one writer per run directory)."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

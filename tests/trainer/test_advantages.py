@@ -14,8 +14,9 @@ import math
 import pytest
 import torch
 
+from perceptrl.registry import ADVANTAGES
 from perceptrl.trainer import advantages
-from perceptrl.trainer.advantages import ADVANTAGES, get_advantage
+from perceptrl.trainer.advantages import AdvantageInputs
 from perceptrl.trainer.config import AlgoConfig
 
 DT = torch.float64
@@ -191,7 +192,7 @@ def ref_passk(r, m, g, k_cfg):
 def test_grpo_matches_reference(B, T, padding, seed, norm):
     rewards, mask, gid = make_inputs(B, T, padding, seed)
     cfg = AlgoConfig(norm_by_std=norm)
-    adv, ret, metrics = get_advantage("grpo")(rewards, mask, gid, cfg)
+    adv, ret, metrics = ADVANTAGES.get("grpo")(AdvantageInputs(rewards, mask, gid), cfg)
     ref = ref_grpo(rewards.tolist(), mask.tolist(), gid.tolist(), norm, cfg.eps)
     assert_close(adv, ref)
     assert_close(ret, ref)
@@ -204,14 +205,14 @@ def test_grpo_matches_reference(B, T, padding, seed, norm):
 def test_grpo_token_rewards_are_summed(B, T, padding, seed):
     _, mask, gid = make_inputs(B, T, padding, seed)
     tok = torch.randn(B, T, dtype=DT)
-    adv, _, _ = advantages.grpo(tok, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.grpo(AdvantageInputs(tok, mask, gid), AlgoConfig())
     assert_close(adv, ref_grpo(tok.tolist(), mask.tolist(), gid.tolist(), True, 1e-6))
 
 
 @cases
 def test_rloo_matches_reference(B, T, padding, seed):
     rewards, mask, gid = make_inputs(B, T, padding, seed)
-    adv, _, _ = get_advantage("rloo")(rewards, mask, gid, AlgoConfig())
+    adv, _, _ = ADVANTAGES.get("rloo")(AdvantageInputs(rewards, mask, gid), AlgoConfig())
     assert_close(adv, ref_rloo(rewards.tolist(), mask.tolist(), gid.tolist()))
 
 
@@ -222,7 +223,7 @@ def test_reinforce_pp_matches_reference(B, T, padding, seed, token_level):
     if token_level:
         rewards = torch.randn(B, T, dtype=DT)
     cfg = AlgoConfig(gamma=0.9)
-    adv, ret, _ = get_advantage("reinforce_pp")(rewards, mask, gid, cfg)
+    adv, ret, _ = ADVANTAGES.get("reinforce_pp")(AdvantageInputs(rewards, mask, gid), cfg)
     m = mask.tolist()
     ref_ret = ref_returns_to_go(ref_token_rewards(rewards.tolist(), m), m, 0.9)
     assert_close(ret, ref_ret)
@@ -257,7 +258,7 @@ def test_reinforce_pp_mask_holes(seed, token_level):
     mask = (torch.rand(6, 8) < 0.6).to(DT)
     rewards = torch.randn(6, 8, dtype=DT) if token_level else torch.randn(6, dtype=DT)
     cfg = AlgoConfig(gamma=0.8)
-    adv, ret, _ = advantages.reinforce_pp(rewards, mask, torch.zeros(6), cfg)
+    adv, ret, _ = advantages.reinforce_pp(AdvantageInputs(rewards, mask, torch.zeros(6)), cfg)
     m = mask.tolist()
     ref_ret = ref_returns_to_go(ref_token_rewards(rewards.tolist(), m), m, 0.8)
     assert_close(ret, ref_ret)
@@ -272,7 +273,9 @@ def test_hand_computed_reinforce_pp_across_a_hole():
     # the second turn's reward would never reach the first turn.)
     mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 0.0]], dtype=DT)
     r = torch.tensor([[0.0, 1.0, 9.0, 2.0, 9.0]], dtype=DT)
-    adv, ret, _ = advantages.reinforce_pp(r, mask, torch.zeros(1), AlgoConfig(gamma=0.5))
+    adv, ret, _ = advantages.reinforce_pp(
+        AdvantageInputs(r, mask, torch.zeros(1)), AlgoConfig(gamma=0.5)
+    )
     assert_close(ret, [[1.0, 2.0, 0.0, 2.0, 0.0]])
     # whitened over the 3 valid returns {1, 2, 2}: mean 5/3, unbiased var 1/3
     z = 1 / math.sqrt(1 / 3 + 1e-8)
@@ -280,7 +283,7 @@ def test_hand_computed_reinforce_pp_across_a_hole():
     # a [B] outcome reward sits at the last policy token and reaches the first turn
     one = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
     _, ret, _ = advantages.reinforce_pp(
-        torch.tensor([1.0]), one, torch.zeros(1), AlgoConfig(gamma=0.5)
+        AdvantageInputs(torch.tensor([1.0]), one, torch.zeros(1)), AlgoConfig(gamma=0.5)
     )
     torch.testing.assert_close(ret, torch.tensor([[0.5, 0.0, 1.0, 0.0]]))
 
@@ -289,7 +292,7 @@ def test_hand_computed_reinforce_pp_across_a_hole():
 def test_reinforce_pp_baseline_matches_reference(B, T, padding, seed):
     rewards, mask, gid = make_inputs(B, T, padding, seed)
     cfg = AlgoConfig()
-    adv, _, _ = get_advantage("reinforce_pp_baseline")(rewards, mask, gid, cfg)
+    adv, _, _ = ADVANTAGES.get("reinforce_pp_baseline")(AdvantageInputs(rewards, mask, gid), cfg)
     r, g, m = rewards.tolist(), gid.tolist(), mask.tolist()
     members = ref_groups(g)
     mean = [sum(r[j] for j in members[g[i]]) / len(members[g[i]]) for i in range(B)]
@@ -308,8 +311,8 @@ def test_gae_matches_reference(B, T, padding, seed, token_level, truncated):
     values_junk = torch.where(mask > 0, values, torch.full_like(values, float("nan")))
     boot = torch.randn(B, dtype=DT) if truncated else None
     cfg = AlgoConfig(gamma=0.95, lam=0.9)
-    adv, ret, _ = get_advantage("gae")(
-        rewards, mask, gid, cfg, values=values_junk, bootstrap_value=boot
+    adv, ret, _ = ADVANTAGES.get("gae")(
+        AdvantageInputs(rewards, mask, gid, values=values_junk, bootstrap_value=boot), cfg
     )
     ref_adv, ref_ret = ref_gae(
         rewards.tolist(),
@@ -338,7 +341,7 @@ def test_gae_mask_holes_match_reference(seed, token_level, truncated):
     boot = torch.randn(B, dtype=DT) if truncated else None
     cfg = AlgoConfig(gamma=0.9, lam=0.7)
     adv, ret, _ = advantages.gae(
-        rewards, mask, torch.zeros(B), cfg, values=junk, bootstrap_value=boot
+        AdvantageInputs(rewards, mask, torch.zeros(B), values=junk, bootstrap_value=boot), cfg
     )
     ref_adv, ref_ret = ref_gae(
         rewards.tolist(),
@@ -356,7 +359,9 @@ def test_gae_mask_holes_match_reference(seed, token_level, truncated):
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
 def test_grpo_passk_matches_reference(B, T, padding, seed, k):
     rewards, mask, gid = make_inputs(B, T, padding, seed, binary=True)
-    adv, _, _ = get_advantage("grpo_passk")(rewards, mask, gid, AlgoConfig(passk_k=k))
+    adv, _, _ = ADVANTAGES.get("grpo_passk")(
+        AdvantageInputs(rewards, mask, gid), AlgoConfig(passk_k=k)
+    )
     assert_close(adv, ref_passk(rewards.tolist(), mask.tolist(), gid.tolist(), k))
 
 
@@ -364,11 +369,11 @@ def test_grpo_passk_success_threshold():
     # success means reward >= 0.5; a group of {0.5, 0.49} is mixed, {0.2, 0.49} is not
     r = torch.tensor([0.5, 0.49, 0.2, 0.49])
     adv, _, _ = advantages.grpo_passk(
-        r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=2)
+        AdvantageInputs(r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1])), AlgoConfig(passk_k=2)
     )
     assert adv.abs().max().item() == 0.0  # k = N = 2: the one 2-subset passes -> no signal
     adv, _, _ = advantages.grpo_passk(
-        r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1]), AlgoConfig(passk_k=1)
+        AdvantageInputs(r, torch.ones(4, 1), torch.tensor([0, 0, 1, 1])), AlgoConfig(passk_k=1)
     )
     torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -1.0, 0.0, 0.0]))
 
@@ -378,19 +383,19 @@ def test_grpo_passk_k1_is_grpo_with_population_std_and_sums_to_zero():
     r = torch.tensor([1, 0, 0, 1, 1, 1, 0, 1], dtype=DT)
     gid = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
     mask = torch.ones(8, 1, dtype=DT)
-    adv, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig(passk_k=1))
+    adv, _, _ = advantages.grpo_passk(AdvantageInputs(r, mask, gid), AlgoConfig(passk_k=1))
     for g in (0, 1):
         x = r[gid == g]
         expect = (x - x.mean()) / x.std(unbiased=False)
         assert_close(adv[gid == g, 0], expect)
-    adv2, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig(passk_k=2))
+    adv2, _, _ = advantages.grpo_passk(AdvantageInputs(r, mask, gid), AlgoConfig(passk_k=2))
     for g in (0, 1):
         assert abs(adv2[gid == g].sum().item()) < 1e-12
     # k = group size: every mixed group passes for sure -> no signal
-    adv_n, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig(passk_k=5))
+    adv_n, _, _ = advantages.grpo_passk(AdvantageInputs(r, mask, gid), AlgoConfig(passk_k=5))
     assert adv_n[gid == 0].abs().max().item() == 0.0
     # the default k (0) is half the group size, which does give mixed groups a signal
-    adv_0, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig(passk_k=0))
+    adv_0, _, _ = advantages.grpo_passk(AdvantageInputs(r, mask, gid), AlgoConfig(passk_k=0))
     assert adv_0[gid == 0].abs().min().item() > 0.0
 
 
@@ -399,14 +404,14 @@ def test_hand_computed_grpo_drgrpo_rloo():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
     gid = torch.zeros(4, dtype=torch.long)
     a = 0.5 / math.sqrt(1 / 3)  # 0.8660...
-    adv, _, _ = advantages.grpo(r, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.grpo(AdvantageInputs(r, mask, gid), AlgoConfig())
     torch.testing.assert_close(
         adv, torch.tensor([[a, a], [-a, 0], [-a, -a], [a, a]]), atol=1e-5, rtol=1e-5
     )
     assert abs(a - 0.8660254) < 1e-6
-    adv, _, _ = advantages.grpo(r, mask, gid, AlgoConfig(norm_by_std=False))
+    adv, _, _ = advantages.grpo(AdvantageInputs(r, mask, gid), AlgoConfig(norm_by_std=False))
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5], [-0.5, 0], [-0.5, -0.5], [0.5, 0.5]]))
-    adv, _, _ = advantages.rloo(r, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.rloo(AdvantageInputs(r, mask, gid), AlgoConfig())
     b = 2 / 3  # 1 - mean(0, 0, 1)
     torch.testing.assert_close(adv, torch.tensor([[b, b], [-b, 0], [-b, -b], [b, b]]))
 
@@ -431,18 +436,18 @@ def test_hand_computed_singleton_groups_keep_their_reward():
     mask = torch.ones(3, 2, dtype=DT)
     gid = torch.tensor([0, 1, 1])
     a = 0.5 / (math.sqrt(0.5) + 1e-6)  # the pair {1, 2}: mean 1.5, unbiased std sqrt(.5)
-    adv, _, _ = advantages.grpo(r, mask, gid, AlgoConfig(eps=1e-6))
+    adv, _, _ = advantages.grpo(AdvantageInputs(r, mask, gid), AlgoConfig(eps=1e-6))
     assert_close(adv[:, 0], [3.0 / (1 + 1e-6), -a, a])
-    adv, _, _ = advantages.grpo(r, mask, gid, AlgoConfig(norm_by_std=False))
+    adv, _, _ = advantages.grpo(AdvantageInputs(r, mask, gid), AlgoConfig(norm_by_std=False))
     assert_close(adv[:, 0], [3.0, -0.5, 0.5])
-    adv, _, _ = advantages.rloo(r, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.rloo(AdvantageInputs(r, mask, gid), AlgoConfig())
     assert_close(adv[:, 0], [3.0, -1.0, 1.0])
     # reinforce_pp_baseline: centred [3, -.5, .5] on 2 tokens each, whitened over 6 tokens:
     # mean 1, deviations [2, -1.5, -.5], unbiased var (2 * (4 + 2.25 + .25)) / 5 = 2.6
-    adv, _, _ = advantages.reinforce_pp_baseline(r, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.reinforce_pp_baseline(AdvantageInputs(r, mask, gid), AlgoConfig())
     assert_close(adv, [[x / math.sqrt(2.6 + 1e-8)] * 2 for x in (2.0, -1.5, -0.5)])
     # pass@k has no defined value for a group of one (k must be below the group size): 0
-    adv, _, _ = advantages.grpo_passk(r, mask, gid, AlgoConfig())
+    adv, _, _ = advantages.grpo_passk(AdvantageInputs(r, mask, gid), AlgoConfig())
     assert adv[0].abs().max().item() == 0.0
 
 
@@ -455,15 +460,17 @@ def test_hand_computed_gae():
     cfg = AlgoConfig(gamma=0.9, lam=0.8)
     # terminated: d2 = 2 - 1.5 = .5; d1 = .9*1.5 - 1 = .35; d0 = 1 + .9 - .5 = 1.4
     # A2 = .5; A1 = .35 + .72*.5 = .71; A0 = 1.4 + .72*.71 = 1.9112
-    adv, ret, _ = advantages.gae(r, mask, gid, cfg, values=v)
+    adv, ret, _ = advantages.gae(AdvantageInputs(r, mask, gid, values=v), cfg)
     torch.testing.assert_close(adv, torch.tensor([[1.9112, 0.71, 0.5, 0.0]]))
     torch.testing.assert_close(ret, torch.tensor([[2.4112, 1.71, 2.0, 0.0]]))
     # truncated, bootstrap 2: d2 = 2 + 1.8 - 1.5 = 2.3; A1 = .35 + .72*2.3 = 2.006;
     # A0 = 1.4 + .72*2.006 = 2.84432
-    adv, _, _ = advantages.gae(r, mask, gid, cfg, values=v, bootstrap_value=torch.tensor([2.0]))
+    adv, _, _ = advantages.gae(
+        AdvantageInputs(r, mask, gid, values=v, bootstrap_value=torch.tensor([2.0])), cfg
+    )
     torch.testing.assert_close(adv, torch.tensor([[2.84432, 2.006, 2.3, 0.0]]))
     # scalar reward 2 at the last valid step: d0 = .9 - .5 = .4; A0 = .4 + .72*.71 = .9112
-    adv, _, _ = advantages.gae(torch.tensor([2.0]), mask, gid, cfg, values=v)
+    adv, _, _ = advantages.gae(AdvantageInputs(torch.tensor([2.0]), mask, gid, values=v), cfg)
     torch.testing.assert_close(adv, torch.tensor([[0.9112, 0.71, 0.5, 0.0]]))
 
 
@@ -477,18 +484,22 @@ def test_hand_computed_gae_across_a_hole():
     mask = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
     gid = torch.zeros(1, dtype=torch.long)
     cfg = AlgoConfig(gamma=0.9, lam=0.8)
-    adv, ret, _ = advantages.gae(r, mask, gid, cfg, values=v)
+    adv, ret, _ = advantages.gae(AdvantageInputs(r, mask, gid, values=v), cfg)
     torch.testing.assert_close(adv, torch.tensor([[0.31, 0.0, 0.5, 0.0]]))
     torch.testing.assert_close(ret, torch.tensor([[0.81, 0.0, 1.0, 0.0]]))
     # truncated, bootstrap 2: d2 = 1 + 1.8 - .5 = 2.3; A0 = -.05 + .72 * 2.3 = 1.606
-    adv, _, _ = advantages.gae(r, mask, gid, cfg, values=v, bootstrap_value=torch.tensor([2.0]))
+    adv, _, _ = advantages.gae(
+        AdvantageInputs(r, mask, gid, values=v, bootstrap_value=torch.tensor([2.0])), cfg
+    )
     torch.testing.assert_close(adv, torch.tensor([[1.606, 0.0, 2.3, 0.0]]))
 
 
 def test_gae_needs_values():
     mask = torch.tensor([[1.0, 0.0, 1.0]])
     with pytest.raises(ValueError, match="values"):
-        advantages.gae(torch.ones(1), mask, torch.zeros(1, dtype=torch.long), AlgoConfig())
+        advantages.gae(
+            AdvantageInputs(torch.ones(1), mask, torch.zeros(1, dtype=torch.long)), AlgoConfig()
+        )
 
 
 def test_advantages_detached_and_zero_on_padding():
@@ -496,8 +507,9 @@ def test_advantages_detached_and_zero_on_padding():
     values = torch.randn(6, 4, requires_grad=True)
     mask = torch.tensor([[1.0] * k + [0.0] * (4 - k) for k in (4, 3, 2, 1, 4, 0)])
     gid = torch.tensor([0, 0, 0, 1, 1, 1])
-    for name, fn in ADVANTAGES.items():
-        adv, ret, _ = fn(rewards, mask, gid, AlgoConfig(), values=values)
+    for name in ADVANTAGES:
+        inp = AdvantageInputs(rewards, mask, gid, values=values)
+        adv, ret, _ = ADVANTAGES.get(name)(inp, AlgoConfig())
         assert not adv.requires_grad and not ret.requires_grad, name
         assert adv[mask == 0].abs().max().item() == 0.0, name
         assert torch.isfinite(adv).all() and torch.isfinite(ret).all(), name

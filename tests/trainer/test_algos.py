@@ -10,18 +10,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from perceptrl.registry import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, UnknownName
 from perceptrl.trainer import advantages, algos
 from perceptrl.trainer.algos import (
-    ADVANTAGES,
-    AGG_MODES,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
     agg_loss,
     filter_groups,
     filter_metrics,
-    get_advantage,
-    get_kl,
-    get_policy_loss,
     kl_to_reward,
     value_loss,
 )
@@ -211,7 +205,7 @@ def _cfgs():
 
 
 @cases
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", AGG_MODES.names())
 @pytest.mark.parametrize("name", ["ppo_clip", "gspo", "cispo"])
 def test_policy_losses_match_reference(B, T, padding, seed, mode, name):
     lp, lo, A, mask, w = make_policy_inputs(B, T, padding, seed)
@@ -219,7 +213,7 @@ def test_policy_losses_match_reference(B, T, padding, seed, mode, name):
     for cfg in _cfgs()[name]:
         cfg = replace(cfg, loss_agg_mode=mode)
         for weight in (None, W):
-            loss, metrics = get_policy_loss(name)(
+            loss, metrics = POLICY_LOSSES.get(name)(
                 lp, lo, A, mask, cfg, is_weight=None if weight is None else w
             )
             if name == "ppo_clip":
@@ -329,7 +323,7 @@ def _away_from_boundaries(B, T, seed, bounds, gap=0.05):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", AGG_MODES.names())
 def test_ppo_clip_gradcheck(seed, mode):
     B, T = 3, 4
     mask = torch.tensor([[1.0] * 4, [1.0] * 2 + [0.0] * 2, [1.0] * 3 + [0.0]], dtype=DT)
@@ -382,7 +376,7 @@ def test_cispo_gradcheck_in_clipped_region(side):
 
 
 @pytest.mark.parametrize("clip_v", [0.0, 0.2])
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", AGG_MODES.names())
 def test_value_loss_matches_reference_and_gradcheck(clip_v, mode):
     B, T = 4, 5
     mask = torch.tensor([[1.0] * k + [0.0] * (T - k) for k in (5, 3, 0, 4)], dtype=DT)
@@ -437,7 +431,7 @@ def test_hand_computed_value_loss_follows_loss_agg_mode():
 
 
 @cases
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", AGG_MODES.names())
 def test_agg_loss_matches_reference(B, T, padding, seed, mode):
     torch.manual_seed(seed)
     mask = make_mask(B, T, padding)
@@ -452,7 +446,7 @@ def test_agg_loss_matches_reference(B, T, padding, seed, mode):
 def test_agg_loss_padding_nan_and_all_masked():
     L = torch.tensor([[1.0, float("nan")], [float("inf"), 2.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    for mode in AGG_MODES:
+    for mode in AGG_MODES.names():
         assert torch.isfinite(agg_loss(L, mask, mode))
         out = agg_loss(L, torch.zeros(2, 2), mode)
         out.backward()
@@ -495,7 +489,7 @@ def _split_equal(fn, B, n_micro=4):
         assert_close(g_micro, g_full)
 
 
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", AGG_MODES.names())
 @pytest.mark.parametrize("seed", [0, 1])
 def test_micro_batch_invariance(mode, seed):
     torch.manual_seed(seed)
@@ -521,7 +515,7 @@ def test_micro_batch_invariance(mode, seed):
     run(lambda x, y, r: agg_loss(x[r] * A[r], mask[r], mode, num_tokens=n_tok, num_seqs=n_seq))
     for name in POLICY_LOSSES:
         run(
-            lambda x, y, r, name=name: get_policy_loss(name)(
+            lambda x, y, r, name=name: POLICY_LOSSES.get(name)(
                 x[r], lo[r], A[r], mask[r], cfg, is_weight=w[r], num_tokens=n_tok, num_seqs=n_seq
             )[0]
         )
@@ -546,35 +540,49 @@ def test_registries_and_errors():
     }
     assert set(POLICY_LOSSES) >= {"ppo_clip", "gspo", "cispo"}
     assert set(KL_ESTIMATORS) >= {"k1", "k2", "k3", "abs", "k1+", "k3+"}
-    assert get_advantage("grpo") is advantages.grpo and get_policy_loss("gspo") is algos.gspo
-    for getter, names in [
-        (get_advantage, ADVANTAGES),
-        (get_policy_loss, POLICY_LOSSES),
-        (get_kl, KL_ESTIMATORS),
-    ]:
-        with pytest.raises(ValueError) as err:
-            getter("nope")
+    assert set(AGG_MODES) == {
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    }
+    assert ADVANTAGES.get("grpo") is advantages.grpo and POLICY_LOSSES.get("gspo") is algos.gspo
+    for registry in (ADVANTAGES, POLICY_LOSSES, KL_ESTIMATORS):
+        with pytest.raises(UnknownName) as err:
+            registry.get("nope")
         assert "'nope'" in str(err.value)
-        assert all(n in str(err.value) for n in names)
-    with pytest.raises(ValueError) as err:
+        assert all(n in str(err.value) for n in registry)
+    with pytest.raises(UnknownName) as err:
         agg_loss(torch.ones(1, 1), torch.ones(1, 1), "token-sum")
     assert all(m in str(err.value) for m in AGG_MODES)
     # a default config names only registered algorithms
     cfg = AlgoConfig()
-    get_advantage(cfg.adv_estimator), get_policy_loss(cfg.policy_loss), get_kl(cfg.kl_estimator)
+    ADVANTAGES.get(cfg.adv_estimator), POLICY_LOSSES.get(cfg.policy_loss)
+    KL_ESTIMATORS.get(cfg.kl_estimator), AGG_MODES.get(cfg.loss_agg_mode)
+
+
+def test_estimators_declare_what_they_need():
+    """The declarations the loop and the VLA side read: what each estimator is given besides
+    rewards, mask and group ids, and which one collects per-step PPO experience."""
+    needs = {name: ADVANTAGES.meta(name)["needs"] for name in ADVANTAGES}
+    assert needs["gae"] == ("values", "bootstrap_value")
+    assert needs["treepo"] == needs["treerl"] == ("segments",)
+    assert needs["prime"] == ("step_rewards",)
+    assert all(needs[n] == () for n in ("grpo", "rloo", "reinforce_pp", "grpo_passk"))
+    assert [n for n in ADVANTAGES if ADVANTAGES.meta(n)["per_step"]] == ["gae"]
 
 
 def test_register_new_entry_and_reject_name_clash():
-    @algos.register_kl("k_test_abs")
+    @KL_ESTIMATORS.register("k_test_abs")
     def k_abs(logp, logp_ref):
         return (logp - logp_ref).abs()
 
     try:
-        assert get_kl("k_test_abs") is k_abs
+        assert KL_ESTIMATORS.get("k_test_abs") is k_abs
         with pytest.raises(ValueError, match="already registered"):
-            algos.register_kl("k_test_abs")(lambda a, b: a)
+            KL_ESTIMATORS.register("k_test_abs")(lambda a, b: a)
     finally:
-        del KL_ESTIMATORS["k_test_abs"]
+        KL_ESTIMATORS.unregister("k_test_abs")
 
 
 # ----------------------------------------------------------------------------- KL and utilities
@@ -587,7 +595,7 @@ def test_kl_estimators_match_reference(name, seed):
     lp = -3 * torch.rand(5, 6, dtype=DT)
     lr = -3 * torch.rand(5, 6, dtype=DT)
     lr[0, 0], lp[0, 1] = lp[0, 0] + 30.0, lr[0, 1] + 30.0  # extremes hit the k3 clamps
-    out = get_kl(name)(lp, lr)
+    out = KL_ESTIMATORS.get(name)(lp, lr)
     assert_close(out, ref_kl(lp.tolist(), lr.tolist(), name))
     if name in ("k3", "k3+"):
         assert out[0, 0].item() == 10.0 and (out >= 0).all()
@@ -607,12 +615,12 @@ def test_kl_estimators_match_reference(name, seed):
 )
 def test_hand_computed_kl_values_and_gradients(name, value, grad):
     lp = torch.zeros(1, 1, dtype=DT, requires_grad=True)
-    out = get_kl(name)(lp, torch.full((1, 1), -2.0, dtype=DT))
+    out = KL_ESTIMATORS.get(name)(lp, torch.full((1, 1), -2.0, dtype=DT))
     out.sum().backward()
     assert out.item() == pytest.approx(value) and lp.grad.item() == pytest.approx(grad)
     # d = -2: abs is 2 with gradient -1; the + variants keep k2's gradient d = -2
     lp = torch.zeros(1, 1, dtype=DT, requires_grad=True)
-    out = get_kl(name)(lp, torch.full((1, 1), 2.0, dtype=DT))
+    out = KL_ESTIMATORS.get(name)(lp, torch.full((1, 1), 2.0, dtype=DT))
     out.sum().backward()
     if name == "abs":
         assert out.item() == pytest.approx(2.0) and lp.grad.item() == pytest.approx(-1.0)
@@ -620,7 +628,7 @@ def test_hand_computed_kl_values_and_gradients(name, value, grad):
         assert lp.grad.item() == pytest.approx(-2.0)
     # a clamped k3 value keeps k2's gradient in k3+ (and has none in k3)
     lp = torch.zeros(1, 1, dtype=DT, requires_grad=True)
-    out = get_kl(name)(lp, torch.full((1, 1), 30.0, dtype=DT))
+    out = KL_ESTIMATORS.get(name)(lp, torch.full((1, 1), 30.0, dtype=DT))
     out.sum().backward()
     if name == "k3+":
         assert out.item() == 10.0 and lp.grad.item() == pytest.approx(-30.0)
@@ -632,7 +640,7 @@ def test_k3_is_unbiased_kl_estimate():
     q = torch.tensor([0.2, 0.5, 0.3], dtype=DT)
     kl = (p * (p / q).log()).sum()
     for name in ("k1", "k3"):
-        est = (p * get_kl(name)(p.log(), q.log())).sum()  # exact expectation over p
+        est = (p * KL_ESTIMATORS.get(name)(p.log(), q.log())).sum()  # exact expectation over p
         assert_close(est, kl.item())
 
 
@@ -677,5 +685,5 @@ def test_kl_to_reward(B, T, padding, seed, name, token_level):
     kl = ref_kl(lp.tolist(), lref.tolist(), name)
     ref = [[tok[i][t] - 0.1 * kl[i][t] if m[i][t] > 0 else 0.0 for t in range(T)] for i in range(B)]
     assert_close(out, ref)
-    with pytest.raises(ValueError, match=r"'kl'; valid names: abs, k1, k1\+, k2, k3, k3\+"):
+    with pytest.raises(ValueError, match=r"'kl'.*valid: abs, k1, k1\+, k2, k3, k3\+"):
         kl_to_reward(rewards, lp, lref, mask, 0.1, "kl")

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
+from perceptrl.registry import CORRECTIONS, POLICY_LOSSES, UnknownName
 from perceptrl.trainer.config import AlgoConfig
-from perceptrl.trainer.corrections import CORRECTIONS, apply_correction, get_correction
+from perceptrl.trainer.corrections import apply_correction
 
 LN = math.log
 # ratios pi_prox / pi_behav of 2 rows x 3 tokens; row 1's last token is padding
@@ -26,7 +27,7 @@ def logps():
 
 def run(name, cap=2.0, low=0.5):
     lo, lr = logps()
-    return get_correction(name)(lo, lr, MASK, AlgoConfig(tis_cap=cap, correction_low=low))
+    return CORRECTIONS.get(name)(lo, lr, MASK, AlgoConfig(tis_cap=cap, correction_low=low))
 
 
 def test_token_tis_caps_each_ratio():
@@ -60,7 +61,7 @@ def test_two_sided_masks():
     assert keep.tolist() == [[False, False, False], [True, True, False]]
 
 
-@pytest.mark.parametrize("name", sorted(CORRECTIONS))
+@pytest.mark.parametrize("name", CORRECTIONS.names())
 def test_on_policy_every_correction_is_the_identity(name):
     lo, _ = logps()
     cfg = AlgoConfig(tis_cap=2.0)
@@ -75,8 +76,8 @@ def test_apply_checks_its_thresholds_and_reports():
         apply_correction("tis", lo, lr, MASK, AlgoConfig(tis_cap=0.0))
     with pytest.raises(ValueError, match="correction_low"):
         apply_correction("icepop", lo, lr, MASK, AlgoConfig(tis_cap=2.0, correction_low=3.0))
-    with pytest.raises(ValueError, match="valid names: geo_mask"):
-        get_correction("is")
+    with pytest.raises(UnknownName, match="valid: geo_mask"):
+        CORRECTIONS.get("is")
     _, new_mask, m = apply_correction("icepop", lo, lr, MASK, AlgoConfig(tis_cap=2.0))
     assert new_mask.tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
     assert m["correction/masked_frac"] == pytest.approx(2 / 5)
@@ -86,13 +87,17 @@ def test_apply_checks_its_thresholds_and_reports():
 def test_the_loop_applies_the_correction_to_the_loss(toy, tmp_path, name):
     """One step with behaviour log-probs: rejected tokens leave the loss mask (icepop), the
     capped weights reach the policy loss (tis)."""
+    from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
 
     Policy, Source, config = toy
     cfg = config(steps=1)
     cfg.algo.tis_cap, cfg.algo.rollout_correction = 2.0, name
     torch.manual_seed(0)
-    trainer = Trainer(cfg, Policy(), Source(ragged=False), tmp_path)
+    policy = Policy()
+    trainer = Trainer(
+        cfg, policy, Source(ragged=False), tmp_path, engine=build_engine(policy, cfg.train)
+    )
     batch, _ = trainer.source.collect(trainer.policy, 0)
     trainer._score_old(batch)
     batch.logp_rollout = batch.logp_old - torch.where(
@@ -108,16 +113,14 @@ def test_the_loop_applies_the_correction_to_the_loss(toy, tmp_path, name):
         return
     assert batch.mask.eq(1).all() and batch.is_weight[far].eq(2.0).all()
     assert batch.is_weight[~far].eq(1.0).all()
-    from perceptrl.trainer import algos
-
     n = batch.mask.sum()
     loss, _ = trainer._loss(batch, n, len(batch))
     logp = trainer.policy.evaluate(batch).logp
-    ref, _ = algos.get_policy_loss("ppo_clip")(
+    ref, _ = POLICY_LOSSES.get("ppo_clip")(
         logp, batch.logp_old, batch.advantages, batch.mask, cfg.algo,
         is_weight=batch.is_weight, num_tokens=n, num_seqs=len(batch),
     )  # fmt: skip
-    unweighted, _ = algos.get_policy_loss("ppo_clip")(
+    unweighted, _ = POLICY_LOSSES.get("ppo_clip")(
         logp, batch.logp_old, batch.advantages, batch.mask, cfg.algo, num_tokens=n
     )
     torch.testing.assert_close(loss, ref)

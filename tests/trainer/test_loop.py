@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from perceptrl.trainer import algos
+from perceptrl.registry import ADVANTAGES, AGG_MODES, POLICY_LOSSES
 from perceptrl.trainer.batch import RolloutBatch
 from perceptrl.trainer.checkpoint import list_checkpoints
-from perceptrl.trainer.engine import TorchEngine
+from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.trainer.loop import Trainer, TrainingDiverged
 from perceptrl.trainer.metrics import read_metrics
 
@@ -17,29 +17,34 @@ def _params(policy):
     return {k: v.detach().clone() for k, v in policy.state_dict().items()}
 
 
+def new_trainer(cfg, policy, source, run_dir, **kw) -> Trainer:
+    """A `Trainer` on the recipe's engine, built here as a side's builder builds it."""
+    return Trainer(cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train), **kw)
+
+
 def test_grpo_learns_the_toy_task(toy, tmp_path):
     Policy, Source, config = toy
     torch.manual_seed(0)
     cfg = config(steps=40, lr=0.3)
     policy = Policy()
-    Trainer(cfg, policy, Source(), tmp_path).fit()
+    new_trainer(cfg, policy, Source(), tmp_path).fit()
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward/mean" in r]
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     assert first < 0.4 and last > 0.8, (first, last)
 
 
-@pytest.mark.parametrize("adv", sorted(algos.ADVANTAGES))
-@pytest.mark.parametrize("loss", sorted(algos.POLICY_LOSSES))
+@pytest.mark.parametrize("adv", ADVANTAGES.names())
+@pytest.mark.parametrize("loss", POLICY_LOSSES.names())
 def test_every_estimator_and_loss_updates_parameters(toy, tmp_path, adv, loss):
     Policy, Source, config = toy
     torch.manual_seed(1)
     cfg = config(steps=1)
     cfg.algo.adv_estimator, cfg.algo.policy_loss = adv, loss
     cfg.algo.entropy_coef = 0.01
-    policy = Policy(value_head=adv == "gae")
+    policy = Policy(value_head="values" in ADVANTAGES.meta(adv)["needs"])
     before = _params(policy)
-    trainer = Trainer(cfg, policy, Source(ragged=True), tmp_path)
+    trainer = new_trainer(cfg, policy, Source(ragged=True), tmp_path)
     metrics = trainer.train_step()
     after = _params(policy)
     assert not torch.equal(before["logits"], after["logits"]), (
@@ -55,7 +60,7 @@ def test_every_estimator_and_loss_updates_parameters(toy, tmp_path, adv, loss):
         assert any(k.startswith("critic/") for k in metrics)
 
 
-@pytest.mark.parametrize("mode", algos.AGG_MODES)
+@pytest.mark.parametrize("mode", AGG_MODES.names())
 def test_micro_batch_accumulation_is_invariant(toy, tmp_path, mode):
     """micro-batch 4 x accumulation 1 == micro-batch 1 x accumulation 4 (same update)."""
     Policy, Source, config = toy
@@ -104,7 +109,7 @@ def test_nonfinite_loss_skips_steps_then_stops(toy, tmp_path):
     cfg = config(steps=10, max_bad_steps=3)
     policy = Policy()
     before = _params(policy)
-    trainer = Trainer(cfg, policy, NaNSource(Source()), tmp_path)
+    trainer = new_trainer(cfg, policy, NaNSource(Source()), tmp_path)
     with pytest.raises(TrainingDiverged, match="3 consecutive steps.*train.lr"):
         trainer.fit()
     assert torch.equal(before["logits"], _params(policy)["logits"])
@@ -126,12 +131,12 @@ def test_resume_reproduces_the_uninterrupted_run(toy, tmp_path):
     cfg = config(steps=6)
     cfg.checkpoint.every = 2
     cfg.checkpoint.keep_last = 2
-    Trainer(cfg, Policy(), Source(), tmp_path / "full").fit()
+    new_trainer(cfg, Policy(), Source(), tmp_path / "full").fit()
 
     # Interrupted run: trains to step 4 (checkpoint), "dies" after logging step 5 ...
     cut = copy.deepcopy(cfg)
     cut.train.steps = 5
-    Trainer(cut, Policy(), Source(), tmp_path / "cut").fit()
+    new_trainer(cut, Policy(), Source(), tmp_path / "cut").fit()
     ckpts = list_checkpoints(tmp_path / "cut" / "checkpoints")
     import shutil
 
@@ -139,7 +144,7 @@ def test_resume_reproduces_the_uninterrupted_run(toy, tmp_path):
     assert list_checkpoints(tmp_path / "cut" / "checkpoints")[-1].name == "step_000004"
     # ... and is resumed with the full step budget from a fresh process state.
     torch.manual_seed(12345)
-    Trainer(cfg, Policy(), Source(), tmp_path / "cut").fit(resume=True)
+    new_trainer(cfg, Policy(), Source(), tmp_path / "cut").fit(resume=True)
 
     full = _train_metrics(tmp_path / "full" / "metrics.jsonl")
     resumed = _train_metrics(tmp_path / "cut" / "metrics.jsonl")
@@ -161,7 +166,7 @@ def test_resume_reproduces_the_uninterrupted_run(toy, tmp_path):
 def test_checkpoint_ignores_half_written_temp_dirs(toy, tmp_path):
     Policy, Source, config = toy
     cfg = config(steps=2)
-    Trainer(cfg, Policy(), Source(), tmp_path).fit()
+    new_trainer(cfg, Policy(), Source(), tmp_path).fit()
     (tmp_path / "checkpoints" / ".tmp-step_000009-1").mkdir()
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step_000002"]
 
@@ -186,14 +191,14 @@ def test_sft_is_an_objective_of_the_trainer(toy, tmp_path):
     Policy, _, config = toy
     cfg = config(steps=30, lr=0.2)
     policy = Policy()
-    Trainer(cfg, policy, ToySFTSource(), tmp_path, objective="sft").fit()
+    new_trainer(cfg, policy, ToySFTSource(), tmp_path, objective="sft").fit()
     probs = torch.softmax(policy.logits.detach(), -1)
     assert (probs[:, 3] > 0.9).all()
     losses = [r["sft/loss"] for r in read_metrics(tmp_path / "metrics.jsonl") if "sft/loss" in r]
     assert losses[-1] < 0.1 * losses[0]
     assert list_checkpoints(tmp_path / "checkpoints")[-1].name == "step_000030"
     with pytest.raises(ValueError, match="valid: rl, sft"):
-        Trainer(cfg, policy, ToySFTSource(), tmp_path, objective="dpo")
+        new_trainer(cfg, policy, ToySFTSource(), tmp_path, objective="dpo")
 
 
 def test_sft_resumes_exactly_and_stops_on_nonfinite_streaks(toy, tmp_path):
@@ -202,11 +207,11 @@ def test_sft_resumes_exactly_and_stops_on_nonfinite_streaks(toy, tmp_path):
     Policy, _, config = toy
     cfg = config(steps=6, lr=0.2)
     cfg.checkpoint.every = 3
-    Trainer(cfg, Policy(), ToySFTSource(), tmp_path / "full", objective="sft").fit()
+    new_trainer(cfg, Policy(), ToySFTSource(), tmp_path / "full", objective="sft").fit()
     cut = copy.deepcopy(cfg)
     cut.train.steps = 3
-    Trainer(cut, Policy(), ToySFTSource(), tmp_path / "cut", objective="sft").fit()
-    Trainer(cfg, Policy(), ToySFTSource(), tmp_path / "cut", objective="sft").fit(resume=True)
+    new_trainer(cut, Policy(), ToySFTSource(), tmp_path / "cut", objective="sft").fit()
+    new_trainer(cfg, Policy(), ToySFTSource(), tmp_path / "cut", objective="sft").fit(resume=True)
     full = _train_metrics(tmp_path / "full" / "metrics.jsonl")
     resumed = _train_metrics(tmp_path / "cut" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [r["step"] for r in full]
@@ -214,7 +219,9 @@ def test_sft_resumes_exactly_and_stops_on_nonfinite_streaks(toy, tmp_path):
         assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
     cfg.train.max_bad_steps = 2
     with pytest.raises(TrainingDiverged, match="2 consecutive steps"):
-        Trainer(cfg, Policy(), ToySFTSource(nan_from=2), tmp_path / "nan", objective="sft").fit()
+        new_trainer(
+            cfg, Policy(), ToySFTSource(nan_from=2), tmp_path / "nan", objective="sft"
+        ).fit()
 
 
 @pytest.mark.parametrize(
@@ -236,7 +243,7 @@ def test_behaviour_source_is_decided_in_one_place(
     cfg.algo.kl_in_reward, cfg.algo.kl_coef = kl_in_reward, 0.1 if kl_in_reward else 0.0
     policy = Policy(value_head=critic)
     ref = Policy() if kl_in_reward else None
-    trainer = Trainer(cfg, policy, Source(), tmp_path, ref_policy=ref)
+    trainer = new_trainer(cfg, policy, Source(), tmp_path, ref_policy=ref)
     batch, _ = trainer.source.collect(policy, 0)
     if rollout_logp:
         batch.logp_rollout = torch.zeros_like(batch.mask)
@@ -258,7 +265,7 @@ def test_whiten_advantages_normalises_over_valid_tokens(toy, tmp_path):
     cfg.algo.adv_estimator, cfg.algo.whiten_advantages = "gae", True
     policy = Policy(value_head=True)
     torch.manual_seed(0)
-    trainer = Trainer(cfg, policy, Source(ragged=True), tmp_path)
+    trainer = new_trainer(cfg, policy, Source(ragged=True), tmp_path)
     batch, _ = trainer.source.collect(policy, 0)
     batch.rewards = torch.rand_like(batch.mask) * 3 + 5  # per-step rewards far from zero mean
     trainer._score_old(batch)
@@ -288,7 +295,7 @@ def test_dynamic_sampling_refills_the_batch_with_signal_groups(toy, tmp_path):
     cfg = config(steps=1)
     cfg.algo.dynamic_sampling, cfg.algo.max_collects = True, 3
     source = HalfFlatSource(Source(groups=4, group_size=4))
-    trainer = Trainer(cfg, Policy(), source, tmp_path)
+    trainer = new_trainer(cfg, Policy(), source, tmp_path)
     batch, metrics = source.collect(trainer.policy, 0)
     out = trainer._filter_groups(batch, metrics)
     assert source.calls == 2 and metrics["dynamic_sampling/collects"] == 2.0
@@ -310,7 +317,7 @@ def test_dynamic_sampling_gives_up_after_max_collects(toy, tmp_path):
             batch.rewards = torch.ones_like(batch.rewards)
             return batch, m
 
-    trainer = Trainer(cfg, Policy(), Flat(), tmp_path)
+    trainer = new_trainer(cfg, Policy(), Flat(), tmp_path)
     metrics = trainer.train_step()
     assert (
         metrics["dynamic_sampling/skipped_step"] == 1.0
@@ -333,7 +340,7 @@ def test_seq_mean_modes_divide_by_non_empty_rows(toy, tmp_path, mode):
     grads = []
     for b in (batch, padded):
         policy = Policy()
-        trainer = Trainer(cfg, policy, Source(), tmp_path / str(len(b)))
+        trainer = new_trainer(cfg, policy, Source(), tmp_path / str(len(b)))
         assert trainer._accumulate(b, trainer._loss)[0]
         grads.append(policy.logits.grad.clone())
     torch.testing.assert_close(grads[0], grads[1])
@@ -365,7 +372,7 @@ def test_stale_temporaries_are_removed_at_start_and_files_synced_before_rename(
 
     monkeypatch.setattr(checkpoint.os, "fsync", fsync)
     monkeypatch.setattr(checkpoint.os, "replace", replace)
-    Trainer(config(steps=1), Policy(), Source(), tmp_path).fit(resume=True)
+    new_trainer(config(steps=1), Policy(), Source(), tmp_path).fit(resume=True)
     assert not stale.exists()
     (ckpt,) = list_checkpoints(tmp_path / "checkpoints")
     renamed = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
@@ -391,7 +398,7 @@ def test_substep_tokens_clip_each_sub_step():
     # the second sub-step of position 1 moved far: only its own ratio is clipped (at 1.2)
     new = old.flatten(1) + torch.tensor([[0.0, 0.0, 0.0, 1.0, 0.0, 0.0]])
     algo = AlgoConfig(clip_low=0.2, clip_high=0.2)
-    loss, m = algos.get_policy_loss("ppo_clip")(
+    loss, m = POLICY_LOSSES.get("ppo_clip")(
         new, tok.logp_old, tok.advantages, tok.mask, algo, num_tokens=tok.mask.sum()
     )
     assert m["clipfrac"] == pytest.approx(0.25)
@@ -440,7 +447,7 @@ def test_the_best_evaluation_s_weights_are_kept_whatever_checkpoints_prune(toy, 
     cfg.checkpoint.every, cfg.checkpoint.keep_last = 1, 1
     cfg.checkpoint.best = "success_rate"
     policy = Policy()
-    Trainer(cfg, policy, ToySFTSource(), tmp_path, evaluator=evaluator, objective="sft").fit()
+    new_trainer(cfg, policy, ToySFTSource(), tmp_path, evaluator=evaluator, objective="sft").fit()
     assert best_record(tmp_path) == {"step": 3, "metric": "eval/success_rate", "value": 0.7,
                                      "mode": "max"}  # fmt: skip
     kept = Policy()
@@ -451,22 +458,22 @@ def test_the_best_evaluation_s_weights_are_kept_whatever_checkpoints_prune(toy, 
 
     more = copy.deepcopy(cfg)
     more.train.steps = 6  # resumed: 0.68 at step 6 is below the kept 0.7
-    Trainer(more, Policy(), ToySFTSource(), tmp_path, evaluator=evaluator,
+    new_trainer(more, Policy(), ToySFTSource(), tmp_path, evaluator=evaluator,
             objective="sft").fit(resume=True)  # fmt: skip
     assert best_record(tmp_path)["step"] == 3
     (tmp_path / ".tmp-best-123").mkdir()  # a write killed mid-way
     again = copy.deepcopy(cfg)
     again.train.steps = 1  # started over: 0.4 at steps 0 and 1 (a tie keeps the first)
-    Trainer(again, Policy(), ToySFTSource(), tmp_path, evaluator=lambda p: {"success_rate": 0.4},
+    new_trainer(again, Policy(), ToySFTSource(), tmp_path, evaluator=lambda p: {"success_rate": 0.4},
             objective="sft").fit()  # fmt: skip
     assert best_record(tmp_path) == {"step": 0, "metric": "eval/success_rate", "value": 0.4,
                                      "mode": "max"}  # fmt: skip
     assert not list(tmp_path.glob(".tmp-best-*"))
 
     with pytest.raises(ValueError, match="has no evaluation"):
-        Trainer(cfg, Policy(), ToySFTSource(), tmp_path / "x", objective="sft")
+        new_trainer(cfg, Policy(), ToySFTSource(), tmp_path / "x", objective="sft")
     cfg.checkpoint.best = "eval/accuracy"
     with pytest.raises(ValueError, match="the evaluation has no eval/accuracy; it logs "
                                          "eval/success_rate"):  # fmt: skip
-        Trainer(cfg, Policy(), ToySFTSource(), tmp_path / "y", evaluator=lambda p: {
+        new_trainer(cfg, Policy(), ToySFTSource(), tmp_path / "y", evaluator=lambda p: {
             "success_rate": 1.0}, objective="sft").fit()  # fmt: skip

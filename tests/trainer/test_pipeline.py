@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from perceptrl.trainer.batch import RolloutBatch
+from perceptrl.trainer.engine import build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.trainer.pipeline import (
     PipelineError,
@@ -62,7 +63,8 @@ def make(toy, cluster, tmp_path):
         cfg = config(steps=steps)
         source = PipelineSource(mode, toy_worker, (slow_from,), workers=workers, **kw)
         made.append(source)
-        return Trainer(cfg, Policy(), source, tmp_path / f"{mode}{len(made)}"), source
+        policy, run_dir = Policy(), tmp_path / f"{mode}{len(made)}"
+        return Trainer(cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train)), source
 
     yield build
     for s in made:

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from perceptrl.trainer.advantages import get_advantage
+from perceptrl.registry import ADVANTAGES
+from perceptrl.trainer.advantages import AdvantageInputs
 from perceptrl.trainer.config import AlgoConfig
 
 EPS = 1e-6
@@ -26,7 +27,9 @@ EARLY_REWARDS = torch.tensor([0.0, 1.0, 1.0, 0.0])
 
 
 def run(name, rewards, mask, group, cfg=None, **kw):
-    adv, ret, metrics = get_advantage(name)(rewards, mask, group, cfg or AlgoConfig(eps=EPS), **kw)
+    adv, ret, metrics = ADVANTAGES.get(name)(
+        AdvantageInputs(rewards, mask, group, **kw), cfg or AlgoConfig(eps=EPS)
+    )
     assert torch.equal(adv, ret)
     return adv, metrics
 
@@ -97,13 +100,13 @@ def test_flat_limits(seed):
     group = torch.arange(3).repeat_interleave(4)
     cfg = AlgoConfig(eps=EPS)
     tree, _ = run("treepo", r, mask, group, cfg)
-    grpo, _, _ = get_advantage("grpo")(r, mask, group, cfg)
+    grpo, _, _ = ADVANTAGES.get("grpo")(AdvantageInputs(r, mask, group), cfg)
     torch.testing.assert_close(tree, grpo)
     rl, _ = run("treerl", r, mask, group, cfg)
     mean = r.view(3, 4).mean(1).repeat_interleave(4)
     torch.testing.assert_close(rl, (2 * (r - mean))[:, None] * mask)
     pr, _ = run("prime", r, mask, group, cfg)
-    rloo, _, _ = get_advantage("rloo")(r, mask, group, cfg)
+    rloo, _, _ = ADVANTAGES.get("rloo")(AdvantageInputs(r, mask, group), cfg)
     torch.testing.assert_close(pr, rloo)
 
 
