@@ -1,8 +1,8 @@
 """One registry mechanism for every kind of named component a recipe can choose.
 
 Estimators, losses, KL estimators, aggregation modes, rollout corrections, rewards, step rewards,
-tools, data generators, episode environments, sim tasks, scripted experts, sides, training
-engines and VLA action heads are each a `Registry` below. A component registers itself where it
+tools, data generators, episode environments, sim tasks, scripted experts, judge backends, sides,
+training engines and VLA action heads are each a `Registry` below. A component registers itself where it
 is defined, with what it needs declared beside it::
 
     from perceptrl.registry import ADVANTAGES
@@ -12,7 +12,9 @@ is defined, with what it needs declared beside it::
 
 and is looked up by name (``ADVANTAGES.get(name)``, ``ADVANTAGES.entry(name).meta``); an unknown
 name raises `UnknownName` with the valid names and the nearest one. Callers read an entry's
-declared metadata; they never inspect a function's signature to decide what to pass it.
+declared metadata; they never inspect a function's signature to decide what to pass it. The
+kinds a recipe may also name by import path (rewards, step rewards, tools) look a spec up with
+``resolve("package.module:function")``.
 
 A registry knows the modules that hold its built-in entries (``builtins``) and imports them
 the first time it is read, so a recipe can be checked against every built-in name before any
@@ -25,7 +27,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -52,10 +54,20 @@ class Registry(Generic[T]):
         kind: what the entries are, for messages ("advantage estimator").
         key: the recipe key that names an entry ("algo.adv_estimator"), for messages.
         builtins: modules whose import registers the built-in entries (imported on first read).
+        declares: what an entry of this kind declares, with the default of each declaration;
+            when given, every entry's ``meta`` holds exactly these keys (a key not listed is a
+            typo and raises at registration).
     """
 
-    def __init__(self, kind: str, key: str = "", builtins: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        kind: str,
+        key: str = "",
+        builtins: tuple[str, ...] = (),
+        declares: Mapping[str, Any] | None = None,
+    ):
         self.kind, self.key, self.builtins = kind, key, builtins
+        self.declares = None if declares is None else MappingProxyType(dict(declares))
         self._entries: dict[str, Entry[T]] = {}
         self._loaded = not builtins
 
@@ -70,6 +82,14 @@ class Registry(Generic[T]):
         module imported twice) is a no-op; another object under a taken name raises."""
         if not isinstance(name, str) or not name or ":" in name:
             raise ValueError(f"invalid {self.kind} name {name!r}: non-empty text without ':'")
+        if self.declares is not None:
+            unknown = sorted(set(meta) - set(self.declares))
+            if unknown:
+                raise ValueError(
+                    f"{self.kind} {name!r} declares {', '.join(unknown)}; a {self.kind} "
+                    f"declares only {', '.join(self.declares) or 'nothing'}"
+                )
+            meta = {**self.declares, **meta}
 
         def add(o: T) -> T:
             old = self._entries.get(name)
@@ -125,6 +145,29 @@ class Registry(Generic[T]):
         """What ``name`` declared when it registered."""
         return self.entry(name).meta
 
+    def resolve(self, spec: str) -> Entry[T]:
+        """The entry of a registered name, or of the object a ``"package.module:function"`` spec
+        names, for the kinds a recipe may name by import path (rewards, step rewards, tools):
+        the object's own entry when it is registered, else one that declares the kind's
+        defaults.
+
+        Raises:
+            UnknownName: an unknown name (the message lists the valid names).
+            ValueError: a spec that does not import or names nothing callable.
+        """
+        if not isinstance(spec, str):
+            raise ValueError(f"{self.kind} name must be a string, got {type(spec).__name__}")
+        if ":" not in spec:
+            try:
+                return self.entry(spec)
+            except UnknownName as e:
+                raise UnknownName(f"{e}, or name a function as 'package.module:function'") from None
+        obj = _import_spec(spec, self.kind)
+        for e in self.load()._entries.values():
+            if e.obj is obj:
+                return Entry(spec, obj, e.meta)
+        return Entry(spec, obj, MappingProxyType(dict(self.declares or {})))
+
     def unknown_message(self, name: object) -> str:
         valid = self.names()
         near = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
@@ -141,9 +184,12 @@ class Registry(Generic[T]):
 
 
 def _same(a: object, b: object) -> bool:
-    """The same object, or the same function/class defined again by a re-imported module."""
+    """The same object, or the same function/class defined again by a re-imported module (a
+    record of them, such as a `Side`, field by field)."""
     if a is b:
         return True
+    if is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
     key = ("__module__", "__qualname__")
     return all(hasattr(x, k) for x in (a, b) for k in key) and all(
         getattr(a, k) == getattr(b, k) for k in key
@@ -154,47 +200,135 @@ def _where(obj: object) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
+def _import_spec(spec: str, kind: str) -> Callable:
+    """The callable ``"package.module:attr"`` names (``attr`` may be dotted)."""
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise ValueError(f"{kind} spec {spec!r} must look like 'package.module:function'")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ValueError(
+            f"{kind} spec {spec!r}: cannot import module {mod_name!r} ({e}); "
+            "check the module is on PYTHONPATH"
+        ) from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{kind} spec {spec!r}: module {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{kind} spec {spec!r} names a {type(obj).__name__}, not a function")
+    return obj
+
+
 # ---------------------------------------------------------------------------------- the kinds
 
 ADVANTAGES: Registry[Callable] = Registry(
-    "advantage estimator", "algo.adv_estimator", ("perceptrl.trainer.advantages",)
-)
-"""``fn(inp: AdvantageInputs, cfg) -> (advantages [B, T], returns [B, T], metrics)``; declares
-``needs`` (``values``, ``segments``, ``step_rewards``) and ``per_step`` (credit per step from
-per-step rewards, as GAE)"""
+    "advantage estimator", "algo.adv_estimator", ("perceptrl.trainer.advantages",),
+    declares={"needs": (), "per_step": False},
+)  # fmt: skip
+"""``fn(inp: AdvantageInputs, cfg: AlgoConfig) -> (advantages [B, T], returns [B, T], metrics)``
+(trainer/advantages.py). Declares ``needs``: the optional inputs it reads (``values``,
+``bootstrap_value``, ``segments``, ``step_rewards``; the trainer gives it no other, and folds
+process rewards into ``rewards`` for one that does not read ``step_rewards``), and ``per_step``:
+it credits each step from per-step rewards and a critic (GAE), so a VLA run collects PPO
+segments instead of whole-episode groups."""
 POLICY_LOSSES: Registry[Callable] = Registry(
-    "policy loss", "algo.policy_loss", ("perceptrl.trainer.algos",)
+    "policy loss", "algo.policy_loss", ("perceptrl.trainer.algos",), declares={}
 )
+"""``fn(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None,
+num_seqs=None) -> (loss [], metrics)`` (trainer/algos.py)"""
 KL_ESTIMATORS: Registry[Callable] = Registry(
-    "KL estimator", "algo.kl_estimator", ("perceptrl.trainer.algos",)
+    "KL estimator", "algo.kl_estimator", ("perceptrl.trainer.algos",), declares={}
 )
+"""``fn(logp [B, T], logp_ref [B, T]) -> kl [B, T]``, per token, not masked (trainer/algos.py)"""
 AGG_MODES: Registry[Callable] = Registry(
-    "loss aggregation mode", "algo.loss_agg_mode", ("perceptrl.trainer.algos",)
+    "loss aggregation mode", "algo.loss_agg_mode", ("perceptrl.trainer.algos",), declares={}
 )
+"""``fn(loss [B, T], valid [B, T], *, num_tokens, num_seqs, norm_len) -> loss []``: ``loss`` is
+0 on the positions ``valid`` (bool) leaves out; called through ``agg_loss`` (trainer/algos.py)"""
 CORRECTIONS: Registry[Callable] = Registry(
-    "rollout correction", "algo.rollout_correction", ("perceptrl.trainer.corrections",)
-)
-REWARDS: Registry[Callable] = Registry("reward", "rollout.reward", ("perceptrl.rewards",))
-"""``fn(completions, samples, ctx) -> list[float]``; declares ``prepare``, ``counters``,
-``self_timed`` (see rewards/compose.py)"""
+    "rollout correction", "algo.rollout_correction", ("perceptrl.trainer.corrections",),
+    declares={},
+)  # fmt: skip
+"""``fn(logp_old [B, T], logp_rollout [B, T], mask [B, T], cfg) -> (weight [B, T], keep [B, T]
+bool)`` (trainer/corrections.py)"""
+REWARDS: Registry[Callable] = Registry(
+    "reward", "rollout.reward", ("perceptrl.rewards",),
+    declares={"prepare": None, "counters": None, "self_timed": False},
+)  # fmt: skip
+"""``fn(completions, samples, ctx: RewardContext, **params) -> scores [B]`` (rewards/registry.py).
+Declares ``prepare(**params)`` (called once when the reward is built), ``counters(**params)``
+(running totals logged per call) and ``self_timed`` (it enforces ``ctx.timeout_s`` itself)."""
 STEP_REWARDS: Registry[Callable] = Registry(
-    "step reward", "rollout.process_reward", ("perceptrl.rewards",)
+    "step reward", "rollout.process_reward", ("perceptrl.rewards",), declares={"prepare": None}
 )
-TOOLS: Registry[Any] = Registry("tool", "rollout.episode.tools", ("perceptrl.vlm.tools",))
-EPISODE_ENVS: Registry[Any] = Registry(
-    "episode environment", "rollout.episode.env", ("perceptrl.vlm.episode", "perceptrl.vla.plan")
+"""``fn(completions, samples, ctx: RewardContext, **params) -> [[Step(end, score), ...], ...]``
+(rewards/process.py). Declares ``prepare(**params)`` (called once when it is built)."""
+TOOLS: Registry[Callable] = Registry(
+    "tool", "rollout.episode.tools", ("perceptrl.vlm.tools",), declares={"usage": ""}
 )
+"""``fn(ctx: ToolContext, **arguments) -> Observation | str | Image`` (vlm/tools.py). Declares
+``usage``: the line the model reads in its system prompt (empty: the docstring's first line)."""
+EPISODE_ENVS: Registry[Callable] = Registry(
+    "episode environment", "rollout.episode.env", ("perceptrl.vlm.episode", "perceptrl.vla.plan"),
+    declares={"eval_reward": None},
+)  # fmt: skip
+"""``build(cfg) -> factory of EpisodeEnv`` (one environment per rollout call; vlm/episode.py).
+Declares ``eval_reward``: the held-out score of its episodes (None: the VLM side's accuracy)."""
 GENERATORS: Registry[Any] = Registry(
-    "data generator", "data.generator", ("perceptrl.datasets.registry",)
+    "data generator", "data.generator", ("perceptrl.datasets.registry",), declares={}
 )
-TASKS: Registry[Any] = Registry("sim task", "env.id", ("perceptrl.sim.tasks", "perceptrl.sim"))
-EXPERTS: Registry[Callable] = Registry("scripted expert", "", ("perceptrl.sim.expert",))
-SIDES: Registry[Any] = Registry(
-    "side", "side", ("perceptrl.vlm.run", "perceptrl.vla.run", "perceptrl.vla.plan")
+"""`datasets.registry.Generator` records (module, modality, splits, families, options)."""
+TASKS: Registry[Any] = Registry(
+    "sim task", "env.id", ("perceptrl.sim.tasks", "perceptrl.sim"), declares={}
 )
+"""`sim.tasks.Task` records (scene needs, layout, success and shaping functions); importing
+``perceptrl.sim`` registers a gymnasium id for each."""
+EXPERTS: Registry[Callable] = Registry(
+    "scripted expert", "", ("perceptrl.sim.expert",), declares={}
+)
+"""``fn(expert: ScriptedExpert, world: World) -> action (5,)`` per task family (sim/expert.py)."""
+JUDGES: Registry[Callable] = Registry("judge backend", "", ("perceptrl.vlm.judge",), declares={})
+"""``factory(path, device, dtype) -> handler``, built inside the judge reward's worker process:
+``handler(request) -> verdict texts`` for a request of judge prompts (``samples``,
+``system_prompt``, ``batch_size``, ``max_new_tokens``, ``max_prompt_length``; rewards/judge.py).
+The model side registers it, so that rewards know no model code (vlm/judge.py: ``hf``)."""
+
+
+@dataclass(frozen=True)
+class Side:
+    """What the ``perceptrl`` command calls on a side, registered in `SIDES` by the side's own
+    module. A command the side does not support is None; the command then says which sides
+    support it."""
+
+    build_trainer: Callable[..., Any]
+    """``(cfg, run_dir) -> Trainer``: RL training (``perceptrl train``, ``perceptrl demo``)"""
+    run_eval: Callable[..., dict]
+    """``(cfg, out_dir, more=()) -> {"table", "files"}``: a saved model on the recipe's held-out
+    data or tasks (``perceptrl eval``; ``more``: recipes whose task sets join the table)"""
+    run_sft: Callable[..., Any] | None = None
+    """``(cfg, run_dir) -> metrics``: the supervised warm start (``perceptrl sft``)"""
+    run_compare: Callable[..., dict] | None = None
+    """``(cfgs: name -> cfg, out_dir) -> {"table", "files"}``: several saved models side by side
+    (``perceptrl eval`` with several ``--model name=path``)"""
+    run_pass_k: Callable[..., dict] | None = None
+    """``(cfgs: name -> cfg, out_dir, ks, n) -> {"table", "files"}``: pass@k of one or more
+    models from ``n`` sampled answers (``perceptrl eval --pass-k``)"""
+
+
+SIDES: Registry[Side] = Registry(
+    "side", "side", ("perceptrl.vlm.run", "perceptrl.vla.run", "perceptrl.vla.plan_run")
+)
+"""side name -> `Side`: the policy side a recipe trains (``side``); ``wiring.side(cfg)`` returns
+the record. Built in: vlm (``vlm/run.py``), vla (``vla/run.py``) and plan (``vla/plan_run.py``: a
+VLM planner whose subgoals a VLA executes)"""
 ENGINES: Registry[Callable] = Registry(
-    "training engine", "train.backend", ("perceptrl.trainer.engine",)
-)
+    "training engine", "train.backend",
+    ("perceptrl.trainer.engine", "perceptrl.trainer.deepspeed_engine"), declares={},
+)  # fmt: skip
+"""``build(policy, cfg: TrainConfig) -> engine``: the optimisation engine of ``train.backend``
+(trainer/engine.py, trainer/deepspeed_engine.py; the seam is ``trainer.engine.Engine``)"""
 VLA_HEADS: Registry[Any] = Registry(
     "VLA action head", "vla.head", ("perceptrl.vla.compact", "perceptrl.vla.flow")
 )

@@ -1,5 +1,7 @@
 """The one registry mechanism: register with declared needs, look up, list, and name errors."""
 
+import json
+
 import pytest
 
 from perceptrl.registry import Registry, UnknownName
@@ -63,3 +65,19 @@ def test_declared_keys_get_their_defaults_and_a_typo_raises():
     nothing = Registry("other", declares={})
     with pytest.raises(ValueError, match="declares only nothing"):
         nothing.register("c", object(), x=1)
+
+
+def test_resolve_a_name_or_an_import_path_with_its_declaration():
+    r = Registry("thing", "x.thing", declares={"usage": ""})
+    r.register("dumps", json.dumps, usage="dumps(obj)")
+    assert r.resolve("dumps").meta["usage"] == "dumps(obj)"
+    own = r.resolve("json:dumps")  # a registered object named by path: its own declaration
+    assert own.obj is json.dumps and own.name == "json:dumps" and own.meta["usage"] == "dumps(obj)"
+    other = r.resolve("json:loads")  # not registered: the kind's defaults
+    assert other.obj is json.loads and dict(other.meta) == {"usage": ""}
+    with pytest.raises(UnknownName, match="did you mean 'dumps'.*or name a function as"):
+        r.resolve("dump")
+    with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
+        r.resolve("no_such_module:f")
+    with pytest.raises(ValueError, match="has no attribute 'nope'"):
+        r.resolve("json:nope")
