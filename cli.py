@@ -1,7 +1,9 @@
-"""The `perceptrl` command: reads a recipe, wires a side (vlm or vla) into the shared trainer.
+"""The `perceptrl` command: reads a recipe, wires a side (vlm, vla, plan) into the shared trainer.
 
-This is the only module that knows both the trainer and the sides; `trainer/` never imports
-`vlm/`, `vla/`, `sim/` or `datasets/`.
+It parses arguments and prints; `wiring.py` resolves the recipe and the side's `Side` record,
+whose functions build and evaluate the runs (what a side supports is what its record holds),
+and `demo.py` runs ``perceptrl demo``. `trainer/` never imports `vlm/`, `vla/`, `sim/` or
+`datasets/`.
 
 Exit status: 0 done; 2 a recipe error (`ConfigError`: unknown key, bad value, missing file); 3 a
 data error (`DataError`: a bad record, image or video, an empty file, a prompt longer than
@@ -12,20 +14,17 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from . import wiring
+from . import demo, wiring
 from .datasets.loader import DataError
-from .datasets.registry import GENERATORS
+from .registry import GENERATORS
 from .trainer.config import ConfigError, describe, format_valid, save_config, valid_values
-from .wiring import Config, load_config
+from .wiring import CONFIGS, Config, load_config, new_run_dir
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
 EXIT_CONFIG_ERROR = 2
 EXIT_DATA_ERROR = 3
 
@@ -56,23 +55,6 @@ def make_run_dir(cfg: Config, recipe: Path | None, run_dir: str | None) -> Path:
     return new_run_dir(path)
 
 
-def new_run_dir(path: Path) -> Path:
-    """``path``, made, for a run that starts from scratch there.
-
-    Raises:
-        ConfigError: ``path`` holds an earlier run (its metrics or checkpoints): a fresh run
-            would append to its metrics and leave its checkpoints beside the new ones (its last
-            model would then be whichever step is higher).
-    """
-    held = [p.name for p in (path / "metrics.jsonl", path / "checkpoints") if p.exists()]
-    if held:
-        raise ConfigError(
-            f"{path} already holds a run ({', '.join(held)}). Continue it with --resume {path}, "
-            "or give a new --run-dir / --out (or delete that directory) to start over."
-        )
-    return _mkdir(path)
-
-
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the resolved config, one key per line with its help and valid values (or, with
     ``--reference``, the configuration reference as Markdown)."""
@@ -90,9 +72,9 @@ def cmd_config(args: argparse.Namespace) -> int:
             value = getattr(value, part)
         names = f" [{format_valid(valid[key], label=True)}]" if key in valid else ""
         print(f"{key} = {value!r}  ({kind}) {help_}{names}")
-    from .rewards import list_rewards
+    from .registry import REWARDS
 
-    print(f"# rewards for rollout.reward: {', '.join(list_rewards())} (or module:function)")
+    print(f"# rewards for rollout.reward: {', '.join(REWARDS.names())} (or module:function)")
     return 0
 
 
@@ -130,7 +112,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if main:
         print_summary(run_dir)
     if cfg.train.backend == "deepspeed":
-        from .trainer.deepspeed_engine import shutdown_distributed
+        from .trainer.distributed import shutdown_distributed
 
         shutdown_distributed()
     return 0
@@ -139,11 +121,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def prepare_distributed_run(args: argparse.Namespace) -> tuple[Config, Path, bool]:
     """``prepare_run`` once, on rank 0, its config and run directory shared with every rank (a
     timestamped directory name must not differ between ranks). Returns (cfg, run_dir, is_main)."""
-    from .trainer.deepspeed_engine import launched_distributed
+    from .trainer.distributed import launched_distributed
 
     if not launched_distributed():
         return (*prepare_run(args), True)
-    from .trainer.deepspeed_engine import broadcast_object, init_distributed, rank_and_world
+    from .trainer.distributed import broadcast_object, init_distributed, rank_and_world
 
     init_distributed()
     rank, world = rank_and_world()
@@ -168,7 +150,13 @@ def prepare_distributed_run(args: argparse.Namespace) -> tuple[Config, Path, boo
 def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start of the recipe's side."""
     cfg, run_dir = prepare_run(args)
-    wiring.side(cfg).run_sft(cfg, run_dir)
+    run_sft = wiring.side(cfg).run_sft
+    if run_sft is None:
+        raise ConfigError(
+            f"side {cfg.side} has no supervised warm start; sides with one: "
+            f"{', '.join(wiring.sides_with('run_sft'))}"
+        )
+    run_sft(cfg, run_dir)
     print_summary(run_dir)
     return 0
 
@@ -186,21 +174,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfgs = {name: load_config(recipe, [*overrides, f"model.path={path}"])
                 for name, path in models.items()}  # fmt: skip
         first = next(iter(cfgs.values()))
-        if first.side not in ("vlm", "plan") or more:
+        run_pass_k = wiring.side(first).run_pass_k
+        if run_pass_k is None or more:
             raise ConfigError(
-                "--pass-k evaluates VLM (and planner) recipes, one task set per command"
+                f"--pass-k evaluates recipes of side {' | '.join(wiring.sides_with('run_pass_k'))},"
+                " one task set per command"
             )
-        result = wiring.side(first).run_pass_k(cfgs, out, ks, args.pass_n or max(ks))
+        result = run_pass_k(cfgs, out, ks, args.pass_n or max(ks))
     elif len(models) > 1:
         cfgs = {name: load_config(recipe, [*overrides, f"model.path={path}"])
                 for name, path in models.items()}  # fmt: skip
         first = next(iter(cfgs.values()))
-        if first.side not in ("vla", "plan") or more:
+        run_compare = wiring.side(first).run_compare
+        if run_compare is None or more:
             raise ConfigError(
-                "several --model values compare VLA policies or planners (success table, chart "
-                "and videos) or, with --pass-k, VLM models"
+                "several --model values compare saved models side by side on side "
+                f"{' | '.join(wiring.sides_with('run_compare'))} (success table, chart and "
+                f"videos) or, with --pass-k, on side {' | '.join(wiring.sides_with('run_pass_k'))}"
             )
-        result = wiring.side(first).run_compare(cfgs, out)
+        result = run_compare(cfgs, out)
     else:
         path = next(iter(models.values()))
         cfg = load_config(recipe, [*overrides, f"model.path={path}"])
@@ -236,9 +228,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_data_generate(args: argparse.Namespace) -> int:
     """Write a synthetic set of the registered generator ``--kind`` (datasets/registry.py)."""
-    from .datasets.registry import get_generator
-
-    gen = get_generator(args.kind)
+    gen = GENERATORS.get(args.kind)
     families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else []
     splits = {"train": args.n_train, "val": args.n_val, "test": args.n_test, "ood": args.n_ood}
     try:
@@ -257,116 +247,14 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The default job on the embedded default (tiny models, synthetic data, CPU): GRPO on
-    synthetic counting from the shipped demo base, the base against the trained model on fresh
-    held-out questions (paired gain and its standard error), then PPO on the MuJoCo reach task
-    with its success-rate curve and evaluation videos. Writes ``demo.json`` and ``demo.md``."""
-    from .trainer.runtime import resolve_path
-    from .vlm.run import build_policy, held_out_gain
-
+    synthetic counting, the base against the trained model on fresh held-out questions, then PPO
+    on the MuJoCo reach task (``demo.py``). Writes ``demo.json`` and ``demo.md``."""
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg = load_config(CONFIGS / "vlm_demo.yaml", args.overrides)
-    if args.steps:
-        cfg.train.steps = args.steps
-    if args.minutes:
-        cfg.train.time_limit_min = args.minutes
-    if not (resolve_path(cfg.model.path) / "config.json").exists():
-        raise ConfigError(
-            f"model.path={cfg.model.path}: no model there. The demo's base is committed in "
-            "assets/vlm_demo_base; restore it (git checkout assets) or rebuild it with "
-            "`make assets-demo-base` (assets/build/make_demo_base.py)."
-        )
-    run_dir = new_run_dir(out / "vlm_grpo")
-    save_config(cfg, run_dir / "config.yaml")
-    print(
-        f"perceptrl demo [1/2]: GRPO on synthetic counting, {cfg.train.steps} steps from "
-        f"{cfg.model.path} -> {run_dir}"
-    )
-    t0 = time.perf_counter()
-    trainer = wiring.side(cfg).build_trainer(cfg, run_dir)
-    trainer.fit()
-    train_s = time.perf_counter() - t0
-    print_summary(run_dir)
-    print(f"\nscoring the base and the trained model on {args.test_questions} fresh questions")
-    gain = held_out_gain(
-        cfg, build_policy(cfg, out / "held_out"), trainer.policy, out / "held_out",
-        args.test_questions,
+    demo.run_demo(
+        out, args.overrides, steps=args.steps, minutes=args.minutes,
+        test_questions=args.test_questions, vla_steps=args.vla_steps, summary=print_summary,
     )  # fmt: skip
-    vlm = {"steps": trainer.step, "train_seconds": round(train_s, 1), "held_out": gain}
-    print(f"\n{gain_table(gain)}")
-    vla = demo_vla(out / "vla_ppo_reach", args.vla_steps)
-    result = {"vlm_grpo": vlm, "vla_ppo_reach": vla}
-    (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "demo.md").write_text(demo_markdown(result))
-    print(f"\ndemo summary: {out / 'demo.md'}")
     return 0
-
-
-def gain_table(gain: dict) -> str:
-    """The base against the trained model on the same held-out questions, per family."""
-    lines = [f"{'held-out (greedy)':<24}{'questions':>10}{'base':>8}{'trained':>9}"]
-    for fam, row in gain["families"].items():
-        lines.append(f"{fam:<24}{row['questions']:>10.0f}{row['before']:>8.3f}{row['after']:>9.3f}")
-    lines.append(
-        f"{'all':<24}{gain['questions']:>10.0f}{gain['before']:>8.3f}{gain['after']:>9.3f}"
-    )
-    lines.append(
-        f"gain {gain['gain']:+.3f} +/- {gain['se']:.3f} (paired standard error; "
-        f"{gain['z']:.1f} SE; {gain['improved']:.0f} questions fixed, "
-        f"{gain['regressed']:.0f} broken)"
-    )
-    return "\n".join(lines)
-
-
-def demo_markdown(result: dict) -> str:
-    """``demo.md``: what each part of the demo measured."""
-    vlm, vla = result["vlm_grpo"], result["vla_ppo_reach"]
-    curve = ", ".join(f"{s}: {v:.2f}" for s, v in vla["success_curve"])
-    return (
-        f"# perceptrl demo\n\nPart 1, VLM GRPO ({vlm['steps']} steps, "
-        f"{vlm['train_seconds'] / 60:.1f} min including its evaluations):\n"
-        f"```\n{gain_table(vlm['held_out'])}\n```\n\n"
-        f"Part 2, VLA PPO on reach ({vla['steps']} steps, {vla['train_seconds'] / 60:.1f} min): "
-        f"held-out success by step {curve}.\n"
-    )
-
-
-def demo_vla(run_dir: Path, steps: int = 0) -> dict:
-    """Part 2: PPO trains the compact VLA on the reach task (``steps``, default the recipe's);
-    success-rate curve and videos. Returns ``steps``, ``train_seconds`` and ``success_curve``
-    ([step, held-out success] pairs)."""
-    from .trainer.metrics import read_metrics
-    from .vla.evaluate import compare_video, write_report
-
-    cfg = load_config(CONFIGS / "vla_ppo_reach_state.yaml")
-    if steps:
-        cfg.train.steps = steps
-    save_config(cfg, new_run_dir(run_dir) / "config.yaml")
-    print(f"\nperceptrl demo [2/2]: PPO on the reach task ({cfg.train.steps} steps) -> {run_dir}")
-    t0 = time.perf_counter()
-    trainer = wiring.side(cfg).build_trainer(cfg, run_dir)
-    before = copy.deepcopy(trainer.policy)
-    trainer.fit()
-    train_s = time.perf_counter() - t0
-    curve = [
-        [row["step"], row["eval/success_rate"]]
-        for row in read_metrics(run_dir / "metrics.jsonl")
-        if "eval/success_rate" in row
-    ]
-    print(f"\n{'step':>6}  held-out success ({cfg.env.eval_episodes} episodes, deterministic)")
-    for step, rate in curve:
-        print(f"{step:>6}  {rate:.3f}")
-    cfg.env.eval_videos = 2
-    report = write_report(trainer.policy, cfg.env, run_dir / "eval")
-    for task, video in report["videos"].items():
-        print(f"evaluation video ({task}): {video}")
-    seeds = [cfg.env.eval_seed + j for j in range(cfg.env.eval_videos)]
-    policies = {"before training": before, "after training": trainer.policy}
-    video = compare_video(
-        policies, cfg.env, cfg.env.id, seeds, run_dir / "eval" / "before_after.mp4"
-    )
-    print(f"before / after video: {video}")
-    print(f"evaluation table: {run_dir / 'eval' / 'eval.md'}")
-    return {"steps": trainer.step, "train_seconds": round(train_s, 1), "success_curve": curve}
 
 
 def _mkdir(path: Path) -> Path:
@@ -459,7 +347,7 @@ def _add_data_parser(sub) -> None:
     )
     g.add_argument(
         "--kind", choices=list(GENERATORS), default="clevr",
-        help="; ".join(f"{g.name}: {g.description}" for g in GENERATORS.values()),
+        help="; ".join(f"{g.name}: {g.description}" for g in map(GENERATORS.get, GENERATORS)),
     )  # fmt: skip
     g.add_argument("--out", required=True, help="output directory")
     g.add_argument("--n-train", type=int, default=2000)
@@ -482,33 +370,8 @@ def _add_data_parser(sub) -> None:
     g.set_defaults(func=cmd_data_generate)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="perceptrl", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    p = sub.add_parser(
-        "config", help="print the resolved config of a recipe with each field's help"
-    )
-    p.add_argument(
-        "recipe", nargs="?", help="YAML recipe or shipped recipe name (default: all defaults)"
-    )
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.kl_coef=0.01")
-    p.add_argument(
-        "--reference", action="store_true",
-        help="print the configuration reference instead (Markdown: every key's type, default, "
-        f"help and valid values, and the registries; {wiring.REFERENCE_COMMAND})",
-    )  # fmt: skip
-    p.set_defaults(func=cmd_config)
-
-    p = sub.add_parser("train", help="RL training from a recipe (GRPO/PPO/... on the vlm side)")
-    _add_run_args(p)
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("sft", help="supervised warm start (format-following reasoning traces)")
-    _add_run_args(p)
-    p.set_defaults(func=cmd_sft, resume=None)
-
+def _add_demo_parser(sub) -> None:
+    """``perceptrl demo``."""
     p = sub.add_parser(
         "demo", help="the default job: GRPO on synthetic visual counting, before/after table"
     )
@@ -532,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.set_defaults(func=cmd_demo)
 
+
+def _add_eval_parser(sub) -> None:
+    """``perceptrl eval``."""
     p = sub.add_parser(
         "eval",
         help="evaluate a saved model: accuracy per modality and family + bar chart (vlm), "
@@ -561,6 +427,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default: runs/eval-<time>)")
     p.set_defaults(func=cmd_eval)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perceptrl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "config", help="print the resolved config of a recipe with each field's help"
+    )
+    p.add_argument(
+        "recipe", nargs="?", help="YAML recipe or shipped recipe name (default: all defaults)"
+    )
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.kl_coef=0.01")
+    p.add_argument(
+        "--reference", action="store_true",
+        help="print the configuration reference instead (Markdown: every key's type, default, "
+        f"help and valid values, and the registries; {wiring.REFERENCE_COMMAND})",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("train", help="RL training from a recipe (GRPO/PPO/... on the vlm side)")
+    _add_run_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sft", help="supervised warm start (format-following reasoning traces)")
+    _add_run_args(p)
+    p.set_defaults(func=cmd_sft, resume=None)
+
+    _add_demo_parser(sub)
+    _add_eval_parser(sub)
     _add_sim_parser(sub)
     _add_data_parser(sub)
     return parser
@@ -591,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         if "torch.distributed" in sys.modules:  # a rank leaves its group on every exit path
-            from .trainer.deepspeed_engine import shutdown_distributed
+            from .trainer.distributed import shutdown_distributed
 
             shutdown_distributed(barrier=False)
 

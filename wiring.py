@@ -1,26 +1,28 @@
 """Where the sides meet the trainer: the recipe's `Config` (the trainer's sections composed with
-each side's) and the table from ``side`` to the module that builds it.
+each side's), the side a recipe names, and the run directory.
 
-A side module (``vlm/run.py``, ``vla/run.py``) provides ``build_trainer(cfg, run_dir) ->
-Trainer``, ``run_sft(cfg, run_dir) -> metrics`` and ``run_eval(cfg, out_dir, more=()) -> dict``;
-a new side is one entry in `SIDES` (from user code too, before the recipe loads) and its module;
-sections of its own are fields of `Config` (a side defined outside this package reads the
-existing sections). This file sits at the top of the dependency graph beside ``cli.py`` (which
-only parses arguments and prints), so benchmarks and tests can build runs without argparse.
+A side registers a `registry.Side` record in `registry.SIDES` from its own module (``vlm/run.py``:
+vlm, ``vla/run.py``: vla, ``vla/plan_run.py``: plan): ``build_trainer(cfg, run_dir) ->
+Trainer``, ``run_eval(cfg, out_dir, more=()) -> dict`` and, where it has them, ``run_sft``,
+``run_compare`` and ``run_pass_k``. `side` returns the record of ``cfg.side``. A new side is
+one more registration (from user code too, before the recipe loads); sections of its own are
+fields of `Config` (a side defined outside this package reads the existing sections). This
+file sits at the top of the dependency graph beside ``cli.py`` (which only parses arguments and
+prints) and ``demo.py``, so benchmarks and tests can build runs without argparse.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
+from .registry import SIDES, Side
 from .trainer import config as trainer_config
 from .trainer.config import (
     AlgoConfig,
     CheckpointConfig,
+    ConfigError,
     LogConfig,
     Registry,
     TrainConfig,
@@ -30,21 +32,26 @@ from .trainer.config import (
 from .vla.config import EnvConfig, PlanConfig, VLAConfig
 from .vlm.config import DataConfig, ModelConfig, RolloutConfig, VideoConfig
 
-SIDES = {"vlm": ".vlm.run", "vla": ".vla.run", "plan": ".vla.plan"}
-"""side -> module with build_trainer, run_sft and run_eval: relative to ``perceptrl`` when it
-starts with a dot, else a full module name (a side of your own: ``SIDES["mine"] =
-"mypkg.side"``). ``plan``: a VLM planner whose subgoals a VLA executes in MuJoCo; the VLM
-side's runs with its episode environment"""
+CONFIGS = Path(__file__).resolve().parent / "configs"
+"""the shipped recipes (``perceptrl train vlm_clevr`` reads configs/vlm_clevr.yaml)"""
+
+
+def _import_sides() -> None:
+    """The built-in sides' modules; importing one registers its `Side` in `SIDES`."""
+    from .vla import plan_run, run  # noqa: F401  (sides plan and vla)
+    from .vlm import run as vlm_run  # noqa: F401  (side vlm)
 
 
 def _sides() -> list[str]:
-    return list(SIDES)
+    """The registered sides (the built-in ones and any registered before the recipe loads)."""
+    _import_sides()
+    return SIDES.names()
 
 
 @dataclass
 class Config:
     side: str = choice("vlm", _sides)
-    """which policy side the recipe trains, a key of ``SIDES`` (plan: a VLM planner whose
+    """which policy side the recipe trains, an entry of ``SIDES`` (plan: a VLM planner whose
     subgoals a VLA executes)"""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -66,20 +73,39 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return load(Config, path, overrides)
 
 
-def side(cfg: Config) -> ModuleType:
-    """The module that builds ``cfg.side``'s runs (imported on first use)."""
-    return importlib.import_module(SIDES[cfg.side], __package__)
+def side(cfg: Config) -> Side:
+    """The `Side` record of ``cfg.side``: what the ``perceptrl`` command calls to build and
+    evaluate its runs."""
+    _import_sides()
+    return SIDES.get(cfg.side)
+
+
+def sides_with(command: str) -> list[str]:
+    """The sides whose record has ``command`` (a `Side` field, e.g. ``run_pass_k``)."""
+    return [name for name in _sides() if getattr(SIDES.get(name), command) is not None]
+
+
+def new_run_dir(path: Path) -> Path:
+    """``path``, made, for a run that starts from scratch there.
+
+    Raises:
+        ConfigError: ``path`` holds an earlier run (its metrics or checkpoints): a fresh run
+            would append to its metrics and leave its checkpoints beside the new ones (its last
+            model would then be whichever step is higher).
+    """
+    held = [p.name for p in (path / "metrics.jsonl", path / "checkpoints") if p.exists()]
+    if held:
+        raise ConfigError(
+            f"{path} already holds a run ({', '.join(held)}). Continue it with --resume {path}, "
+            "or give a new --run-dir / --out (or delete that directory) to start over."
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
 # The configuration reference (docs/config.md): the trainer's registries and the sides'
 # ---------------------------------------------------------------------------------------------
-
-
-def _import_sides() -> None:
-    """Import every side's module: a side registers its names (an episode environment) there."""
-    for module in SIDES.values():
-        importlib.import_module(module, __package__)
 
 
 def _tiny_archs() -> tuple[str, ...]:
@@ -89,41 +115,40 @@ def _tiny_archs() -> tuple[str, ...]:
 
 
 def _generators() -> list[str]:
-    from .datasets.registry import GENERATORS
+    from .registry import GENERATORS
 
-    return list(GENERATORS)
+    return GENERATORS.names()
 
 
 def _families() -> dict[str, tuple[str, ...]]:
-    from .datasets.registry import GENERATORS
+    from .registry import GENERATORS
 
-    return {name: g.families for name, g in GENERATORS.items()}
+    return {name: GENERATORS.get(name).families for name in GENERATORS}
 
 
 def _rewards() -> list[str]:
-    from .rewards import list_rewards
+    from .registry import REWARDS
 
-    return list_rewards()
+    return REWARDS.names()
 
 
 def _process_rewards() -> list[str]:
-    from .rewards.process import list_step_rewards
+    from .registry import STEP_REWARDS
     from .vlm.process import IMPLICIT
 
-    return [*list_step_rewards(), IMPLICIT]
+    return [*STEP_REWARDS.names(), IMPLICIT]
 
 
 def _tools() -> list[str]:
-    from .vlm.tools import list_tools
+    from .registry import TOOLS
 
-    return list_tools()
+    return TOOLS.names()
 
 
 def _episode_envs() -> list[str]:
-    _import_sides()
-    from .vlm.episode import EPISODE_ENVS
+    from .registry import EPISODE_ENVS
 
-    return ["tools", *EPISODE_ENVS]
+    return EPISODE_ENVS.names()
 
 
 def _env_ids() -> list[str]:
@@ -145,23 +170,24 @@ def _executor_families() -> list[str]:
 
 
 REGISTRIES = (
-    Registry("Sides", "`wiring.py`, `SIDES`", ("side",), _sides),
+    Registry("Sides", "`registry.py`, `SIDES` (each side's module registers its `Side`)",
+             ("side",), _sides),
     *trainer_config.REGISTRIES,
     Registry("Tiny model architectures", "`vlm/tiny.py`, `ARCHS`", ("model.tiny_arch",),
              _tiny_archs),
-    Registry("Synthetic generators", "`datasets/registry.py`, `GENERATORS`", ("data.generator",),
-             _generators),
+    Registry("Synthetic generators", "`GENERATORS`, `Generator` records in "
+             "`datasets/registry.py`", ("data.generator",), _generators),
     Registry("Question families", "each generator's module, `FAMILIES` (per generator)",
              ("data.families",), _families),
-    Registry("Rewards", "`rewards/`, `@register_reward`", ("rollout.reward",), _rewards),
-    Registry("Process rewards", "`rewards/`, `@register_step_reward`; and `implicit_prm`, "
+    Registry("Rewards", "`REWARDS`, entries in `rewards/`", ("rollout.reward",), _rewards),
+    Registry("Process rewards", "`STEP_REWARDS`, entries in `rewards/`; and `implicit_prm`, "
              "`vlm/process.py`", ("rollout.process_reward",), _process_rewards),
-    Registry("Episode environments", "`vlm/episode.py`, `EPISODE_ENVS` (a side registers its "
-             "own when imported), and the built-in `tools`", ("rollout.episode.env",),
-             _episode_envs),
-    Registry("Tools", "`vlm/tools.py`, `@register_tool`", ("rollout.episode.tools",), _tools),
-    Registry("Simulator tasks", "`sim/tasks.py`, `TASKS`, as the gymnasium ids `sim/__init__.py` "
-             "registers", ("env.id", "env.eval_tasks"), _env_ids),
+    Registry("Episode environments", "`EPISODE_ENVS`, entries in `vlm/episode.py` (`tools`) and "
+             "`vla/plan.py` (`plan`)", ("rollout.episode.env",), _episode_envs),
+    Registry("Tools", "`TOOLS`, entries in `vlm/tools.py`", ("rollout.episode.tools",), _tools),
+    Registry("Simulator tasks", "`TASKS`, entries in `sim/tasks.py` and `sim/composite.py`, as "
+             "the gymnasium ids `sim/__init__.py` registers", ("env.id", "env.eval_tasks"),
+             _env_ids),
     Registry("VLA action heads", "`registry.py`, `VLA_HEADS` (registered beside each policy "
              "class: `vla/compact.py`, `vla/flow.py`)", ("vla.head",), _vla_heads),
     Registry("Executor policy families", "`sim/composite.py`, `PRIMITIVES`, and `all` "

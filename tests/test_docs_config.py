@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from perceptrl import wiring
+from perceptrl.registry import SIDES
 from perceptrl.trainer.config import all_keys, choices, describe, leaf_fields, valid_values
 from perceptrl.wiring import REFERENCE_COMMAND, REGISTRIES, Config, reference
 
@@ -128,7 +128,7 @@ def test_valid_values_are_sorted_for_registries():
     assert {"treepo", "treerl", "prime"} <= set(valid["algo.adv_estimator"].names)
     assert "plan" in valid["rollout.episode.env"].names  # registered by the plan side's module
     assert valid["model.dtype"].names == ["float32", "bfloat16", "float16"]  # a fixed tuple
-    assert wiring.SIDES.keys() == set(valid["side"].names)
+    assert SIDES.names() == valid["side"].names
 
 
 def test_rendering_of_a_toy_config():

@@ -1,33 +1,60 @@
-"""The side table: a side added from user code after import is a valid ``side`` of a recipe,
-and its module (any importable module) is what `side` returns."""
+"""The sides: each built-in side registers its `Side` record from its own module, `side` returns
+the record a recipe names, and a side registered from user code after import is a valid
+``side`` of a recipe."""
 
 from __future__ import annotations
 
 import pytest
 
 from perceptrl import wiring
+from perceptrl.registry import SIDES, Side
 from perceptrl.trainer.config import ConfigError
-from perceptrl.wiring import SIDES, load_config, side
+from perceptrl.wiring import load_config, side, sides_with
 
 
-def test_builtin_sides_resolve_to_their_modules():
-    for name, module in (("vlm", "vlm.run"), ("vla", "vla.run"), ("plan", "vla.plan")):
-        assert side(load_config(None, [f"side={name}"])).__name__ == f"perceptrl.{module}"
+def test_builtin_sides_are_the_records_their_modules_register():
+    for name, module in (("vlm", "vlm.run"), ("vla", "vla.run"), ("plan", "vla.plan_run")):
+        record = side(load_config(None, [f"side={name}"]))
+        assert isinstance(record, Side)
+        assert record.build_trainer.__module__ == f"perceptrl.{module}"
+        assert record.run_eval.__module__ == f"perceptrl.{module}"
 
 
-def test_a_side_added_later_is_accepted_and_imported(tmp_path, monkeypatch):
-    (tmp_path / "my_side_pkg").mkdir()
-    (tmp_path / "my_side_pkg" / "__init__.py").write_text("")
-    (tmp_path / "my_side_pkg" / "side.py").write_text(
-        "def build_trainer(cfg, run_dir):\n    return 'built'\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match="side='mine'.*valid: vlm, vla, plan"):
+def test_a_record_says_which_commands_its_side_supports():
+    assert sides_with("run_sft") == ["plan", "vla", "vlm"]
+    assert sides_with("run_pass_k") == ["plan", "vlm"]
+    assert sides_with("run_compare") == ["plan", "vla"]
+
+
+def test_a_side_added_later_is_accepted_and_used():
+    with pytest.raises(ConfigError, match="side='mine'.*valid: plan, vla, vlm"):
         load_config(None, ["side=mine"])
-    monkeypatch.setitem(SIDES, "mine", "my_side_pkg.side")  # registered after wiring's import
-    cfg = load_config(None, ["side=mine"])
-    assert cfg.side == "mine"
-    assert side(cfg).build_trainer(cfg, tmp_path) == "built"
-    with pytest.raises(ConfigError, match="valid: vlm, vla, plan, mine"):
-        load_config(None, ["side=yours"])
+    record = Side(build_trainer=lambda cfg, run_dir: "built", run_eval=lambda *a, **k: {})
+    SIDES.register("mine", record)  # registered after wiring's import
+    try:
+        cfg = load_config(None, ["side=mine"])
+        assert cfg.side == "mine"
+        assert side(cfg) is record and side(cfg).build_trainer(cfg, None) == "built"
+        assert "mine" not in sides_with("run_sft")  # a command it does not support
+        with pytest.raises(ConfigError, match="valid: mine, plan, vla, vlm"):
+            load_config(None, ["side=yours"])
+    finally:
+        SIDES.unregister("mine")
     assert wiring.Config().side == "vlm"
+
+
+def test_a_command_the_side_does_not_support_names_the_sides_that_do(tmp_path, capsys):
+    from perceptrl.cli import main
+
+    SIDES.register("mine", Side(build_trainer=lambda cfg, run_dir: None, run_eval=dict))
+    try:
+        args = ["sft", "side=mine", "--run-dir", str(tmp_path / "run")]
+        assert main(args) == 2
+        assert "side mine has no supervised warm start; sides with one: plan, vla, vlm" in (
+            capsys.readouterr().err
+        )
+        args = ["eval", "side=mine", "--model", "x", "--pass-k", "1,2", "--out", str(tmp_path)]
+        assert main(args) == 2
+        assert "--pass-k evaluates recipes of side plan | vlm" in capsys.readouterr().err
+    finally:
+        SIDES.unregister("mine")

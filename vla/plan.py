@@ -8,7 +8,7 @@ the agent-view image and the long instruction. Each policy turn is read as:
 
 * ``<subgoal>put the red block in the blue bowl</subgoal>``: parsed (`sim.composite.parse_subgoal`)
   and checked against the current state (`check_subgoal`); a valid one is executed by the
-  executor in the simulator with the env focused on it (`ManipEnv.focus`), up to the primitive's
+  executor in the simulator with the env focused on it (`sim.focus.SubgoalFocus`), up to the primitive's
   time limit (``plan.subgoal_steps``), and the planner gets the new agent-view image and a short
   outcome message. An invalid one (does not parse, names nothing in the scene, cannot be done
   now) gets an error observation, counts ``planner/invalid`` and changes nothing;
@@ -24,7 +24,7 @@ a policy executor's arm then returns to the home pose (`sim.expert.home_action`)
 episode it was cloned from began (the next subgoal started above the last bowl before, a state
 no primitive episode shows).
 
-Each row of a rollout is a snapshot of one env per task (``ManipEnv.get_state``): ``respond``
+Each row of a rollout is a snapshot of one env per task (``SubgoalFocus.get_state``): ``respond``
 restores it, executes, and snapshots again, so the G rows of a group are G independent episodes
 from the same indexed initial state and ``fork`` is a copy. Every observation carries the row's
 cumulative record in ``Observation.info`` (never shown to the model): ``planner/subgoals``,
@@ -56,9 +56,10 @@ from PIL import Image
 
 from ..sim.composite import SubgoalError, check_subgoal, parse_subgoal
 from ..sim.expert import CLEAR_HEIGHT, clear_action, home_action
+from ..sim.focus import SubgoalFocus
 from ..sim.tasks import get_task
+from ..sim.vector import idle_action
 from ..vlm.tools import Observation
-from .envs import idle_action
 from .executors import load_executor
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class PlanEnv:
     ):
         """``memo``: the `PlanSettings.memo` store, shared by the environments of one run (the
         rollout builds one per call); a new one when None. ``sims``: the simulators (per task, a
-        list of `ManipEnv`), likewise shared so that a run builds them once; the environments
+        list of `SubgoalFocus` envs), likewise shared so that a run builds them once; the environments
         sharing them must not run at the same time (one rollout at a time per process)."""
         self.settings = settings
         self._sims: dict[str, list] = {} if sims is None else sims
@@ -186,8 +187,8 @@ class PlanEnv:
         """subgoals replayed from `PlanSettings.memo` instead of simulated"""
 
     def scene(self, row: int):
-        """Episode ``row``'s simulator (the `ManipEnv` of its task, shared by the rows of that
-        task) set to the row's current state."""
+        """Episode ``row``'s simulator (the `SubgoalFocus` env of its task, shared by the rows of
+        that task) set to the row's current state."""
         env = self._env(self.rows[row].task)
         env.set_state(self.rows[row].state)
         return env
@@ -207,7 +208,7 @@ class PlanEnv:
         from perceptrl.sim import env_id
 
         s = self.settings
-        return gym.make(
+        env = gym.make(
             env_id(task),
             render_mode="rgb_array",
             obs_mode=s.obs_mode,
@@ -216,6 +217,7 @@ class PlanEnv:
             cameras=tuple(s.cameras),
             entity_features=getattr(s.executor, "entity_features", False),
         ).unwrapped  # fmt: skip  (no time limit: the planner's budgets bound an episode)
+        return SubgoalFocus(env)
 
     def reset(self, samples: list[dict]) -> None:
         self.rows = []
@@ -254,29 +256,30 @@ class PlanEnv:
         if why is not None:
             return self._invalid(row, why, counted=True)
         rec["planner/valid"] += 1
-        before, n = env.subgoals_done(), len(env.task.subgoals)
-        match = before < n and sub == env.task.subgoals[before]
+        scene = env.unwrapped
+        before, n = scene.subgoals_done(), len(scene.task.subgoals)
+        match = before < n and sub == scene.task.subgoals[before]
         rec["planner/on_plan"] += match
         out = self._outcome_of(env, sub, row)
         rec["planner/executed"] += out.ok
         rec["planner/unstable"] += out.unstable
         rec["planner/env_steps"] += out.steps
         r.state, r.path = out.state, (*r.path, sub)
-        done = env.subgoals_done()
+        done = scene.subgoals_done()
         _add_turn(rec, done / n - rec["planner/progress"], invalid=False, match=match)
         rec["planner/progress"] = done / n
         rec["planner/success"] = float(done == n)
-        said = _outcome(sub.text(env.layout.colours), out.ok, out.unstable, out.steps)
+        said = _outcome(sub.text(scene.layout.colours), out.ok, out.unstable, out.steps)
         return Observation(said, [Image.fromarray(out.image)], info=dict(rec))
 
     def _subgoal(self, env, words: str):
         """(the subgoal ``words`` name, None) when ``env`` (at the row's state) can execute it
         now, else (None, why not)."""
         try:
-            sub = parse_subgoal(words, env.layout.colours)
+            sub = parse_subgoal(words, env.unwrapped.layout.colours)
         except SubgoalError as e:
             return None, str(e)
-        why = check_subgoal(env.scene_world(), sub)
+        why = check_subgoal(env.unwrapped.world(), sub)
         if why is None and not self.settings.executor.can(sub.family):
             why = f"this robot has no skill to {sub.family} (plan.policies)"
         return (sub, None) if why is None else (None, f"cannot do that now: {why}")
@@ -366,8 +369,9 @@ class PlanEnv:
 
         size = self.settings.record
         img = cv2.resize(env.render(), (size, size), interpolation=cv2.INTER_LINEAR)
-        lines = textwrap.wrap(env.layout.instruction, 40)
-        done = f"subgoals done: {env.subgoals_done()}/{len(env.task.subgoals)}"
+        scene = env.unwrapped
+        lines = textwrap.wrap(scene.layout.instruction, 40)
+        done = f"subgoals done: {scene.subgoals_done()}/{len(scene.task.subgoals)}"
         return annotate(img, [*lines, done], bottom, colour)
 
     def _execute(self, envs: list, subs: list, rows: list[int]) -> list[tuple[bool, bool, int]]:
@@ -388,8 +392,8 @@ class PlanEnv:
 
         limits = [s.subgoal_steps or get_task(sub.family).max_episode_steps for sub in subs]
         steps, ok, unstable = [0] * len(envs), [False] * len(envs), [False] * len(envs)
-        said = [sub.text(env.layout.colours) for env, sub in zip(envs, subs)]
-        noops = [idle_action(env.action_space.shape[0], env.cfg.control) for env in envs]
+        said = [sub.text(env.unwrapped.layout.colours) for env, sub in zip(envs, subs)]
+        noops = [idle_action(env.action_space.shape[0], env.unwrapped.cfg.control) for env in envs]
         live = list(range(len(envs)))
         while live:
             for i, chunk in zip(live, act(live, [obs[i] for i in live])):
@@ -416,7 +420,7 @@ class PlanEnv:
                 env.set_state(state)
             env.focus(None)
             for _ in range(CLEAR_STEPS):
-                if env.scene_world().tcp[2] >= CLEAR_HEIGHT:
+                if env.unwrapped.world().tcp[2] >= CLEAR_HEIGHT:
                     break
                 env.step(clear_action(env))
             for _ in range(HOME_STEPS if home else 0):
@@ -501,7 +505,7 @@ def scene_of(sample: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# side: plan (the VLM side's runs, with this environment)
+# the recipe's plan section, and the registration as episode environment ``plan``
 # ---------------------------------------------------------------------------------------------
 
 PLAN_EVAL = {"plan_success": 1.0}
@@ -530,72 +534,10 @@ def _plan_env(cfg) -> Callable[[], PlanEnv]:
     return lambda: PlanEnv(settings, memo, sims)
 
 
-def _check(cfg) -> None:
-    from ..trainer.config import ConfigError
-
-    if cfg.rollout.episode.env != "plan":
-        raise ConfigError(
-            f"side: plan runs planner episodes; set rollout.episode.env=plan (it is "
-            f"{cfg.rollout.episode.env!r})"
-        )
-
-
-def build_trainer(cfg, run_dir):
-    """GRPO of the planner: the VLM side's trainer with the planner's episodes."""
-    from ..vlm import run as vlm_run
-
-    _check(cfg)
-    return vlm_run.build_trainer(cfg, run_dir, worker=rollout_worker)
-
-
-def rollout_worker(*args, **kwargs):
-    """A pipeline worker of the plan side (``train.pipeline=one_step_off|async``): the VLM side's
-    worker, run from this module so that the worker process imports it and finds the ``plan``
-    episode environment it registers."""
-    from ..vlm import run as vlm_run
-
-    return vlm_run.rollout_worker(*args, **kwargs)
-
-
-def run_sft(cfg, run_dir):
-    """The warm start: the oracle plans as planner turns, each executed for real."""
-    from ..vlm import run as vlm_run
-
-    _check(cfg)
-    return vlm_run.run_sft(cfg, run_dir)
-
-
-def run_eval(cfg, out_dir, more=()):
-    from ..vlm import run as vlm_run
-
-    _check(cfg)
-    return vlm_run.run_eval(cfg, out_dir, more)
-
-
-def run_compare(cfgs, out_dir):
-    """Several planners side by side with the oracle plan on the same held-out states (table,
-    bar chart, videos; `vla.plan_eval`)."""
-    from .plan_eval import compare
-
-    for cfg in cfgs.values():
-        _check(cfg)
-    return compare(cfgs, out_dir)
-
-
-def run_pass_k(cfgs, out_dir, ks, n):
-    """pass@k of planners: ``n`` sampled planner episodes per held-out state, scored by task
-    success (`PLAN_EVAL`)."""
-    from ..vlm import run as vlm_run
-
-    for cfg in cfgs.values():
-        _check(cfg)
-    return vlm_run.run_pass_k(cfgs, out_dir, ks, n)
-
-
 def _register() -> None:
-    from ..vlm.episode import EpisodeEnvType, register_episode_env
+    from ..registry import EPISODE_ENVS
 
-    register_episode_env("plan", EpisodeEnvType(_plan_env, eval_reward=PLAN_EVAL))
+    EPISODE_ENVS.register("plan", _plan_env, eval_reward=PLAN_EVAL)
 
 
 _register()

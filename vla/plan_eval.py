@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .plan import SUBGOAL, PlanEnv, plan_settings, replay_video
+
 ORACLE = "oracle_plan"
 """name of the oracle plan's row"""
 EPISODE_KEYS = ("planner/progress", "planner/valid", "planner/invalid", "planner/on_plan",
@@ -36,7 +38,6 @@ def oracle_plan(settings, samples: list[dict], retries: int = 0) -> tuple[dict, 
     sample id -> {"texts": the turns, "info": the episode's record})."""
     from ..datasets.plan import reasoning_trace
     from ..sim.composite import parse_subgoal
-    from .plan import SUBGOAL, PlanEnv
 
     env = PlanEnv(settings)
     by_task: dict[str, list[float]] = {}
@@ -45,7 +46,7 @@ def oracle_plan(settings, samples: list[dict], retries: int = 0) -> tuple[dict, 
     repeats = [0, 0]  # repeat attempts, of which finished
     for i, s in enumerate(samples):
         env.reset([s])
-        colours = env.scene(0).layout.colours
+        colours = env.scene(0).unwrapped.layout.colours
         texts = []
         for turn in reasoning_trace(s):
             sub = SUBGOAL.search(turn)
@@ -89,7 +90,6 @@ def executor_alone(settings, samples: list[dict]) -> tuple[dict, dict]:
     subgoals that hold in order at the end), ``count``; records: sample id -> {"info": success,
     progress, env steps})."""
     from ..sim.tasks import get_task
-    from .plan import PlanEnv
 
     env = PlanEnv(settings)
     by_task: dict[str, list[float]] = {}
@@ -100,7 +100,7 @@ def executor_alone(settings, samples: list[dict]) -> tuple[dict, dict]:
         scene = env.scene(0)
         obs = scene.focus(None)
         act = settings.executor.start(scene)
-        subs = scene.task.subgoals
+        subs = scene.unwrapped.task.subgoals
         limit = sum(settings.subgoal_steps or get_task(g.family).max_episode_steps for g in subs)
         steps, ok, unstable = 0, False, False
         while steps < limit and not (ok or unstable):
@@ -110,7 +110,7 @@ def executor_alone(settings, samples: list[dict]) -> tuple[dict, dict]:
                 ok, unstable = bool(info["success"]), bool(info["sim_unstable"])
                 if ok or unstable or steps >= limit:
                     break
-        done = scene.subgoals_done() / len(subs)
+        done = scene.unwrapped.subgoals_done() / len(subs)
         by_task.setdefault(str(s.get("family", "all")), []).append(float(ok))
         progress.append(done)
         records[str(s.get("id", f"#{i}"))] = {
@@ -132,7 +132,6 @@ def compare(cfgs: dict, out_dir: Path) -> dict:
     """Planners (name -> recipe whose ``model.path`` is one) and the oracle plan on the first
     recipe's held-out states; see the module docstring. Returns ``{"table", "files"}``."""
     from ..vlm import run as vlm_run
-    from .plan import plan_settings, replay_video
 
     out_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(cfgs.values()))

@@ -1,12 +1,20 @@
 """Builds the VLA side from a `Config`: env runner, policy, rollout source, evaluator, trainer.
 
-``wiring.py`` maps ``side: vla`` to this module's `build_trainer`, `run_sft` and `run_eval`.
+This module registers side ``vla`` (`build_trainer`, `run_sft`, `run_eval`, `run_compare`).
 ``algo.adv_estimator=gae`` trains with per-step PPO experience (`PPOCollector`); any group
 estimator (grpo, rloo, ...) with whole-episode groups (`GRPOCollector`).
 
 Both builders seed the process's generators with ``train.seed`` before they build anything, so a
 fresh policy's initial weights (and everything else drawn before `Trainer.fit` seeds again) are
 the same in every run with that seed.
+
+With ``train.pipeline = one_step_off | async`` the envs run on Ray workers (`pipeline_source`):
+each builds its share of the envs, a policy copy and the recipe's collector (`rollout_worker`):
+``ceil(env.num_envs / rollout.workers)`` envs, PPO segments or ``ceil(rollout.prompts_per_step /
+rollout.workers)`` GRPO groups per chunk, its own seeds. The PPO collector's acting log-probs
+and values become behaviour log-probs on the trainer when the chunk is a version old (the
+trainer scores the proximal log-probs and values itself); GAE's bootstrap values at a horizon
+come from the worker's copy of the critic.
 """
 
 from __future__ import annotations
@@ -15,19 +23,19 @@ import dataclasses
 import functools
 from pathlib import Path
 
+from ..registry import ADVANTAGES, SIDES, Side
+from ..sim.vector import VecEnv
 from ..trainer.config import ConfigError
+from ..trainer.engine import build_engine
 from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path, seed_everything
 from .collect import GRPOCollector, PPOCollector
 from .compact import CompactVLA, build_compact, spec_from_config
-from .envs import VecRunner
+from .envs import make_envs
 from .evaluate import evaluate_policy
 
-PER_STEP_ESTIMATORS = ("gae",)
-"""advantage estimators that need per-step rewards and values (PPO collection)"""
 
-
-def build_policy(cfg, runner: VecRunner, run_dir: str | Path | None = None):
+def build_policy(cfg, runner: VecEnv, run_dir: str | Path | None = None):
     """``model.path`` (a saved CompactVLA, e.g. a BC warm start) or a fresh policy sized from
     the env's spaces, on ``train.device``; ``vla.policy=token``: see `build_token_policy`."""
     device = resolve_device(cfg.train.device)
@@ -60,13 +68,13 @@ def _check_entities(encoder: str, entity_features: bool) -> None:
         )
 
 
-def build_token_policy(cfg, runner: VecRunner, device, run_dir=None):
+def build_token_policy(cfg, runner: VecEnv, device, run_dir=None):
     """A `TokenVLA` on the local VLM directory ``model.path``, or on a tiny random-initialised
     ``model.tiny_arch`` built under ``run_dir/init_model`` when the path is empty."""
     from ..vlm.tiny import build_tiny
     from .token_vla import TokenSpec, TokenVLA
 
-    if cfg.algo.adv_estimator in PER_STEP_ESTIMATORS:
+    if "values" in ADVANTAGES.meta(cfg.algo.adv_estimator)["needs"]:
         raise ConfigError(
             f"vla.policy=token has no value head; algo.adv_estimator={cfg.algo.adv_estimator!r} "
             "needs one. Use a group estimator (grpo, rloo, ...)"
@@ -114,8 +122,8 @@ def load_policy(path: str | Path, device: str = "cpu"):
     return CompactVLA.from_pretrained(path, device=device)
 
 
-def build_source(cfg, runner: VecRunner):
-    if cfg.algo.adv_estimator in PER_STEP_ESTIMATORS:
+def build_source(cfg, runner: VecEnv):
+    if ADVANTAGES.meta(cfg.algo.adv_estimator)["per_step"]:
         return PPOCollector(cfg.env, seed=cfg.train.seed, runner=runner)
     return GRPOCollector(
         cfg.env, groups=cfg.rollout.prompts_per_step, group_size=cfg.rollout.group_size,
@@ -135,14 +143,12 @@ def build_trainer(cfg, run_dir: str | Path) -> Trainer:
     """PPO (GAE) or GRPO-family training of a VLA policy on ``env.id``."""
     seed_everything(cfg.train.seed)
     if cfg.train.pipeline != "sync":  # envs live on the Ray workers; one here for the spaces
-        from .workers import pipeline_source
-
-        spaces = VecRunner(dataclasses.replace(cfg.env, num_envs=1), seed=cfg.train.seed)
+        spaces = make_envs(dataclasses.replace(cfg.env, num_envs=1), seed=cfg.train.seed)
         policy = build_policy(cfg, spaces, run_dir)
         spaces.close()
         source = pipeline_source(cfg, Path(run_dir))
     else:
-        runner = VecRunner(cfg.env, seed=cfg.train.seed)
+        runner = make_envs(cfg.env, seed=cfg.train.seed)
         policy = build_policy(cfg, runner, run_dir)
         source = build_source(cfg, runner)
     ref = None
@@ -150,7 +156,46 @@ def build_trainer(cfg, run_dir: str | Path) -> Trainer:
         import copy
 
         ref = copy.deepcopy(policy).requires_grad_(False)
-    return Trainer(cfg, policy, source, run_dir, ref_policy=ref, evaluator=build_evaluator(cfg))
+    return Trainer(
+        cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train), ref_policy=ref,
+        evaluator=build_evaluator(cfg),
+    )  # fmt: skip
+
+
+def pipeline_source(cfg, run_dir: Path):
+    """A `PipelineSource` whose ``rollout.workers`` build `rollout_worker`."""
+    from ..trainer.pipeline import PipelineSource
+
+    r, t = cfg.rollout, cfg.train
+    if cfg.env.num_envs < r.workers:
+        raise ConfigError(
+            f"rollout.workers={r.workers} needs env.num_envs >= {r.workers} (each worker runs "
+            f"its share of the {cfg.env.num_envs} envs)"
+        )
+    return PipelineSource(
+        t.pipeline, rollout_worker, (cfg, str(run_dir)), workers=r.workers, cpus=r.worker_cpus,
+        gpus=r.worker_gpus, max_staleness=t.max_staleness, buffer_chunks=t.pipeline_buffer,
+        worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,
+        address=t.ray_address,
+    )  # fmt: skip
+
+
+def rollout_worker(cfg, run_dir: str, index: int):
+    """What a pipeline worker runs (in its own process): its share of the envs, a policy copy
+    (its weights come from the trainer before the first chunk) and the recipe's collector."""
+    w = cfg.rollout.workers
+    cfg = dataclasses.replace(
+        cfg,
+        env=dataclasses.replace(cfg.env, num_envs=-(-cfg.env.num_envs // w)),
+        rollout=dataclasses.replace(cfg.rollout, prompts_per_step=-(-cfg.rollout.prompts_per_step // w)),
+        train=dataclasses.replace(
+            cfg.train, seed=cfg.train.seed + 7919 * (index + 1),
+            device="cuda" if cfg.rollout.worker_gpus else "cpu",
+        ),
+    )  # fmt: skip
+    runner = make_envs(cfg.env, seed=cfg.train.seed)
+    policy = build_policy(cfg, runner, Path(run_dir) / f"worker_{index}")
+    return policy, build_source(cfg, runner)
 
 
 def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
@@ -159,15 +204,16 @@ def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
     from .bc import ExpertSource
 
     seed_everything(cfg.train.seed)
-    runner = VecRunner(dataclasses.replace(cfg.env, action_chunk=1), seed=cfg.train.seed)
+    runner = make_envs(cfg.env, seed=cfg.train.seed)  # the experts act every env step
     policy = build_policy(cfg, runner, run_dir)
     source = ExpertSource(
         policy, runner, batch_steps=cfg.env.steps_per_rollout, chunk=cfg.env.action_chunk
     )
     try:
         trainer = Trainer(
-            cfg, policy, source, run_dir, evaluator=build_evaluator(cfg), objective="sft"
-        )
+            cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train),
+            evaluator=build_evaluator(cfg), objective="sft",
+        )  # fmt: skip
         return trainer.fit()
     finally:
         runner.close()
@@ -226,3 +272,6 @@ def run_compare(cfgs: dict, out_dir: Path) -> dict:
             path = out_dir / f"{task_name(env_id)}_compare.mp4"
             files.append(compare_video(policies, first.env, env_id, seeds, path))
     return {"table": table, "files": files}
+
+
+SIDES.register("vla", Side(build_trainer, run_eval, run_sft=run_sft, run_compare=run_compare))

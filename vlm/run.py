@@ -1,7 +1,7 @@
 """Builds the VLM side from a recipe: data, policy, rollout source, reward, evaluator, trainer.
 
-``wiring.py`` maps ``side: vlm`` to this module's `build_trainer`, `run_sft` and `run_eval`
-(``vla/run.py`` does the same for the VLA side). The prompt settings (`prompt_config`) and the
+This module registers side ``vlm`` (`build_trainer`, `run_sft`, `run_eval`, `run_pass_k`;
+``vla/run.py`` registers the VLA side). The prompt settings (`prompt_config`) and the
 sampling settings (`sampling_params`) are built once, here, and handed to the policy; the rollout
 source and ``evaluate`` both read them from it, so the distribution the trainer scores is the
 one the rollouts sampled.
@@ -21,22 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..datasets.loader import DataError
-from ..datasets.registry import get_generator
+from ..registry import EPISODE_ENVS, GENERATORS, SIDES, Entry, Side, UnknownName
 from ..trainer.config import ConfigError
-from ..trainer.deepspeed_engine import on_rank0
+from ..trainer.distributed import on_rank0
 from ..trainer.engine import build_engine
 from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path
-from .episode import (
-    EPISODE_ENVS,
-    EpisodeSettings,
-    ToolEnv,
-    check_sample_tools,
-    resolve_tools,
-)
+from .episode import EpisodeSettings, check_sample_tools, resolve_tools
+from .kv_sampler import TreeShape
 from .prompts import PromptConfig, PromptLengths, too_long_error
 from .rollout import SamplingParams
-from .tree_rollout import TreeShape
 from .video import VideoLoadError
 
 EVAL_REWARD = {"accuracy": 1.0}
@@ -68,8 +62,8 @@ def _tools(cfg) -> dict:
 
 def episode_settings(cfg) -> EpisodeSettings | None:
     """Multi-turn settings from ``rollout.episode`` (None without tools or another environment:
-    one turn per rollout); the environment answers tool calls with the recipe's tools
-    (`ToolEnv`), or is the registered ``rollout.episode.env``."""
+    one turn per rollout); the environment is the registered ``rollout.episode.env`` (``tools``:
+    a `ToolEnv` of the recipe's tools)."""
     e, m = cfg.rollout.episode, cfg.model
     if not e.tools and e.env == "tools":
         return None
@@ -78,10 +72,7 @@ def episode_settings(cfg) -> EpisodeSettings | None:
             raise ConfigError(f"rollout.episode.{name}={getattr(e, name)} is out of range")
     if any(not isinstance(x, str) or not x for x in e.stop):
         raise ConfigError(f"rollout.episode.stop={e.stop!r}: stop strings must be non-empty text")
-    if e.env == "tools":
-        env = functools.partial(ToolEnv, _tools(cfg), e.tool_options, e.tool_timeout_s or None)
-    else:
-        env = episode_env_type(cfg).build(cfg)
+    env = episode_env(cfg).obj(cfg)
     return EpisodeSettings(
         env=env, max_turns=e.max_turns, max_tokens=e.max_tokens, max_images=e.max_images,
         max_vision_tokens=e.max_vision_tokens, observation_role=e.observation_role,
@@ -103,16 +94,13 @@ def completion_length(cfg) -> int:
     return cfg.rollout.episode.max_tokens if multi_turn(cfg) else cfg.rollout.max_new_tokens
 
 
-def episode_env_type(cfg):
-    """The registered environment of ``rollout.episode.env`` (not ``tools``)."""
-    name = cfg.rollout.episode.env
-    if name not in EPISODE_ENVS:
-        raise ConfigError(
-            f"rollout.episode.env={name!r} is not registered here (known: tools, "
-            f"{', '.join(EPISODE_ENVS) or 'none'}); the planner's environment comes with "
-            "side: plan"
-        )
-    return EPISODE_ENVS[name]
+def episode_env(cfg) -> Entry:
+    """The registered ``rollout.episode.env``: ``build(cfg) -> factory`` and its declared
+    ``eval_reward``."""
+    try:
+        return EPISODE_ENVS.entry(cfg.rollout.episode.env)
+    except UnknownName as e:
+        raise ConfigError(str(e)) from None
 
 
 def tree_shape(cfg) -> TreeShape | None:
@@ -224,7 +212,7 @@ def _generate(
     d = cfg.data
     sizes = sizes or {"train": d.n_train, "val": d.n_val}
     try:
-        paths = get_generator(d.generator).generate(
+        paths = GENERATORS.get(d.generator).generate(
             run_dir / "data", sizes, d.families, seed=d.seed if seed is None else seed,
             image_size=d.image_size, seconds=d.video_seconds, fps=d.video_fps,
         )  # fmt: skip
@@ -351,9 +339,7 @@ def build_policy(cfg, run_dir: Path):
 def eval_reward(cfg) -> dict[str, float]:
     """The held-out score of the recipe: `EVAL_REWARD`, or its episode environment's own (the
     planner's task success for ``rollout.episode.env=plan``)."""
-    if cfg.rollout.episode.env != "tools":
-        return episode_env_type(cfg).eval_reward or EVAL_REWARD
-    return EVAL_REWARD
+    return episode_env(cfg).meta["eval_reward"] or EVAL_REWARD
 
 
 def build_evaluator(cfg, val: list[dict]):
@@ -376,7 +362,8 @@ def vllm_policy(cfg, policy, run_dir: Path):
     """The policy with its rollouts on a colocated vLLM engine (``rollout.engine=vllm``); the
     engine starts from the policy's weights, written to ``run_dir/rollout_init``, and receives the
     trainer's weights before every rollout."""
-    from .vllm_rollout import VLLMEngine, VLLMRolloutPolicy
+    from .vllm_policy import VLLMRolloutPolicy
+    from .vllm_rollout import VLLMEngine
 
     if cfg.model.lora_rank:
         raise ConfigError(
@@ -417,15 +404,12 @@ def process_reward(cfg, policy):
         if unknown:
             raise ConfigError(f"rollout.process_params {unknown}: implicit_prm takes beta, lr")
         return ImplicitPRM(policy, micro_batch_size=cfg.train.micro_batch_size, **params)
-    try:
-        steps = RuleSteps(name, params, timeout_s=cfg.rollout.reward_timeout_s)
-        if name == "judge_steps":  # a wrong judge fails here, and its load is not in a step
-            from ..rewards.judge import judge_worker
-
-            judge_worker(**params).start()
+    try:  # what the step reward declares to prepare runs here (judge_steps: its worker loads)
+        return RuleSteps(
+            name, policy.processor.tokenizer, params, timeout_s=cfg.rollout.reward_timeout_s
+        )
     except (ValueError, RuntimeError) as e:  # RuntimeError: the judge's worker did not start
         raise ConfigError(f"rollout.process_reward: {e}") from e
-    return steps
 
 
 def build_trainer(cfg, run_dir: Path, worker: Callable | None = None) -> Trainer:
@@ -543,8 +527,9 @@ def run_sft(
         policy, train, targets, batch_size=cfg.rollout.prompts_per_step, seed=cfg.train.seed
     )
     trainer = Trainer(
-        cfg, policy, source, run_dir, evaluator=build_evaluator(cfg, data.val), objective="sft"
-    )
+        cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train),
+        evaluator=build_evaluator(cfg, data.val), objective="sft",
+    )  # fmt: skip
     if data.metrics():  # once, at step 0 (an SFT run is never resumed)
         trainer.logger.log(0, data.metrics())
     return trainer.fit()
@@ -553,7 +538,7 @@ def run_sft(
 def reference_trace(cfg) -> Callable[[dict], str | list[str]]:
     """The recipe's generator's reference trace of a sample (a text, or an episode's turns):
     the SFT target, and the guide rows of ``rollout.guide``."""
-    gen = get_generator(cfg.data.generator)
+    gen = GENERATORS.get(cfg.data.generator)
     return functools.partial(gen.reasoning_trace, tools=cfg.rollout.episode.tools)
 
 
@@ -686,3 +671,6 @@ def run_pass_k(cfgs: dict, out_dir: Path, ks: Sequence[int], n: int) -> dict:
         except ValueError as e:
             raise ConfigError(str(e)) from e
     return write_pass_k(results, out_dir)
+
+
+SIDES.register("vlm", Side(build_trainer, run_eval, run_sft=run_sft, run_pass_k=run_pass_k))

@@ -1,0 +1,70 @@
+"""Side ``plan``: a VLM planner whose subgoals a VLA executes, built from the VLM side's runs.
+
+A planner recipe is a VLM recipe whose episodes run in the ``plan`` episode environment
+(`vla.plan.PlanEnv`, registered when ``vla/plan.py`` is imported): training, the warm start,
+evaluation and pass@k are the VLM side's (``vlm/run.py``) with that environment, and several
+planners are compared side by side with the oracle plan by ``vla/plan_eval.py``.
+"""
+
+from __future__ import annotations
+
+from ..registry import SIDES, Side
+from ..trainer.config import ConfigError
+from ..vlm import run as vlm_run
+from . import plan  # noqa: F401  (registers the "plan" episode environment, workers need it too)
+from .plan_eval import compare
+
+
+def _check(cfg) -> None:
+    if cfg.rollout.episode.env != "plan":
+        raise ConfigError(
+            f"side: plan runs planner episodes; set rollout.episode.env=plan (it is "
+            f"{cfg.rollout.episode.env!r})"
+        )
+
+
+def build_trainer(cfg, run_dir):
+    """GRPO of the planner: the VLM side's trainer with the planner's episodes."""
+    _check(cfg)
+    return vlm_run.build_trainer(cfg, run_dir, worker=rollout_worker)
+
+
+def rollout_worker(*args, **kwargs):
+    """A pipeline worker of the plan side (``train.pipeline=one_step_off|async``): the VLM side's
+    worker, run from this module so that the worker process imports it and, through it,
+    ``vla/plan.py``, which registers the ``plan`` episode environment."""
+    return vlm_run.rollout_worker(*args, **kwargs)
+
+
+def run_sft(cfg, run_dir):
+    """The warm start: the oracle plans as planner turns, each executed for real."""
+    _check(cfg)
+    return vlm_run.run_sft(cfg, run_dir)
+
+
+def run_eval(cfg, out_dir, more=()):
+    """Held-out task success of one planner (`plan.PLAN_EVAL`), as the VLM side evaluates."""
+    _check(cfg)
+    return vlm_run.run_eval(cfg, out_dir, more)
+
+
+def run_compare(cfgs, out_dir):
+    """Several planners side by side with the oracle plan on the same held-out states (table,
+    bar chart, videos; `vla.plan_eval.compare`)."""
+    for cfg in cfgs.values():
+        _check(cfg)
+    return compare(cfgs, out_dir)
+
+
+def run_pass_k(cfgs, out_dir, ks, n):
+    """pass@k of planners: ``n`` sampled planner episodes per held-out state, scored by task
+    success (`plan.PLAN_EVAL`)."""
+    for cfg in cfgs.values():
+        _check(cfg)
+    return vlm_run.run_pass_k(cfgs, out_dir, ks, n)
+
+
+SIDES.register(
+    "plan",
+    Side(build_trainer, run_eval, run_sft=run_sft, run_compare=run_compare, run_pass_k=run_pass_k),
+)
