@@ -271,10 +271,11 @@ TOOLS: Registry[Callable] = Registry(
 """``fn(ctx: ToolContext, **arguments) -> Observation | str | Image`` (vlm/tools.py). Declares
 ``usage``: the line the model reads in its system prompt (empty: the docstring's first line)."""
 EPISODE_ENVS: Registry[Callable] = Registry(
-    "episode environment", "rollout.episode.env", ("perceptrl.vlm.episode", "perceptrl.vla.plan"),
+    "episode environment", "rollout.episode.env", ("perceptrl.vlm.tool_env", "perceptrl.vla.plan"),
     declares={"eval_reward": None},
 )  # fmt: skip
-"""``build(cfg) -> factory of EpisodeEnv`` (one environment per rollout call; vlm/episode.py).
+"""``build(cfg) -> factory of EpisodeEnv`` (one environment per rollout call; vlm/episode.py;
+built in: ``tools``, vlm/tool_env.py, and the planner's ``plan``, vla/plan.py).
 Declares ``eval_reward``: the held-out score of its episodes (None: the VLM side's accuracy)."""
 GENERATORS: Registry[Any] = Registry(
     "data generator", "data.generator", ("perceptrl.datasets.registry",), declares={}
@@ -318,8 +319,9 @@ class Side:
 
 
 SIDES: Registry[Side] = Registry(
-    "side", "side", ("perceptrl.vlm.run", "perceptrl.vla.run", "perceptrl.vla.plan_run")
-)
+    "side", "side", ("perceptrl.vlm.run", "perceptrl.vla.run", "perceptrl.vla.plan_run"),
+    declares={},
+)  # fmt: skip
 """side name -> `Side`: the policy side a recipe trains (``side``); ``wiring.side(cfg)`` returns
 the record. Built in: vlm (``vlm/run.py``), vla (``vla/run.py``) and plan (``vla/plan_run.py``: a
 VLM planner whose subgoals a VLA executes)"""
@@ -329,6 +331,9 @@ ENGINES: Registry[Callable] = Registry(
 )  # fmt: skip
 """``build(policy, cfg: TrainConfig) -> engine``: the optimisation engine of ``train.backend``
 (trainer/engine.py, trainer/deepspeed_engine.py; the seam is ``trainer.engine.Engine``)"""
-VLA_HEADS: Registry[Any] = Registry(
-    "VLA action head", "vla.head", ("perceptrl.vla.compact", "perceptrl.vla.flow")
+VLA_HEADS: Registry[type] = Registry(
+    "VLA action head", "vla.head", ("perceptrl.vla.compact", "perceptrl.vla.flow"), declares={}
 )
+"""``cls(spec: CompactSpec) -> policy``: the compact VLA class of an action head, registered beside
+it (gaussian: ``vla.compact.CompactVLA``; flow: ``vla.flow.FlowVLA``, the same network with a
+flow-matching chunk head); ``vla.compact.build_compact`` builds the one ``vla.head`` names"""
