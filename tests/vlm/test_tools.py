@@ -12,7 +12,7 @@ from PIL import Image
 
 from perceptrl.datasets.video import write_mp4
 from perceptrl.registry import TOOLS
-from perceptrl.vlm.episode import ToolEnv, check_sample_tools, resolve_tools
+from perceptrl.vlm.tool_env import ToolEnv, check_sample_tools, resolve_tools
 from perceptrl.vlm.tools import (
     MALFORMED,
     UNKNOWN,
