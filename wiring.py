@@ -182,7 +182,7 @@ REGISTRIES = (
     Registry("Rewards", "`REWARDS`, entries in `rewards/`", ("rollout.reward",), _rewards),
     Registry("Process rewards", "`STEP_REWARDS`, entries in `rewards/`; and `implicit_prm`, "
              "`vlm/process.py`", ("rollout.process_reward",), _process_rewards),
-    Registry("Episode environments", "`EPISODE_ENVS`, entries in `vlm/episode.py` (`tools`) and "
+    Registry("Episode environments", "`EPISODE_ENVS`, entries in `vlm/tool_env.py` (`tools`) and "
              "`vla/plan.py` (`plan`)", ("rollout.episode.env",), _episode_envs),
     Registry("Tools", "`TOOLS`, entries in `vlm/tools.py`", ("rollout.episode.tools",), _tools),
     Registry("Simulator tasks", "`TASKS`, entries in `sim/tasks.py` and `sim/composite.py`, as "

@@ -27,10 +27,11 @@ from ..trainer.distributed import on_rank0
 from ..trainer.engine import build_engine
 from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path
-from .episode import EpisodeSettings, check_sample_tools, resolve_tools
+from .episode import EpisodeSettings
 from .kv_sampler import TreeShape
 from .prompts import PromptConfig, PromptLengths, too_long_error
 from .rollout import SamplingParams
+from .tool_env import check_sample_tools, resolve_tools
 from .video import VideoLoadError
 
 EVAL_REWARD = {"accuracy": 1.0}
