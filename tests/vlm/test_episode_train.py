@@ -10,16 +10,17 @@ import pytest
 import torch
 
 from perceptrl.datasets.loader import load_samples
-from perceptrl.datasets.registry import get_generator
 from perceptrl.datasets.zoom import generate
+from perceptrl.registry import GENERATORS
 from perceptrl.rewards import build_reward
-from perceptrl.trainer.engine import TorchEngine
+from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.trainer.loop import Trainer
-from perceptrl.vlm.episode import EpisodeSettings, ToolEnv, resolve_tools
+from perceptrl.vlm.episode import EpisodeSettings
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.run import sampling_params
 from perceptrl.vlm.sft import VLMSFTSource
 from perceptrl.vlm.source import VLMRolloutSource
+from perceptrl.vlm.tool_env import ToolEnv, resolve_tools
 from perceptrl.vlm.tools import Observation
 from perceptrl.wiring import Config
 
@@ -91,7 +92,7 @@ def test_rl_steps_on_episodes(tiny_dirs, samples, tmp_path, estimator, loss, agg
     pol = episode_policy(tiny_dirs, cfg)
     before = [p.detach().clone() for p in pol.parameters()]
     source = VLMRolloutSource(samples, build_reward(REWARD), cfg.rollout, seed=0)
-    m = Trainer(cfg, pol, source, tmp_path).train_step()
+    m = Trainer(cfg, pol, source, tmp_path, engine=build_engine(pol, cfg.train)).train_step()
     changed = sum(not torch.equal(a, b) for a, b in zip(before, pol.parameters()))
     assert changed > len(before) // 2
     assert m["episode/turns_mean"] > 1 and m["episode/stop/answer"] == 1.0
@@ -132,7 +133,7 @@ def test_sft_on_tool_traces(tiny_dirs, tmp_path):
     pol = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"], max_pixels=112 * 112)
     pol.episode = settings
     pol.prompt = dataclasses.replace(pol.prompt, tools={"zoom": tools["zoom"].usage})
-    traces = [get_generator("zoom").reasoning_trace(s, ["zoom"]) for s in data]
+    traces = [GENERATORS.get("zoom").reasoning_trace(s, ["zoom"]) for s in data]
     from perceptrl.cli import CONFIGS
     from perceptrl.wiring import load_config
 
@@ -154,7 +155,9 @@ def test_sft_on_tool_traces(tiny_dirs, tmp_path):
     assert "zoom(box=" in pol.processor.decode(b.prompts["prompt_ids"][0])  # tools in the prompt
     cfg = config("grpo", "ppo_clip", "token-mean")
     source = VLMSFTSource(pol, data, traces, batch_size=4)
-    m = Trainer(cfg, pol, source, tmp_path / "run", objective="sft").train_step()
+    m = Trainer(
+        cfg, pol, source, tmp_path / "run", engine=build_engine(pol, cfg.train), objective="sft"
+    ).train_step()
     assert torch.isfinite(torch.tensor(m["sft/loss"]))
 
 

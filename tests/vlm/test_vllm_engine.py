@@ -19,12 +19,8 @@ from perceptrl.vlm.config import VLLMConfig  # noqa: E402
 from perceptrl.vlm.policy import VLMPolicy  # noqa: E402
 from perceptrl.vlm.prompts import PromptConfig  # noqa: E402
 from perceptrl.vlm.rollout import SamplingParams  # noqa: E402
-from perceptrl.vlm.vllm_rollout import (  # noqa: E402
-    TextProcessor,
-    VLLMEngine,
-    VLLMRolloutPolicy,
-    build_tiny_text,
-)
+from perceptrl.vlm.vllm_policy import VLLMRolloutPolicy  # noqa: E402
+from perceptrl.vlm.vllm_rollout import TextProcessor, VLLMEngine, build_tiny_text  # noqa: E402
 from perceptrl.wiring import Config  # noqa: E402
 
 QUESTIONS = ["How many red circles are there?", "Count the small cubes.", "Is it left of it?"]
@@ -134,6 +130,7 @@ def test_seeded_rollouts_repeat(setup):
 def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     """Two GRPO steps whose rollouts come from vLLM: the gap is logged, TIS applies, and the
     second rollout already uses the weights of the first update (synced before sampling)."""
+    from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
     from perceptrl.vlm.run import sampling_params
     from perceptrl.vlm.source import VLMRolloutSource
@@ -146,7 +143,7 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     cfg.train.steps, cfg.train.lr, cfg.train.device = 2, 1e-2, "cpu"
     cfg.log.tensorboard = cfg.log.progress = False
 
-    def reward(completions, samples):  # longer completions score higher: a signal in each group
+    def reward(completions, samples, ctx=None):  # longer completions score higher: a signal in each group
         totals = [float(len(c)) / 10 for c in completions]
         return totals, {"length": totals}, {}
 
@@ -156,7 +153,7 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     try:
-        trainer = Trainer(cfg, vpolicy, source, tmp_path)
+        trainer = Trainer(cfg, vpolicy, source, tmp_path, engine=build_engine(vpolicy, cfg.train))
         m1 = trainer.train_step()
         trainer.step += 1
         changed = any(not torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
@@ -296,6 +293,7 @@ def test_a_stop_string_cuts_a_vllm_turn_where_the_hf_sampler_stops(setup, first_
 def test_training_steps_on_vllm_episodes(setup, tmp_path):
     """Two GRPO steps on 2-turn episodes sampled by vLLM: the episode metrics are logged and the
     rollouts score like the trainer's before and after an update."""
+    from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
     from perceptrl.vlm.episode import EpisodeSettings
     from perceptrl.vlm.run import sampling_params
@@ -308,7 +306,7 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path):
     cfg.train.steps, cfg.train.lr, cfg.train.device = 2, 1e-2, "cpu"
     cfg.log.tensorboard = cfg.log.progress = False
 
-    def reward(completions, samples):
+    def reward(completions, samples, ctx=None):
         totals = [float(len(c)) / 10 for c in completions]
         return totals, {"length": totals}, {}
 
@@ -319,7 +317,9 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path):
     vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     try:
         with short_turns(policy, engine):
-            trainer = Trainer(cfg, vpolicy, source, tmp_path)
+            trainer = Trainer(
+                cfg, vpolicy, source, tmp_path, engine=build_engine(vpolicy, cfg.train)
+            )
             m1 = trainer.train_step()
             trainer.step += 1
             m2 = trainer.train_step()
@@ -338,10 +338,11 @@ def test_a_text_tool_runs_in_vllm_episodes(setup):
     registry), its text comes back as the next turn's observation and the engine's log-probs
     still equal the trainer's. The tiny model is first taught, by 100 steps on a forced trace,
     to call the tool and then answer."""
-    from perceptrl.vlm.episode import EpisodeSettings, ToolEnv, resolve_tools
-    from perceptrl.vlm.tools import register_tool
+    from perceptrl.registry import TOOLS
+    from perceptrl.vlm.episode import EpisodeSettings
+    from perceptrl.vlm.tool_env import ToolEnv, resolve_tools
 
-    @register_tool("tally", "tally(): how many objects there are")
+    @TOOLS.register("tally", usage="tally(): how many objects there are")
     def tally(ctx):
         return f"There are {3 + ctx.sample['id']} objects."
 
@@ -383,7 +384,8 @@ def test_trees_on_vllm_share_segments_and_score_like_the_trainer(setup, bias):
     token for token, a full tree decodes fewer tokens than its leaves hold, branches that stop
     hand their leaves to live ones, and the engine's log-probs equal the training forward's
     (which scores shared segments once)."""
-    from perceptrl.vlm.tree_rollout import TreeShape, sampled_tokens
+    from perceptrl.vlm.kv_sampler import TreeShape
+    from perceptrl.vlm.tree_rollout import sampled_tokens
 
     policy, engine, prompts = setup
     policy.tree = TreeShape((2, 2), 6)

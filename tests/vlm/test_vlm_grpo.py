@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perceptrl.trainer.engine import TorchEngine
+from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.trainer.metrics import read_metrics
 from perceptrl.vlm.policy import VLMPolicy
@@ -27,7 +27,7 @@ def grpo_config(**train) -> Config:
     return cfg
 
 
-def length_reward(completions, samples):
+def length_reward(completions, samples, ctx=None):
     """Deterministic reward with spread inside groups: prefers shorter completions."""
     r = [1.0 / (1 + len(c)) for c in completions]
     return r, {"short": r}, {}
@@ -40,7 +40,14 @@ def test_one_grpo_step_with_kl(tiny_dirs, samples, tmp_path, arch):
     policy = VLMPolicy.from_pretrained(tiny_dirs[arch], sampling=sampling_params(cfg))
     before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
     source = VLMRolloutSource(samples, length_reward, cfg.rollout, seed=0)
-    trainer = Trainer(cfg, policy, source, tmp_path, ref_policy=policy.reference())
+    trainer = Trainer(
+        cfg,
+        policy,
+        source,
+        tmp_path,
+        engine=build_engine(policy, cfg.train),
+        ref_policy=policy.reference(),
+    )
     m = trainer.train_step()
     changed = [k for k, v in policy.state_dict().items() if not torch.equal(v, before[k])]
     assert len(changed) > len(before) // 2
@@ -83,7 +90,14 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_dirs, samples, tmp_path):
         def evaluator(p):
             return evaluate_accuracy(p, samples[:2], length_reward, max_new_tokens=6)
 
-        Trainer(cfg, policy, source, run_dir, evaluator=evaluator).fit(resume=resume)
+        Trainer(
+            cfg,
+            policy,
+            source,
+            run_dir,
+            engine=build_engine(policy, cfg.train),
+            evaluator=evaluator,
+        ).fit(resume=resume)
         rows = read_metrics(run_dir / "metrics.jsonl")
         return [r for r in rows if "reward/mean" in r], policy
 
