@@ -86,7 +86,7 @@ def test_shipped_recipes_load(recipe):
         ("algo.kl_estimator=k4", "valid: .*k3"),
         ("algo.loss_agg_mode=token_mean", "did you mean 'token-mean'"),
         ("rollout.engine=sglang", "valid: hf, vllm"),
-        ("data.generator=kitti", "valid: clevr, video, spatial"),
+        ("data.generator=kitti", "valid: clevr, plan, spatial, video, zoom"),
         ("vla.encoder=resnet", "valid: cnn, keypoint, state"),
         ("vla.critic=twin", "valid: shared, state"),
         ("train.backend=fsdp", "valid: deepspeed, torch"),
