@@ -121,13 +121,10 @@ def test_datasets_folder_never_shadows_the_hf_datasets_library(tmp_path):
     assert out.returncode == 0, out.stderr
 
 
-def test_layout_rules():
-    """datasets/ stays a namespace package; trainer/ never imports a side."""
+def test_datasets_stays_a_namespace_package():
+    """datasets/ has no __init__.py, so running from the repo root never shadows HF datasets
+    (the import directions are checked from the import graph in tests/test_layout.py)."""
     assert not (ROOT / "datasets" / "__init__.py").exists()
-    for f in (ROOT / "trainer").glob("*.py"):
-        text = f.read_text()
-        for side in ("vlm", "vla", "sim", "datasets"):
-            assert f"from ..{side}" not in text and f"perceptrl.{side}" not in text, (f.name, side)
 
 
 def test_cli_help_lists_only_real_subcommands():
