@@ -14,8 +14,8 @@
 
 Two backends: `GymBackend` (CPU MuJoCo: a gymnasium ``SyncVectorEnv`` or ``AsyncVectorEnv`` of
 `sim.focus.make_env` envs, one ``MjData`` each) and `sim.mjwarp.WarpEnv` (N worlds of one
-batched MJWarp model); `make_backend` builds either. The checks (masks, shapes), the seeding
-rule and the fault handling are the layer's, not the backends'.
+batched MJWarp model); `sim.vector.make_backend` builds either. The checks (masks, shapes),
+the seeding rule and the fault handling are the layer's, not the backends'.
 
 ``make_vec`` builds the gymnasium vector env itself, for code that wants gymnasium's API. A
 gymnasium vector env hands every sub-env the same reset options and call arguments, so each
@@ -220,17 +220,4 @@ class GymBackend:
             self.env.closed = True
 
 
-def make_backend(env_id: str, n: int, backend: str = "mujoco", async_: bool = False,
-                 device: str = "auto", **kwargs):  # fmt: skip
-    """The backend ``backend`` ("mujoco" | "warp") of ``n`` envs of ``env_id`` (keyword
-    arguments: `make_env`'s; ``device``: the warp backend's)."""
-    if backend == "warp":
-        from .mjwarp import WarpEnv
-
-        return WarpEnv(env_id, n, device=device, **kwargs)
-    if backend != "mujoco":
-        raise ValueError(f"unknown sim backend {backend!r}; valid: mujoco, warp")
-    return GymBackend(env_id, n, async_=async_, **kwargs)
-
-
-__all__ = ["Batch", "GymBackend", "VectorSlot", "make_backend", "make_vec", "split_obs"]
+__all__ = ["Batch", "GymBackend", "VectorSlot", "make_vec", "split_obs"]

@@ -27,8 +27,6 @@ time-limit wrapper's count is not the env's; the vector envs carry it, `sim.back
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -36,6 +34,7 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
+from ..schema import choice, from_dict
 from .composite import ENTITY_KINDS, ENTITY_SIZE, POSE_SIZE, progress
 from .render import make_renderer
 from .robot import ControlConfig, Robot
@@ -47,6 +46,10 @@ CHARSET = " abcdefghijklmnopqrstuvwxyz"
 """characters an instruction may contain"""
 MAX_INSTRUCTION = 160
 """maximum instruction length (characters; a long-horizon task's run to about 130)"""
+OBS_MODES = ("rgb", "state")
+CONTROLS = ("ee", "joint")
+REWARD_MODES = ("sparse", "dense")
+INVALID_ACTIONS = ("clip", "raise")
 OBJ_BOUND = 10.0
 """bound of the state-mode entity poses (positions are clipped to +-10 m)"""
 PROPRIO_LOW = np.array([-2, -2, -2, -1, -1, -1, -1, 0], np.float32)
@@ -62,11 +65,13 @@ _BAD_WARNINGS = tuple(
 
 @dataclass(frozen=True)
 class ManipEnvConfig:
-    """Options of ``ManipEnv`` (all keyword arguments of ``gymnasium.make``)."""
+    """Options of ``ManipEnv`` (all keyword arguments of ``gymnasium.make``), checked by the
+    one option loader (`perceptrl.schema.from_dict`: unknown options name the nearest one,
+    values must fit their types and choices)."""
 
     task: str = "reach"
     """registered task name (``sim.tasks.TASKS``)"""
-    obs_mode: str = "rgb"
+    obs_mode: str = choice("rgb", OBS_MODES)
     """"rgb": cameras + proprio + instruction; "state": entity poses + proprio + instruction"""
     width: int = 128
     """camera image width (64 to 224 are sensible)"""
@@ -81,11 +86,11 @@ class ManipEnvConfig:
     """``objects`` lists each entity's pose, kind and colour (`composite.ENTITY_SIZE` numbers):
     for a policy that reads which entities the instruction names instead of taking them from
     the order"""
-    control: str = "ee"
+    control: str = choice("ee", CONTROLS)
     """"ee": (dx, dy, dz, dyaw, gripper); "joint": (q1..q7, gripper), all in [-1, 1]"""
-    reward_mode: str = "sparse"
+    reward_mode: str = choice("sparse", REWARD_MODES)
     """"sparse": 1 on success; "dense": success + mean of the shaping terms"""
-    invalid_action: str = "clip"
+    invalid_action: str = choice("clip", INVALID_ACTIONS)
     """"clip": NaN -> 0 then clip to [-1, 1]; "raise": ValueError on NaN or out of range"""
     frame_skip: int = 25
     """physics steps (2 ms each) per env step: 25 -> 20 Hz control"""
@@ -95,34 +100,13 @@ class ManipEnvConfig:
     """any |qvel| above this counts as a physics blow-up"""
 
 
-def _config(kwargs: dict) -> ManipEnvConfig:
-    names = [f.name for f in dataclasses.fields(ManipEnvConfig)]
-    for key in kwargs:
-        if key not in names:
-            near = difflib.get_close_matches(key, names, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            raise TypeError(f"ManipEnv got an unknown option {key!r}{hint} (valid: {names})")
-    if "cameras" in kwargs:
-        kwargs = {**kwargs, "cameras": tuple(kwargs["cameras"])}
-    cfg = ManipEnvConfig(**kwargs)
-    for field, valid in (
-        ("obs_mode", ("rgb", "state")),
-        ("control", ("ee", "joint")),
-        ("reward_mode", ("sparse", "dense")),
-        ("invalid_action", ("clip", "raise")),
-    ):
-        if getattr(cfg, field) not in valid:
-            raise ValueError(f"ManipEnv {field}={getattr(cfg, field)!r}; valid: {valid}")
-    return cfg
-
-
 class ManipEnv(gym.Env):
     """Tabletop manipulation with a language instruction; see the module docstring."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
 
     def __init__(self, render_mode: str | None = None, **kwargs):
-        self.cfg = cfg = _config(kwargs)
+        self.cfg = cfg = from_dict(ManipEnvConfig, kwargs, where="ManipEnv")
         self.task: Task = get_task(cfg.task)
         self.render_mode = render_mode
         self.scene_spec = SceneSpec(

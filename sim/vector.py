@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends import Batch, make_backend
+from .backends import Batch, GymBackend
 from .env import ManipEnvConfig
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,19 @@ def idle_action(action_dim: int, control: str) -> np.ndarray:
     return a
 
 
+def make_backend(env_id: str, n: int, backend: str = "mujoco", async_: bool = False,
+                 device: str = "auto", **kwargs):  # fmt: skip
+    """The backend ``backend`` ("mujoco" | "warp") of ``n`` envs of ``env_id`` (keyword
+    arguments: `make_env`'s; ``device``: the warp backend's)."""
+    if backend == "warp":
+        from .mjwarp import WarpEnv
+
+        return WarpEnv(env_id, n, device=device, **kwargs)
+    if backend != "mujoco":
+        raise ValueError(f"unknown sim backend {backend!r}; valid: mujoco, warp")
+    return GymBackend(env_id, n, async_=async_, **kwargs)
+
+
 class VecEnv:
     """``n`` envs of ``env_id``; see the module docstring.
 
@@ -96,8 +109,8 @@ class VecEnv:
         backend: "mujoco" (CPU MuJoCo) | "warp" (MJWarp worlds on ``device``).
         async_: mujoco backend: one worker process per env.
         device: warp backend: the simulation's device (auto | cpu | cuda | cuda:N).
-        **kwargs: options of every env (`sim.focus.make_env`: `ManipEnv`'s, ``max_episode_steps``,
-            ``subgoal_focus``).
+        **kwargs: options of every env (`sim.focus.make_env`: `ManipEnv`'s,
+            ``max_episode_steps``, ``subgoal_focus``).
     """
 
     def __init__(self, env_id: str, n: int, *, seed: int = 0, backend: str = "mujoco",
@@ -473,4 +486,4 @@ def _merge(old: Batch, new: Batch, live: np.ndarray) -> Batch:
     )
 
 
-__all__ = ["Batch", "EnvRestarted", "StepResult", "VecEnv", "idle_action"]
+__all__ = ["Batch", "EnvRestarted", "StepResult", "VecEnv", "idle_action", "make_backend"]

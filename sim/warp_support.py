@@ -8,16 +8,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .robot import Robot
 from .tasks import World
-
-if TYPE_CHECKING:
-    from .mjwarp import WarpEnv
 
 
 def import_warp():
@@ -118,11 +114,11 @@ class _Data:
 
 
 class _RobotView:
-    """`Robot`'s readers and controller targets for one world of a `WarpEnv`."""
+    """`Robot`'s readers and controller targets for world ``i`` of ``env`` (a `WarpEnv`)."""
 
     yaw, tcp_pos, gripper_width = Robot.yaw, Robot.tcp_pos, Robot.gripper_width
 
-    def __init__(self, env: WarpEnv, i: int):
+    def __init__(self, env, i: int):
         r = env.host.robot
         self.cfg, self.tcp, self.finger_qadr = r.cfg, r.tcp, r.finger_qadr
         self._env, self._i = env, i
@@ -141,7 +137,7 @@ class WorldView:
     ``world()``, ``data`` (qpos, site poses), ``robot`` (targets, readers), ``block_qadr``.
     Read-only."""
 
-    def __init__(self, env: WarpEnv, i: int):
+    def __init__(self, env, i: int):
         self._env, self._i = env, i
         self.cfg, self.task, self.block_qadr = env.cfg, env.task, env.host.block_qadr
         self.robot = _RobotView(env, i)

@@ -2,40 +2,35 @@
 
 A recipe is a YAML file whose top-level keys are the component names below; dotted overrides on
 the command line (``algo.kl_coef=0.01``) are applied on top. Unknown keys and wrong types fail
-with a message that names the nearest valid key or the expected type.
+with a message that names the nearest valid key or the expected type (the checks are
+``perceptrl.schema``'s, the one mechanism every package checks its options with; its names are
+re-exported here).
 """
 
 from __future__ import annotations
 
 import ast
-import difflib
 import inspect
 import re
 import textwrap
-import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import yaml
 
 from ..registry import ADVANTAGES, AGG_MODES, CORRECTIONS, ENGINES, KL_ESTIMATORS, POLICY_LOSSES
-
-
-def choice(default: Any, valid: Sequence | Callable[[], Iterable]) -> Any:
-    """A field whose value must be one of ``valid``: a tuple, or a function returning the names
-    of a registry (called when a recipe loads, so registries stay open to user entries)."""
-    return field(default=default, metadata={"choices": valid})
-
-
-def choices(f) -> list | None:
-    """The valid values of a `choice` field ``f`` (None for a free field)."""
-    valid = f.metadata.get("choices")
-    if valid is None:
-        return None
-    return list(valid() if callable(valid) else valid)
+from ..schema import (  # noqa: F401  (re-exported: the loader's names live there)
+    ConfigError,
+    all_keys,
+    choice,
+    choices,
+    from_dict,
+    leaf_fields,
+    type_name,
+)
 
 
 @dataclass(frozen=True)
@@ -244,10 +239,6 @@ REGISTRIES = (
 # ---------------------------------------------------------------------------------------------
 
 
-class ConfigError(ValueError):
-    """A recipe or override that does not fit the config dataclasses."""
-
-
 def load(root: type, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
     """Build a ``root`` dataclass from a YAML recipe and ``key.sub=value`` overrides (applied
     in order).
@@ -272,45 +263,9 @@ def load(root: type, path: str | Path | None = None, overrides: Sequence[str] = 
     return from_dict(root, raw, where="", root=root)
 
 
-def from_dict(cls: type, raw: dict[str, Any], where: str, root: type | None = None) -> Any:
-    """Instantiate dataclass ``cls`` from ``raw``, recursing into nested dataclasses; names
-    with a fixed set of values (`choice` fields) are checked here."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    by_name = {f.name: f for f in fields(cls)}
-    kwargs = {}
-    for key, value in raw.items():
-        dotted = f"{where}.{key}" if where else str(key)
-        if key not in by_name:
-            raise ConfigError(_unknown_key_message(dotted, where, list(by_name), root or cls))
-        kind = hints[key]
-        if is_dataclass(kind):
-            kwargs[key] = from_dict(kind, value or {}, dotted, root)
-        else:
-            kwargs[key] = _check_choice(_check_type(value, kind, dotted), by_name[key], dotted)
-    return cls(**kwargs)
-
-
-def _check_choice(value: Any, f, dotted: str) -> Any:
-    valid = choices(f)
-    if valid is None or value in valid:
-        return value
-    near = difflib.get_close_matches(str(value), [str(v) for v in valid], n=1, cutoff=0.5)
-    hint = f"; did you mean {near[0]!r}?" if near else ""
-    raise ConfigError(
-        f"{dotted}={value!r} is not a valid value{hint} (valid: {', '.join(map(str, valid))})"
-    )
-
-
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config (every field, defaults included) as YAML."""
     Path(path).write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
-
-
-def all_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every dotted key of ``cls`` (``algo.kl_coef`` ...)."""
-    return [key for key, _, _ in leaf_fields(cls, prefix)]
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -344,7 +299,7 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
             rows.append(
                 (
                     f"{prefix}{f.name}",
-                    _type_name(kind),
+                    type_name(kind),
                     getattr(default, f.name),
                     docs.get(f.name, ""),
                 )
@@ -443,18 +398,6 @@ def reference(root: type, registries: Sequence[Registry] = (), intro: str = "") 
     return "\n".join(out).rstrip() + "\n"
 
 
-def leaf_fields(cls: type, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(dotted key, dataclass field, annotation) of every leaf field of ``cls``, in order."""
-    out = []
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        if is_dataclass(hints[f.name]):
-            out += leaf_fields(hints[f.name], f"{prefix}{f.name}.")
-        else:
-            out.append((f"{prefix}{f.name}", f, hints[f.name]))
-    return out
-
-
 def _md_section(out: list[str], cls: type, key: str, help_: str, valid: dict, level: int) -> None:
     """Section ``key`` (dataclass ``cls``): its help, a table of its leaf fields, then its
     nested sections one level down."""
@@ -484,7 +427,7 @@ def _md_row(key: str, f, kind: Any, defaults: Any, docs: dict, valid: dict) -> l
     values = format_valid(valid[key], code="`") if key in valid else ""
     return [
         f"`{key}`",
-        _md(f"`{_type_name(kind)}`"),
+        _md(f"`{type_name(kind)}`"),
         _md(f"`{default}`"),
         _md(docs.get(f.name, "")),
         _md(values),
@@ -521,78 +464,3 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
             raise ConfigError(f"override {key}: {p!r} is a value, not a section")
         node = nxt
     node[parts[-1]] = value
-
-
-def _unknown_key_message(dotted: str, where: str, names: list[str], root: type) -> str:
-    candidates = all_keys(root) + [f.name for f in fields(root)]
-    near = difflib.get_close_matches(dotted, candidates, n=1, cutoff=0.5)
-    if not near:
-        near = difflib.get_close_matches(dotted.rsplit(".", 1)[-1], names, n=1, cutoff=0.4)
-        near = [f"{where}.{near[0]}" if where else near[0]] if near else []
-    hint = f"; did you mean {near[0]!r}?" if near else ""
-    section = f" in section {where!r}" if where else ""
-    return f"unknown config key {dotted!r}{section}{hint} (valid here: {', '.join(names)})"
-
-
-def _type_name(kind: Any) -> str:
-    """``int``, ``list[str]``, ``dict[str, float | dict[str, Any]]`` ..."""
-    if typing.get_origin(kind) is not None:
-        return str(kind).replace("typing.", "")
-    return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
-
-
-def _check_type(value: Any, kind: Any, dotted: str) -> Any:
-    """Validate (and gently coerce int -> float) ``value`` against the annotation ``kind``."""
-    origin = typing.get_origin(kind)
-    args = typing.get_args(kind)
-    bad = ConfigError(
-        f"{dotted}: expected {_type_name(kind)}, got {type(value).__name__} {value!r}"
-    )
-    if kind is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            try:
-                return _check_type(value, arg, dotted)
-            except ConfigError:
-                continue
-        raise bad
-    if kind is type(None):
-        if value is None:
-            return None
-        raise bad
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `2e-3` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        raise bad
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if kind is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # e.g. `model.path=123` written without quotes
-        raise bad
-    if origin is list:
-        if not isinstance(value, list):
-            raise bad
-        return [_check_type(v, args[0], f"{dotted}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise bad
-        return {
-            _check_type(k, args[0], f"{dotted} key"): _check_type(v, args[1], f"{dotted}.{k}")
-            for k, v in value.items()
-        }
-    raise ConfigError(f"{dotted}: unsupported annotation {kind!r}")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from perceptrl.schema import ConfigError
 from perceptrl.sim import ENV_IDS, TASKS
 
 IDS = sorted(ENV_IDS.values())
@@ -126,11 +127,17 @@ def test_dense_reward_adds_shaping_terms():
     env.close()
 
 
-def test_unknown_option_names_the_nearest_one():
-    with pytest.raises(TypeError, match="reward_mode"):
+def test_options_are_checked_by_the_one_option_loader():
+    """Unknown options name the nearest one; values must fit their types and choices."""
+    with pytest.raises(ConfigError, match="did you mean 'reward_mode'"):
         gym.make("perceptrl/Reach-v0", reward_mod="dense")
-    with pytest.raises(ValueError, match="obs_mode"):
+    with pytest.raises(ConfigError, match="obs_mode='depth' is not a valid value"):
         gym.make("perceptrl/Reach-v0", obs_mode="depth")
+    with pytest.raises(ConfigError, match="width: expected int"):
+        gym.make("perceptrl/Reach-v0", width=32.5)
+    env = gym.make("perceptrl/Reach-v0", cameras=["wrist"], max_qvel=10)
+    assert env.unwrapped.cfg.cameras == ("wrist",) and env.unwrapped.cfg.max_qvel == 10.0
+    env.close()
 
 
 def test_joint_control_passes_check_env():

@@ -19,11 +19,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from perceptrl.sim import ENV_IDS, TASKS  # noqa: E402
-from perceptrl.sim.backends import make_backend  # noqa: E402
 from perceptrl.sim.env import ManipEnv  # noqa: E402
 from perceptrl.sim.expert import ScriptedExpert  # noqa: E402
 from perceptrl.sim.scene import COLOURS  # noqa: E402
 from perceptrl.sim.tasks import World  # noqa: E402
+from perceptrl.sim.vector import make_backend  # noqa: E402
 from perceptrl.sim.warp_support import mat_to_quat, warp_available  # noqa: E402
 from perceptrl.vla.config import EnvConfig  # noqa: E402
 from perceptrl.vla.envs import make_envs  # noqa: E402
@@ -34,7 +34,7 @@ needs_warp = pytest.mark.skipif(not warp_available(), reason="mujoco-warp is not
 
 
 def _pair(task: str, n: int, **kw):
-    """The two backends (`sim.backends`) of ``n`` envs of ``task``: warp (on warp's CPU), mujoco."""
+    """The two backends (`sim.vector.make_backend`) of ``n`` envs of ``task``: warp (on warp's CPU), mujoco."""
     warp = make_backend(ENV_IDS[task], n, backend="warp", device="cpu", **kw)
     cpu = make_backend(ENV_IDS[task], n, backend="mujoco", **kw)
     return warp, cpu
