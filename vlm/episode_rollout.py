@@ -44,12 +44,11 @@ from .kv_sampler import (
     TreeShape,
     fork_plan,
     rank_within,
-    row_chunks,
     sample_token,
     sequence_positions,
 )
 from .prompts import EncodedPrompt
-from .rollout import SamplingParams, generation_mode, prompt_table
+from .rollout import SamplingParams, generation_mode, prompt_table, row_chunks
 
 _STOP, _TURN_LENGTH, _MAX_TOKENS, _STOP_STRING = 0, 1, 2, 3
 _REASONS = {_TURN_LENGTH: "turn_length", _MAX_TOKENS: "max_tokens", _STOP_STRING: STOP_STRING}

@@ -183,22 +183,6 @@ def sample_token(logits: Tensor, sp: SamplingParams, banned: list[int]) -> tuple
     return tok, logp_all.gather(-1, tok[:, None]).squeeze(1)
 
 
-def row_chunks(lens: list[int], n: int, width: int, budget: int):
-    """Consecutive prompt indices whose rows (``n`` each) fit ``budget`` tokens of prompt plus
-    ``width`` tokens of episode."""
-    chunk: list[int] = []
-    longest = 0
-    for i, p in enumerate(lens):
-        new = max(longest, p)
-        if chunk and (len(chunk) + 1) * n * (new + width) > budget:
-            yield chunk
-            chunk, new = [], p
-        chunk.append(i)
-        longest = new
-    if chunk:
-        yield chunk
-
-
 # ---------------------------------------------------------------------------------------------
 # tree shapes and forks
 # ---------------------------------------------------------------------------------------------

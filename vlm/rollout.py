@@ -147,17 +147,18 @@ def completion_mask(tokens: Tensor, stop_ids: list[int]) -> Tensor:
     return (~after).float()
 
 
-def _budget_chunks(lens: list[int], max_new: int, budget: int) -> Iterator[list[int]]:
-    """Consecutive row indices whose padded size rows * (max prompt + max_new) fits ``budget``."""
+def row_chunks(lens: list[int], n: int, width: int, budget: int) -> Iterator[list[int]]:
+    """Consecutive prompt indices whose rows (``n`` each) fit ``budget`` tokens of prompt plus
+    ``width`` tokens of episode."""
     chunk: list[int] = []
     longest = 0
-    for i, n in enumerate(lens):
-        new_longest = max(longest, n)
-        if chunk and (len(chunk) + 1) * (new_longest + max_new) > budget:
+    for i, p in enumerate(lens):
+        new = max(longest, p)
+        if chunk and (len(chunk) + 1) * n * (new + width) > budget:
             yield chunk
-            chunk, new_longest = [], n
+            chunk, new = [], p
         chunk.append(i)
-        longest = new_longest
+        longest = new
     if chunk:
         yield chunk
 
@@ -246,7 +247,7 @@ def sample(
     lens = [int(x.numel()) for x in rows["prompt_ids"]]
     toks, logps = [], []
     with generation_mode(model):
-        for chunk in _budget_chunks(lens, sp.max_new_tokens, sp.token_budget):
+        for chunk in row_chunks(lens, 1, sp.max_new_tokens, sp.token_budget):
             sub = {k: [v[i] for i in chunk] for k, v in rows.items()}
             t, lp = _generate_rows(model, sub, sp, stop_ids, pad_id, banned)
             toks.append(t)

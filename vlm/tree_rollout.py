@@ -37,11 +37,10 @@ from .kv_sampler import (
     TreeShape,
     fork_plan,
     rank_within,
-    row_chunks,
     sample_token,
 )
 from .prompts import EncodedPrompt
-from .rollout import SamplingParams, generation_mode, prompt_table
+from .rollout import SamplingParams, generation_mode, prompt_table, row_chunks
 
 COMPACT_FRACTION = 0.25
 """stopped rows leave the cache once they are this fraction of the live rows (a cache

@@ -143,7 +143,9 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     cfg.train.steps, cfg.train.lr, cfg.train.device = 2, 1e-2, "cpu"
     cfg.log.tensorboard = cfg.log.progress = False
 
-    def reward(completions, samples, ctx=None):  # longer completions score higher: a signal in each group
+    def reward(
+        completions, samples, ctx=None
+    ):  # longer completions score higher: a signal in each group
         totals = [float(len(c)) / 10 for c in completions]
         return totals, {"length": totals}, {}
 

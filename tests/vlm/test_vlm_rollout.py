@@ -16,12 +16,12 @@ def test_completion_mask_includes_first_stop_only():
 
 def test_budget_chunks_respect_the_token_budget():
     lens = [10, 12, 30, 8, 8, 8, 40]
-    chunks = list(rollout._budget_chunks(lens, max_new=10, budget=70))
+    chunks = list(rollout.row_chunks(lens, 1, 10, 70))
     assert [i for c in chunks for i in c] == list(range(len(lens)))
     for c in chunks:
         assert len(c) == 1 or len(c) * (max(lens[i] for i in c) + 10) <= 70
     assert chunks == [[0, 1], [2], [3, 4, 5], [6]]
-    assert list(rollout._budget_chunks([100], max_new=10, budget=5)) == [[0]]  # never empty
+    assert list(rollout.row_chunks([100], 1, 10, 5)) == [[0]]  # never empty
 
 
 def test_collate_left_pads_prompts_and_appends_completions():
