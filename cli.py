@@ -264,7 +264,7 @@ def _mkdir(path: Path) -> Path:
 
 def cmd_sim_demo(args: argparse.Namespace) -> int:
     """An mp4 of the scripted expert on every MuJoCo task."""
-    from .sim.demo import main as sim_demo
+    from .sim.showcase import main as sim_demo
 
     tasks = args.tasks.split(",") if args.tasks else None
     for row in sim_demo(

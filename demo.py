@@ -5,7 +5,7 @@ and scores the base against the trained model on fresh held-out questions (the p
 its standard error); part 2 trains the compact VLA with PPO on the MuJoCo reach task
 (``configs/vla_ppo_reach_state.yaml``): its held-out success curve, evaluation videos and a
 before/after video. Writes ``demo.json`` and ``demo.md`` in the output directory. (Not to be
-confused with ``sim/demo.py``, ``perceptrl sim demo``: videos of the scripted experts.)
+confused with ``sim/showcase.py``, ``perceptrl sim demo``: videos of the scripted experts.)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def run_demo(
         written as ``demo.json``.
     """
     from .trainer.runtime import resolve_path
-    from .vlm.run import build_policy, held_out_gain
+    from .vlm.builder import build_policy, held_out_gain
 
     cfg = load_config(CONFIGS / "vlm_demo.yaml", overrides)
     if steps:

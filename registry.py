@@ -271,11 +271,11 @@ TOOLS: Registry[Callable] = Registry(
 """``fn(ctx: ToolContext, **arguments) -> Observation | str | Image`` (vlm/tools.py). Declares
 ``usage``: the line the model reads in its system prompt (empty: the docstring's first line)."""
 EPISODE_ENVS: Registry[Callable] = Registry(
-    "episode environment", "rollout.episode.env", ("perceptrl.vlm.tool_env", "perceptrl.vla.plan"),
+    "episode environment", "rollout.episode.env", ("perceptrl.vlm.tool_env", "perceptrl.vla.plan_env"),
     declares={"eval_reward": None},
 )  # fmt: skip
 """``build(cfg) -> factory of EpisodeEnv`` (one environment per rollout call; vlm/episode.py;
-built in: ``tools``, vlm/tool_env.py, and the planner's ``plan``, vla/plan.py).
+built in: ``tools``, vlm/tool_env.py, and the planner's ``plan``, vla/plan_env.py).
 Declares ``eval_reward``: the held-out score of its episodes (None: the VLM side's accuracy)."""
 GENERATORS: Registry[Any] = Registry(
     "data generator", "data.generator", ("perceptrl.datasets.registry",), declares={}
@@ -319,11 +319,11 @@ class Side:
 
 
 SIDES: Registry[Side] = Registry(
-    "side", "side", ("perceptrl.vlm.run", "perceptrl.vla.run", "perceptrl.vla.plan_run"),
+    "side", "side", ("perceptrl.vlm.builder", "perceptrl.vla.builder", "perceptrl.vla.plan_builder"),
     declares={},
 )  # fmt: skip
 """side name -> `Side`: the policy side a recipe trains (``side``); ``wiring.side(cfg)`` returns
-the record. Built in: vlm (``vlm/run.py``), vla (``vla/run.py``) and plan (``vla/plan_run.py``: a
+the record. Built in: vlm (``vlm/builder.py``), vla (``vla/builder.py``) and plan (``vla/plan_builder.py``: a
 VLM planner whose subgoals a VLA executes)"""
 ENGINES: Registry[Callable] = Registry(
     "training engine", "train.backend",

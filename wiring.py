@@ -1,8 +1,8 @@
 """Where the sides meet the trainer: the recipe's `Config` (the trainer's sections composed with
 each side's), the side a recipe names, and the run directory.
 
-A side registers a `registry.Side` record in `registry.SIDES` from its own module (``vlm/run.py``:
-vlm, ``vla/run.py``: vla, ``vla/plan_run.py``: plan): ``build_trainer(cfg, run_dir) ->
+A side registers a `registry.Side` record in `registry.SIDES` from its own module (``vlm/builder.py``:
+vlm, ``vla/builder.py``: vla, ``vla/plan_builder.py``: plan): ``build_trainer(cfg, run_dir) ->
 Trainer``, ``run_eval(cfg, out_dir, more=()) -> dict`` and, where it has them, ``run_sft``,
 ``run_compare`` and ``run_pass_k``. `side` returns the record of ``cfg.side``. A new side is
 one more registration (from user code too, before the recipe loads); sections of its own are
@@ -38,8 +38,8 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
 
 def _import_sides() -> None:
     """The built-in sides' modules; importing one registers its `Side` in `SIDES`."""
-    from .vla import plan_run, run  # noqa: F401  (sides plan and vla)
-    from .vlm import run as vlm_run  # noqa: F401  (side vlm)
+    from .vla import builder, plan_builder  # noqa: F401  (sides plan and vla)
+    from .vlm import builder as vlm_builder  # noqa: F401  (side vlm)
 
 
 def _sides() -> list[str]:
@@ -183,7 +183,7 @@ REGISTRIES = (
     Registry("Process rewards", "`STEP_REWARDS`, entries in `rewards/`; and `implicit_prm`, "
              "`vlm/process.py`", ("rollout.process_reward",), _process_rewards),
     Registry("Episode environments", "`EPISODE_ENVS`, entries in `vlm/tool_env.py` (`tools`) and "
-             "`vla/plan.py` (`plan`)", ("rollout.episode.env",), _episode_envs),
+             "`vla/plan_env.py` (`plan`)", ("rollout.episode.env",), _episode_envs),
     Registry("Tools", "`TOOLS`, entries in `vlm/tools.py`", ("rollout.episode.tools",), _tools),
     Registry("Simulator tasks", "`TASKS`, entries in `sim/tasks.py` and `sim/composite.py`, as "
              "the gymnasium ids `sim/__init__.py` registers", ("env.id", "env.eval_tasks"),

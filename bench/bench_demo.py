@@ -39,7 +39,7 @@ def before_after_frame(video: Path) -> Path:
     starts at the middle) as ``bench/results/demo_before_after.png``."""
     import cv2
 
-    from perceptrl.sim.demos import read_video
+    from perceptrl.sim.demonstrations import read_video
 
     frames = read_video(video)
     path = RESULTS / "demo_before_after.png"
@@ -59,7 +59,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "perceptrl.cli", *cmd], check=True, env=env)
 
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.run import TEST_SEED_OFFSET
+    from perceptrl.vlm.builder import TEST_SEED_OFFSET
     from perceptrl.wiring import load_config
 
     # pass@k on scenes of the held-out comparison's data seed (its validation split)

@@ -163,10 +163,10 @@ def build_trainer(args, run_dir: Path):
     from perceptrl.rewards import build_reward
     from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
+    from perceptrl.vlm.builder import prompt_config, sampling_params
+    from perceptrl.vlm.builder import samples as vlm_samples
     from perceptrl.vlm.model import resolve_dtype, set_pixel_bounds
     from perceptrl.vlm.policy import VLMPolicy
-    from perceptrl.vlm.run import prompt_config, sampling_params
-    from perceptrl.vlm.run import samples as vlm_samples
     from perceptrl.vlm.source import VLMRolloutSource
 
     cfg = recipe(args, run_dir)

@@ -3,7 +3,7 @@
 Reason, then act: a VLM planner trained by what its executor achieves in MuJoCo (issue 17).
 
 Task: the long-horizon composites of ``sim/composite.py`` (put_two, put_then_stack,
-push_then_put, put_three; 2-3 subgoals each), samples from ``datasets/plan.py``. The planner is
+push_then_put, put_three; 2-3 subgoals each), samples from ``datasets/plan_tasks.py``. The planner is
 the planner base (assets/vlm_plan_base: the shipped tiny VLM after a text-only drill on planner
 dialogues, assets/build/make_plan_base.py) under ``configs/plan_grpo.yaml``; the executor is the
 scripted oracle (``plan.executor=oracle``), or with ``--executor policy`` frozen VLAs trained
@@ -84,7 +84,7 @@ def score(model: Path, samples: list[dict], out: Path, extra: list[str]) -> tupl
         [f"model.path={model}", f"train.eval_samples={len(samples)}", *extra],
     )
     side(cfg)  # registers the planner's environment
-    from perceptrl.vlm.run import build_evaluator, build_policy
+    from perceptrl.vlm.builder import build_evaluator, build_policy
 
     policy = build_policy(cfg, out)
     per_sample: dict[str, float] = {}
@@ -99,7 +99,7 @@ def oracle(samples: list[dict], extra: list[str], retries: int = 0) -> tuple[dic
     the executor's per subgoal family ({family: [finished, tried]}), and its success per sample
     id."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.vla.plan import plan_settings
+    from perceptrl.vla.plan_env import plan_settings
     from perceptrl.vla.plan_eval import oracle_plan
     from perceptrl.wiring import load_config
 
@@ -131,7 +131,7 @@ def alone(samples: list[dict], extra: list[str]) -> tuple[dict, dict]:
     """The recipe's executor given each sample's long instruction with no planner: its success
     per task (and progress) and its success per sample id."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.vla.plan import plan_settings
+    from perceptrl.vla.plan_env import plan_settings
     from perceptrl.vla.plan_eval import executor_alone
     from perceptrl.wiring import load_config
 
@@ -145,7 +145,7 @@ def episode_strip(samples: list[dict], records: dict, extra: list[str], out: Pat
     """A PNG strip (and mp4 under ``out``) of a planner's first held-out episode that completed
     its task (the first episode when none did), replayed from its turns with the executor."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.vla.plan import plan_settings, replay_video
+    from perceptrl.vla.plan_env import plan_settings, replay_video
     from perceptrl.wiring import load_config
 
     done = [s for s in samples if (records.get(str(s["id"])) or {}).get("info", {})
@@ -215,7 +215,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from perceptrl.datasets.loader import load_samples
-    from perceptrl.datasets.plan import generate
+    from perceptrl.datasets.plan_tasks import generate
     from perceptrl.trainer.runtime import resolve_path
     from perceptrl.vla.plan_eval import bar_chart
     from perceptrl.vlm.report import paired_gain

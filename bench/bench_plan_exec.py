@@ -35,7 +35,7 @@ def main() -> None:
 
     from perceptrl.sim.composite import COMPOSITES
     from perceptrl.vla.executors import load_executor
-    from perceptrl.vla.plan import PlanEnv, PlanSettings
+    from perceptrl.vla.plan_env import PlanEnv, PlanSettings
 
     executor = load_executor("policy", {"all": args.policy})
     tasks = sorted(COMPOSITES)

@@ -49,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from perceptrl.datasets.loader import load_samples
-    from perceptrl.datasets.plan import generate
+    from perceptrl.datasets.plan_tasks import generate
     from perceptrl.vlm.report import paired_gain
 
     runs = Path(args.runs)

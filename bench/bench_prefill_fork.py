@@ -48,10 +48,10 @@ class FirstTurnOnly:
 def run(args) -> dict:
     import torch
 
+    from perceptrl.vlm.builder import build_policy, load_data
     from perceptrl.vlm.episode import EpisodeSettings
     from perceptrl.vlm.kv_sampler import TreeShape
     from perceptrl.vlm.rollout import SamplingParams, sample
-    from perceptrl.vlm.run import build_policy, load_data
     from perceptrl.vlm.tree_rollout import sampled_tokens
     from perceptrl.wiring import load_config
 

@@ -62,13 +62,13 @@ TEACHERS = {
     "sft_gold": None,  # the generator's correct traces
     "sft_answer": answer_only,
 }
-"""SFT arm -> the ``teacher`` rewriting its targets (`vlm.run.run_sft`)"""
+"""SFT arm -> the ``teacher`` rewriting its targets (`vlm.builder.run_sft`)"""
 
 
 def sft_arm(arm: str, base: str, seed: int, minutes: float, run_dir: Path) -> None:
     """One SFT arm, in this process (the child `train_arm` starts with ``arm``)."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.run import run_sft
+    from perceptrl.vlm.builder import run_sft
     from perceptrl.wiring import load_config
 
     cfg = load_config(
@@ -108,7 +108,7 @@ def score(model: Path, splits: dict[str, list[dict]], out: Path) -> dict[str, di
     import dataclasses
 
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.run import build_evaluator, build_policy, prompt_config
+    from perceptrl.vlm.builder import build_evaluator, build_policy, prompt_config
     from perceptrl.wiring import load_config
 
     cfg = load_config(CONFIGS / "vlm_demo.yaml", [f"model.path={model}"])
@@ -157,7 +157,7 @@ def pass_k(
     questions of each of ``kinds`` (name -> ids, from `subsets`) among them (greedy decoding
     can hide answers that sampling gives)."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.run import run_pass_k
+    from perceptrl.vlm.builder import run_pass_k
     from perceptrl.wiring import load_config
 
     cfgs = {

@@ -108,8 +108,8 @@ def measure_collect(n: int, rollouts: int, device: str) -> dict:
     """The PPO collector of the warp recipe with the compact VLA on ``device``."""
     import torch
 
+    from perceptrl.vla.builder import build_policy, build_source
     from perceptrl.vla.envs import make_envs
-    from perceptrl.vla.run import build_policy, build_source
     from perceptrl.wiring import load_config
 
     cfg = load_config(RECIPE, [f"env.num_envs={n}", f"env.device={device}",

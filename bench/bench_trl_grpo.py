@@ -91,7 +91,7 @@ def data_order(n: int, seed: int) -> list[int]:
 
 def run_perceptrl(args) -> dict:
     from perceptrl.trainer.runtime import seed_everything
-    from perceptrl.vlm.run import build_trainer as vlm_trainer
+    from perceptrl.vlm.builder import build_trainer as vlm_trainer
 
     cfg = our_config(args)
     trainer = vlm_trainer(cfg, Path(args.arm_dir))

@@ -29,8 +29,8 @@ RECIPE = Path(__file__).resolve().parents[1] / "configs" / "vla_ppo_reach.yaml"
 
 
 def run(minutes: float, final_episodes: int, eval_every: int, overrides: list[str]) -> dict:
+    from perceptrl.vla.builder import build_trainer
     from perceptrl.vla.evaluate import evaluate_policy
-    from perceptrl.vla.run import build_trainer
     from perceptrl.wiring import load_config
 
     cfg = load_config(

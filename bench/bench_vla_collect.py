@@ -31,8 +31,8 @@ def measure(num_envs: int, rollouts: int) -> dict:
     """One setting, in this process: ``rollouts`` collections after one warm-up collection."""
     import torch  # before any rendering
 
+    from perceptrl.vla.builder import build_policy, build_source
     from perceptrl.vla.envs import make_envs
-    from perceptrl.vla.run import build_policy, build_source
     from perceptrl.wiring import load_config
 
     cfg = load_config(RECIPE, [f"env.num_envs={num_envs}", "train.device=cpu"])

@@ -56,7 +56,7 @@ def bc_then_grpo(
     again. Returns ``bc_cfg``, ``grpo_cfg``, ``bc_seconds``, ``grpo_seconds``, ``before``,
     ``after`` and ``steps`` (the GRPO metrics rows of the updates). ``bc_model``: start from
     that saved warm start instead (no BC here; ``bc_seconds`` None)."""
-    from perceptrl.vla.run import build_trainer, load_policy, run_sft
+    from perceptrl.vla.builder import build_trainer, load_policy, run_sft
     from perceptrl.wiring import load_config
 
     bc_cfg = load_config(ROOT / "configs" / f"{bc_recipe}.yaml", bc_overrides)

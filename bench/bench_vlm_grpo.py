@@ -27,7 +27,7 @@ def score(model: Path, splits: dict[str, list[dict]], out: Path) -> dict:
     """Greedy accuracy per split, prompted exactly as in training (the recipe's system prompt)."""
     from perceptrl.cli import CONFIGS
     from perceptrl.rewards import build_reward
-    from perceptrl.vlm.run import build_policy as vlm_policy
+    from perceptrl.vlm.builder import build_policy as vlm_policy
     from perceptrl.vlm.source import evaluate_accuracy
     from perceptrl.wiring import load_config
 

@@ -89,7 +89,7 @@ def sloppy_teacher(miscount: float, seed: int):
 def sft_base(args, seed: int, out: Path, base: Path, train: Path) -> tuple[Path, float]:
     """The sloppy teacher's SFT of ``base``, in this process. Returns (model, seconds)."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.run import run_sft
+    from perceptrl.vlm.builder import run_sft
     from perceptrl.wiring import load_config
 
     cfg = load_config(

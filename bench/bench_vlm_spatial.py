@@ -34,8 +34,8 @@ def score(model: Path, samples: list[dict], out: Path) -> dict:
     """Greedy accuracy per family, prompted exactly as in training (the recipe's settings)."""
     from perceptrl.cli import CONFIGS
     from perceptrl.rewards import build_reward
+    from perceptrl.vlm.builder import build_policy as vlm_policy
     from perceptrl.vlm.report import family_rows, write_report
-    from perceptrl.vlm.run import build_policy as vlm_policy
     from perceptrl.vlm.source import evaluate_accuracy
     from perceptrl.wiring import load_config
 

@@ -83,7 +83,7 @@ def shuffled_copy(src: Path, out_dir: Path, seed: int = 0) -> Path:
 def score(model: Path, splits: dict[str, Path], out: Path) -> dict:
     from perceptrl.datasets.loader import load_samples
     from perceptrl.rewards import build_reward
-    from perceptrl.vlm.run import build_policy as vlm_policy
+    from perceptrl.vlm.builder import build_policy as vlm_policy
     from perceptrl.vlm.source import evaluate_accuracy
     from perceptrl.wiring import load_config
 

@@ -40,7 +40,7 @@ GOALS = {"tools_minus_plain": 0.15, "grpo_minus_sft": 0.10}
 def build(model: Path, tools: bool, out: Path):
     """The recipe's policy on ``model`` (with or without the zoom tool) and its config."""
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.run import build_policy
+    from perceptrl.vlm.builder import build_policy
     from perceptrl.wiring import load_config
 
     cfg = load_config(

@@ -120,7 +120,7 @@ for _gen in (
         options={"image_size": "image_size"},
     ),
     Generator(
-        "plan", ".plan", "robot",
+        "plan", ".plan_tasks", "robot",
         "long-horizon MuJoCo tasks (agent-view PNG + instruction) for a VLM planner whose "
         "subgoals a VLA executes", splits=("train", "val", "test"),
         options={"image_size": "image_size"},

@@ -28,7 +28,7 @@ from . import (  # noqa: F401  (registers them)
     group,
     judge,
     measure,
-    plan,
+    plan_rewards,
     shaping,
     text,
 )

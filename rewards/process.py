@@ -21,7 +21,7 @@ Register in ``perceptrl.registry.STEP_REWARDS`` (``@STEP_REWARDS.register("name"
 Registered: ``step_values`` (rule-based: the sub-results a synthetic generator knows, e.g. the
 per-colour counts of ``count_sum``), ``judge_steps`` (``rewards/judge.py``: a judge model grades
 each reasoning step, batched, in the judge's supervised worker), ``plan_turns``
-(``rewards/plan.py``: each planner turn scored from the simulator's record).
+(``rewards/plan_rewards.py``: each planner turn scored from the simulator's record).
 """
 
 from __future__ import annotations

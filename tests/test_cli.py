@@ -129,7 +129,7 @@ def test_a_fresh_run_refuses_a_directory_that_holds_a_run(tmp_path, capsys, left
 
 def test_unknown_data_generator_is_a_config_error(tmp_path):
     from perceptrl.trainer.config import ConfigError
-    from perceptrl.vlm.run import samples as vlm_samples
+    from perceptrl.vlm.builder import samples as vlm_samples
     from perceptrl.wiring import load_config
 
     with pytest.raises(ConfigError, match="data.generator='clever'.*clevr, plan, spatial"):
@@ -180,7 +180,7 @@ def test_vla_train_then_eval_writes_table_and_video(tmp_path):
     assert "| early |" in out.stdout and "| late |" in out.stdout
     saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert set(saved["metrics"]) == {"early", "late"}
-    from perceptrl.sim.demos import read_video
+    from perceptrl.sim.demonstrations import read_video
 
     assert read_video(tmp_path / "cmp" / "Reach_compare.mp4").shape[1:] == (256, 512, 3)
 

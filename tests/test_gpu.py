@@ -98,7 +98,7 @@ def test_bench_script_runs_tiny_on_cpu(tmp_path):
 @cuda_only
 def test_vlm_grpo_run_on_cuda(tmp_path):
     from perceptrl.trainer.metrics import read_metrics
-    from perceptrl.vlm.run import build_trainer as vlm_trainer
+    from perceptrl.vlm.builder import build_trainer as vlm_trainer
     from perceptrl.wiring import load_config
 
     cfg = load_config(
@@ -126,7 +126,7 @@ def test_vlm_grpo_run_on_cuda(tmp_path):
 @cuda_only
 def test_vla_ppo_run_on_cuda(tmp_path):
     from perceptrl.trainer.metrics import read_metrics
-    from perceptrl.vla.run import build_trainer
+    from perceptrl.vla.builder import build_trainer
     from perceptrl.wiring import load_config
 
     cfg = load_config(
@@ -166,7 +166,7 @@ def test_vla_ppo_on_warp_simulates_and_renders_on_cuda(tmp_path):
     handed to the policy as CUDA tensors (no host copy), a PPO update that changes the weights.
     Skips when warp-lang is not installed on the GPU machine."""
     from perceptrl.sim.warp_support import warp_available
-    from perceptrl.vla.run import build_trainer
+    from perceptrl.vla.builder import build_trainer
     from perceptrl.wiring import load_config
 
     if not warp_available():

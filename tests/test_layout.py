@@ -34,7 +34,7 @@ TOP = ("wiring", "demo", "cli")
 
 
 def _modules() -> dict[str, Path]:
-    """Module name (``perceptrl.vlm.run``) -> file, for the package's code."""
+    """Module name (``perceptrl.vlm.builder``) -> file, for the package's code."""
     out = {}
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
@@ -58,7 +58,9 @@ def _targets(module: str, path: Path, node: ast.AST, known: dict) -> set[str]:
         names = [f"{stem}.{a.name}" if f"{stem}.{a.name}" in known else stem for a in node.names]
     found = set()
     for name in names:
-        while name and name not in known:  # `import perceptrl.vlm.run` loads perceptrl.vlm.run
+        while (
+            name and name not in known
+        ):  # `import perceptrl.vlm.builder` loads perceptrl.vlm.builder
             name = name.rpartition(".")[0]
         if name.startswith("perceptrl"):
             found.add(name)

@@ -197,7 +197,7 @@ def test_checkpoint_holds_adapter_and_merged_export(tiny, samples, tmp_path):
 
 
 def test_wiring_builds_a_lora_policy(tiny, tmp_path):
-    from perceptrl.vlm.run import build_policy as vlm_policy
+    from perceptrl.vlm.builder import build_policy as vlm_policy
     from perceptrl.wiring import load_config
 
     cfg = load_config(None, [f"model.path={tiny}", "model.lora_rank=2", "train.device=cpu"])

@@ -13,7 +13,11 @@ from perceptrl.wiring import load_config, side, sides_with
 
 
 def test_builtin_sides_are_the_records_their_modules_register():
-    for name, module in (("vlm", "vlm.run"), ("vla", "vla.run"), ("plan", "vla.plan_run")):
+    for name, module in (
+        ("vlm", "vlm.builder"),
+        ("vla", "vla.builder"),
+        ("plan", "vla.plan_builder"),
+    ):
         record = side(load_config(None, [f"side={name}"]))
         assert isinstance(record, Side)
         assert record.build_trainer.__module__ == f"perceptrl.{module}"

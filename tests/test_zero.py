@@ -349,7 +349,7 @@ def test_weights_only_torch_load_reads_deepspeed_state_and_refuses_other_objects
 
 
 def test_config_fields_and_data_shard():
-    from perceptrl.vlm.run import data_shard
+    from perceptrl.vlm.builder import data_shard
 
     cfg = load_config(
         None, ["train.backend=deepspeed", "train.zero_stage=3", "rollout.prompts_per_step=6"]

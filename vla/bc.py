@@ -21,7 +21,7 @@ import torch
 from ..sim.expert import ScriptedExpert
 from ..sim.vector import VecEnv
 from ..trainer.batch import RolloutBatch
-from .runner import CUT, Actor, EpisodeRunner, Rows
+from .episode_runner import CUT, Actor, EpisodeRunner, Rows
 
 
 class ExpertSource:

@@ -18,7 +18,7 @@ the episodes of a group start from the same indexed initial state (reset options
 ``trial_id``) and share a ``group_id``; the sequence reward is success (0/1), so the trainer's
 ``algo.dynamic_sampling`` drops groups that all succeed or all fail.
 
-Both configure the one episode loop, `vla.runner.EpisodeRunner` (fixed [T, N] buffers and masks,
+Both configure the one episode loop, `vla.episode_runner.EpisodeRunner` (fixed [T, N] buffers and masks,
 the success rule, initial-state ids); this module only turns its rows into `RolloutBatch`es and
 keeps the metrics and resume state.
 
@@ -53,7 +53,7 @@ from ..sim.vector import VecEnv
 from ..trainer.batch import RolloutBatch
 from .config import EnvConfig
 from .envs import make_envs
-from .runner import END_NAMES, Actor, EpisodeRunner, Episodes, EpisodeSpecs
+from .episode_runner import END_NAMES, Actor, EpisodeRunner, Episodes, EpisodeSpecs
 
 log = logging.getLogger(__name__)
 

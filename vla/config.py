@@ -157,7 +157,7 @@ class PlanConfig:
     """cameras of a pixel executor"""
     memo: int = 4096
     """subgoal outcomes a run remembers and replays instead of simulating again (0: none); exact
-    for the deterministic executors (see `vla.plan.PlanSettings.memo`)"""
+    for the deterministic executors (see `vla.plan_env.PlanSettings.memo`)"""
     eval_videos: int = 2
     """held-out episodes per planner that ``perceptrl eval`` with several planners writes as mp4
     (the executor's view with the current subgoal drawn on it)"""

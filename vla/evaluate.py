@@ -21,7 +21,7 @@ from ..sim.focus import make_env
 from ..sim.vector import VecEnv
 from .config import EnvConfig
 from .envs import env_kwargs, make_envs
-from .runner import Actor, EpisodeRunner, EpisodeSpecs
+from .episode_runner import Actor, EpisodeRunner, EpisodeSpecs
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def compare_video(
     """The episodes of ``seeds`` played by each policy (name -> policy, e.g. before / after
     training) side by side, one panel per policy labelled with its name; a panel whose episode
     ended holds its last frame until the longest one ends."""
-    from ..sim.demos import write_video
+    from ..sim.demonstrations import write_video
 
     cfg = dataclasses.replace(env_cfg, num_envs=1, async_envs=False)
     runner = make_envs(cfg, env_id=env_id)
@@ -123,7 +123,7 @@ def episode_frames(policy, runner: VecEnv, cam, seed: int, label: str = "") -> l
     recipe's image size, one env) while ``cam``, an env of the same task reset with the same
     seed and sent the same actions, renders the agent view (at the video's size). Returns the
     frames with the instruction, ``label``, the env step and the outcome drawn on them."""
-    from ..sim.demos import annotate
+    from ..sim.demonstrations import annotate
 
     K = getattr(getattr(policy, "spec", None), "chunk", 1)
     frames, step, success = [], 0, False

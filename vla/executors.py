@@ -1,4 +1,4 @@
-"""Executors of a planner's subgoals (`vla.plan.PlanEnv` runs them in the simulator).
+"""Executors of a planner's subgoals (`vla.plan_env.PlanEnv` runs them in the simulator).
 
 ``oracle``: the scripted expert of the focused subgoal (privileged state), the upper bound.
 ``policy``: frozen VLA policies saved by the VLA recipes, one per primitive family or one that
@@ -138,7 +138,7 @@ def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
         raise ValueError(f"plan.executor={kind!r}; valid: oracle | policy")
     if not policies:
         raise ValueError("plan.executor=policy needs plan.policies: {put: <dir>, ...}")
-    from .run import load_policy
+    from .builder import load_policy
 
     loaded = {}
     for family, path in policies.items():

@@ -3,7 +3,7 @@
 
 Every planner answers the same held-out initial states greedily, with the recipe's executor
 (``plan.executor``); next to them stands the oracle plan (the generator's subgoals,
-`datasets.plan.reasoning_trace`) run by the same executor: the upper bound of planning with it.
+`datasets.plan_tasks.reasoning_trace`) run by the same executor: the upper bound of planning with it.
 The oracle plan also measures the executor alone, subgoal by subgoal (``executor/<family>``: the
 share of that family's subgoals it finished in the composite scenes), so that a planner's
 failures can be split into planning errors and execution errors.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .plan import SUBGOAL, PlanEnv, plan_settings, replay_video
+from .plan_env import SUBGOAL, PlanEnv, plan_settings, replay_video
 
 ORACLE = "oracle_plan"
 """name of the oracle plan's row"""
@@ -36,7 +36,7 @@ def oracle_plan(settings, samples: list[dict], retries: int = 0) -> tuple[dict, 
     ``executor/<family>`` and ``count/executor/<family>`` from each subgoal's first attempt,
     ``retries`` and ``retries/finished``: repeat attempts and those that finished; records:
     sample id -> {"texts": the turns, "info": the episode's record})."""
-    from ..datasets.plan import reasoning_trace
+    from ..datasets.plan_tasks import reasoning_trace
     from ..sim.composite import parse_subgoal
 
     env = PlanEnv(settings)
@@ -131,20 +131,20 @@ def executor_alone(settings, samples: list[dict]) -> tuple[dict, dict]:
 def compare(cfgs: dict, out_dir: Path) -> dict:
     """Planners (name -> recipe whose ``model.path`` is one) and the oracle plan on the first
     recipe's held-out states; see the module docstring. Returns ``{"table", "files"}``."""
-    from ..vlm import run as vlm_run
+    from ..vlm import builder as vlm_builder
 
     out_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(cfgs.values()))
-    data = vlm_run.eval_data(first, out_dir)
+    data = vlm_builder.eval_data(first, out_dir)
     settings = plan_settings(first)
     metrics, records, samples = {}, {}, []
     for i, (name, c) in enumerate(cfgs.items()):
-        policy = vlm_run.build_policy(c, out_dir / f"model_{i}")
-        val = vlm_run.fit_prompts(c, policy.processor, data, splits=("val",)).val
+        policy = vlm_builder.build_policy(c, out_dir / f"model_{i}")
+        val = vlm_builder.fit_prompts(c, policy.processor, data, splits=("val",)).val
         samples = samples or val[: c.train.eval_samples]
         records[name] = {}
-        evaluate = vlm_run.build_evaluator(c, samples)
-        metrics[name] = evaluate(policy, prompt=vlm_run.prompt_config(c), records=records[name])
+        evaluate = vlm_builder.build_evaluator(c, samples)
+        metrics[name] = evaluate(policy, prompt=vlm_builder.prompt_config(c), records=records[name])
     metrics[ORACLE], records[ORACLE] = oracle_plan(settings, samples)
     tasks = sorted(k.split("/", 1)[1] for k in metrics[ORACLE] if k.startswith("accuracy/"))
     table = markdown(metrics, tasks)

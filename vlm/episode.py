@@ -108,7 +108,7 @@ class EpisodeEnv(Protocol):
     # episode ``dst`` a copy of episode ``src`` as it stands (the branches then go on apart).
     # Optional: ``prepare(rows, texts)``, called with a round's turns that will be answered,
     # before `respond` answers them one by one: an environment may do their work together
-    # there (`vla.plan.PlanEnv` executes all the rows' subgoals side by side).
+    # there (`vla.plan_env.PlanEnv` executes all the rows' subgoals side by side).
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ class ToolEnv:
 def tool_env(cfg) -> Callable[[], ToolEnv]:
     """The default environment of ``rollout.episode.env``: a `ToolEnv` of the recipe's tools
     (``rollout.episode.tools``, ``tool_options``, ``tool_timeout_s``). Other environments are
-    entries of ``perceptrl.registry.EPISODE_ENVS`` too (``vla/plan.py``: ``plan``), each a
+    entries of ``perceptrl.registry.EPISODE_ENVS`` too (``vla/plan_env.py``: ``plan``), each a
     ``build(cfg) -> factory`` declaring its ``eval_reward``."""
     e = cfg.rollout.episode
     try:

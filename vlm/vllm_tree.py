@@ -11,7 +11,7 @@ rows are recorded on the same `LeafRows` and returned by the same `leaves_batch`
 (``segments`` included) and everything downstream are the HF sampler's.
 
 ``allocate="entropy"`` needs the next-token distribution at a segment's end, which vLLM does not
-return; it is refused at load (``vlm/run.py``). Trees of multi-turn episodes are HF-only.
+return; it is refused at load (``vlm/builder.py``). Trees of multi-turn episodes are HF-only.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import json
 import numpy as np
 
 from perceptrl.sim import ENV_IDS
-from perceptrl.sim.demo import main as demo_main
-from perceptrl.sim.demos import load_demos, load_episode, read_video, record_demos
+from perceptrl.sim.demonstrations import load_demos, load_episode, read_video, record_demos
+from perceptrl.sim.showcase import main as demo_main
 
 
 def test_record_and_load_round_trip(tmp_path):

@@ -170,8 +170,8 @@ def test_sim_is_a_leaf_package():
     import sys
 
     code = (
-        "import sys, perceptrl.sim, perceptrl.sim.vector, perceptrl.sim.focus, perceptrl.sim.demos, "
-        "perceptrl.sim.demo\n"
+        "import sys, perceptrl.sim, perceptrl.sim.vector, perceptrl.sim.focus, perceptrl.sim.demonstrations, "
+        "perceptrl.sim.showcase\n"
         "bad = [m for m in sys.modules if m == 'torch' or m.split('.')[:2] in "
         "(['perceptrl', 'trainer'], ['perceptrl', 'vlm'], ['perceptrl', 'vla'], "
         "['perceptrl', 'datasets'])]\n"

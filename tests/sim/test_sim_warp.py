@@ -229,7 +229,7 @@ def test_ppo_recipe_on_warp_collects_on_device_tensors_and_updates(tmp_path):
     CPU device and evaluates; its images reach the policy as tensors."""
     from pathlib import Path
 
-    from perceptrl.vla.run import build_trainer
+    from perceptrl.vla.builder import build_trainer
     from perceptrl.wiring import load_config
 
     configs = Path(__file__).resolve().parents[2] / "configs"
@@ -266,7 +266,7 @@ def test_behaviour_cloning_sees_the_same_demonstrations_on_both_backends(tmp_pat
     rounding, so the losses do to 1e-4)."""
     from pathlib import Path
 
-    from perceptrl.vla.run import run_sft
+    from perceptrl.vla.builder import run_sft
     from perceptrl.wiring import load_config
 
     configs = Path(__file__).resolve().parents[2] / "configs"
@@ -293,7 +293,7 @@ def test_grpo_tree_branches_from_warp_snapshots(tmp_path):
     restored into other worlds (`WarpEnv.get_state` / `set_state` through the runner)."""
     from pathlib import Path
 
-    from perceptrl.vla.run import build_trainer
+    from perceptrl.vla.builder import build_trainer
     from perceptrl.wiring import load_config
 
     configs = Path(__file__).resolve().parents[2] / "configs"

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 import perceptrl.sim as sim
-from perceptrl.datasets.plan import SPLIT_BASE, generate, reasoning_trace
+from perceptrl.datasets.plan_tasks import SPLIT_BASE, generate, reasoning_trace
 from perceptrl.rewards import RewardContext, build_reward
 from perceptrl.sim.expert import HOME_TOLERANCE
 from perceptrl.sim.vector import idle_action
@@ -23,7 +23,7 @@ from perceptrl.trainer.metrics import read_metrics
 from perceptrl.vla.compact import build_compact, spec_from_config
 from perceptrl.vla.config import VLAConfig
 from perceptrl.vla.executors import OracleExecutor, PolicyExecutor, load_executor
-from perceptrl.vla.plan import INVALID, PlanEnv, PlanSettings, plan_settings
+from perceptrl.vla.plan_env import INVALID, PlanEnv, PlanSettings, plan_settings
 from perceptrl.wiring import load_config, side
 
 
@@ -279,8 +279,8 @@ def test_the_plan_side_trains_and_scores_with_the_simulator(tmp_path):
 def test_oracle_traces_are_executed_as_sft_targets(tmp_path):
     """The warm start records the oracle plans with the executor really running them: every
     trace ends with the task done, and the observations (new images) sit between the turns."""
+    from perceptrl.vlm.builder import build_policy, load_data
     from perceptrl.vlm.episode import forced_batch
-    from perceptrl.vlm.run import build_policy, load_data
 
     cfg = load_config("configs/plan_grpo.yaml", TINY)
     data = load_data(cfg, tmp_path)
@@ -341,7 +341,7 @@ def test_a_guide_trace_that_does_not_run_is_a_data_error(tmp_path):
 
 
 def test_guide_rows_are_refused_where_they_cannot_be_built(tmp_path):
-    from perceptrl.vlm.run import guide_traces
+    from perceptrl.vlm.builder import guide_traces
 
     for extra, match in [
         (["rollout.guide=2"], "at least one sample"),
@@ -369,8 +369,8 @@ def test_the_held_out_score_reads_the_episodes(tmp_path, monkeypatch):
     """The evaluator scores planner episodes with plan_success from their records: greedy
     decoding replaced by the oracle traces (really executed), every episode succeeds."""
     from perceptrl.vlm import source
+    from perceptrl.vlm.builder import build_evaluator, build_policy, load_data
     from perceptrl.vlm.episode import forced_batch
-    from perceptrl.vlm.run import build_evaluator, build_policy, load_data
 
     cfg = load_config("configs/plan_grpo.yaml", TINY)
     data = load_data(cfg, tmp_path)
@@ -387,8 +387,8 @@ def test_the_held_out_score_reads_the_episodes(tmp_path, monkeypatch):
 
 
 def test_an_episode_replays_into_a_video_with_its_subgoals(tmp_path):
-    from perceptrl.sim.demos import read_video
-    from perceptrl.vla.plan import INVALID_FRAMES, replay_video
+    from perceptrl.sim.demonstrations import read_video
+    from perceptrl.vla.plan_env import INVALID_FRAMES, replay_video
 
     env = PlanEnv(PlanSettings(OracleExecutor()))
     sample = _sample("put_two", 4)
@@ -433,7 +433,7 @@ def test_pass_k_of_a_planner_counts_completed_tasks(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_plan_side_trains_through_the_ray_pipeline(tmp_path):
     """`train.pipeline=one_step_off` on the plan side: the Ray worker process runs the plan
-    side's worker function, so it imports `vla.plan` and finds the planner's environment."""
+    side's worker function, so it imports `vla.plan_env` and finds the planner's environment."""
     pytest.importorskip("ray")
     import ray
 
@@ -460,9 +460,9 @@ def test_the_shipped_planner_base_copies_the_first_clause_of_an_instruction(tmp_
 
     from perceptrl.sim.composite import SubgoalError, parse_subgoal
     from perceptrl.sim.tasks import get_task, layout
-    from perceptrl.vla.plan import SUBGOAL
+    from perceptrl.vla.plan_env import SUBGOAL
+    from perceptrl.vlm.builder import build_policy
     from perceptrl.vlm.prompts import build_messages
-    from perceptrl.vlm.run import build_policy
 
     cfg = load_config("configs/plan_grpo.yaml", ["log.tensorboard=false"])
     side(cfg)
@@ -499,7 +499,7 @@ def test_planners_are_compared_with_the_oracle_plan_on_the_same_states(tmp_path,
     """`perceptrl eval plan_grpo --model a=.. --model b=..`: greedy decoding replaced by the
     oracle traces for the first planner and by an empty plan (done at once) for the second, all
     executed for real; the table, chart, JSON and videos show each next to the oracle plan."""
-    from perceptrl.sim.demos import read_video
+    from perceptrl.sim.demonstrations import read_video
     from perceptrl.vlm import source
     from perceptrl.vlm.episode import forced_batch
 
@@ -605,7 +605,7 @@ def test_a_round_s_subgoals_run_side_by_side_as_they_would_one_by_one(tmp_path):
 def test_plan_turns_scores_each_turn_where_it_ends():
     """The per-turn process reward: progress made and invalid turns, at each turn's end in the
     joined policy text; the turn that ends the episode gets no step."""
-    from perceptrl.rewards.plan import plan_turns
+    from perceptrl.rewards.plan_rewards import plan_turns
 
     env = PlanEnv(PlanSettings(OracleExecutor()))
     env.reset([_sample("put_two", 5)])
@@ -645,9 +645,9 @@ def test_per_turn_rewards_sit_on_each_turn_s_last_policy_token(tmp_path):
     """`RuleSteps` on episode rows: the step reward reads the joined policy turns and the
     records, and each score lands on the policy token that ends its turn (never on an
     observation); a plan recipe with ``rollout.process_reward=plan_turns`` trains."""
+    from perceptrl.vlm.builder import build_policy, load_data
     from perceptrl.vlm.episode import forced_batch
     from perceptrl.vlm.process import RuleSteps
-    from perceptrl.vlm.run import build_policy, load_data
 
     cfg = load_config("configs/plan_grpo.yaml", TINY)
     data = load_data(cfg, tmp_path)

@@ -26,7 +26,7 @@ from perceptrl.vla.compact import (
 )
 from perceptrl.vla.config import VLAConfig
 from perceptrl.vla.executors import OracleExecutor, load_executor
-from perceptrl.vla.plan import PlanEnv, PlanSettings
+from perceptrl.vla.plan_env import PlanEnv, PlanSettings
 from perceptrl.vla.plan_eval import executor_alone
 from perceptrl.wiring import load_config, side
 

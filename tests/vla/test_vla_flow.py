@@ -20,8 +20,8 @@ from perceptrl.vla.collect import PPOCollector  # noqa: E402
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
 from perceptrl.vla.config import EnvConfig, VLAConfig  # noqa: E402
 from perceptrl.vla.envs import make_envs  # noqa: E402
+from perceptrl.vla.episode_runner import CONTINUES, CUT, TERMINATED, Rows  # noqa: E402
 from perceptrl.vla.flow import FlowVLA  # noqa: E402
-from perceptrl.vla.runner import CONTINUES, CUT, TERMINATED, Rows  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 QUIET = ["log.tensorboard=false", "log.progress=false", "train.device=cpu"]
@@ -256,7 +256,7 @@ def test_bad_flow_settings_are_named():
 def test_bc_then_grpo_recipe_runs(tmp_path):
     """`perceptrl sft` (flow matching from chunked expert targets) then GRPO on the flow head,
     through the shared trainer."""
-    from perceptrl.vla.run import build_trainer, run_sft
+    from perceptrl.vla.builder import build_trainer, run_sft
     from perceptrl.wiring import load_config
 
     env = ["env.id=perceptrl/Reach-v0", "env.num_envs=4", "env.eval_episodes=0"]
@@ -287,7 +287,7 @@ def test_bc_then_grpo_recipe_runs(tmp_path):
 def test_ppo_with_gae_trains_velocity_noise_and_value(tmp_path):
     """PPO (GAE, the shared value head) on the flow head with the learned noise: the velocity
     field, the noise network and the value head all move."""
-    from perceptrl.vla.run import build_trainer
+    from perceptrl.vla.builder import build_trainer
     from perceptrl.wiring import load_config
 
     cfg = load_config(

@@ -11,7 +11,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import pytest  # noqa: E402
 
 from perceptrl.trainer.metrics import read_metrics  # noqa: E402
-from perceptrl.vla.run import build_trainer  # noqa: E402
+from perceptrl.vla.builder import build_trainer  # noqa: E402
 from perceptrl.wiring import load_config  # noqa: E402
 
 pytest.importorskip("ray")

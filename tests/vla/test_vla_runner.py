@@ -22,8 +22,7 @@ from perceptrl.vla.config import (
     VLAConfig,  # noqa: E402
 )
 from perceptrl.vla.envs import env_kwargs, make_envs  # noqa: E402
-from perceptrl.vla.evaluate import run_seeded  # noqa: E402
-from perceptrl.vla.runner import (  # noqa: E402
+from perceptrl.vla.episode_runner import (  # noqa: E402
     CUT,
     END_NAMES,
     TERMINATED,
@@ -33,6 +32,7 @@ from perceptrl.vla.runner import (  # noqa: E402
     EpisodeRunner,
     EpisodeSpecs,
 )
+from perceptrl.vla.evaluate import run_seeded  # noqa: E402
 
 LIMIT = 4
 """time limit of the counter envs (policy steps)"""

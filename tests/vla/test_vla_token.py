@@ -15,8 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from perceptrl.trainer.batch import RolloutBatch  # noqa: E402
+from perceptrl.vla.builder import build_trainer, load_policy  # noqa: E402
 from perceptrl.vla.envs import make_envs  # noqa: E402
-from perceptrl.vla.run import build_trainer, load_policy  # noqa: E402
 from perceptrl.vla.token_vla import TokenSpec, TokenVLA, action_block  # noqa: E402
 from perceptrl.vlm.tiny import build_tiny  # noqa: E402
 from perceptrl.wiring import load_config  # noqa: E402
@@ -146,7 +146,7 @@ def test_grpo_trains_token_vla_end_to_end(tiny_dir, tmp_path):
 
 def bc_token(tiny_dir: Path, run_dir: Path, *overrides: str) -> Path:
     """`perceptrl sft vla_bc_token` on two envs from ``tiny_dir``; the last model's directory."""
-    from perceptrl.vla.run import run_sft
+    from perceptrl.vla.builder import run_sft
 
     cfg = load_config(
         CONFIGS / "vla_bc_token.yaml",
@@ -170,7 +170,7 @@ def test_action_bins_from_the_recipe(tiny_dir, tmp_path, env_cfg):
     """`vla.action_bins` sets the tokenizer's resolution; a saved policy keeps its own and a
     recipe that disagrees is a config error, not a silent re-binning."""
     from perceptrl.trainer.config import ConfigError
-    from perceptrl.vla.run import build_token_policy
+    from perceptrl.vla.builder import build_token_policy
 
     model = bc_token(tiny_dir, tmp_path, "vla.action_bins=31", "train.steps=1")
     policy = load_policy(model)

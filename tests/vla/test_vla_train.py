@@ -14,7 +14,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from perceptrl.vla.run import build_trainer, run_sft  # noqa: E402
+from perceptrl.vla.builder import build_trainer, run_sft  # noqa: E402
 from perceptrl.wiring import load_config  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -105,7 +105,7 @@ def test_pixel_ppo_step_and_eval_report(tmp_path):
     trainer.fit()
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
     assert list(trainer.source.runner.batch.images) == ["agentview", "wrist"]
-    from perceptrl.sim.demos import read_video
+    from perceptrl.sim.demonstrations import read_video
     from perceptrl.vla.evaluate import write_report
 
     rec = write_report(trainer.policy, cfg.env, tmp_path / "eval")

@@ -16,7 +16,7 @@ from perceptrl.vla.collect import GRPOCollector, _give_back, _Node, _split  # no
 from perceptrl.vla.compact import CompactSpec, CompactVLA  # noqa: E402
 from perceptrl.vla.config import EnvConfig, VLAConfig  # noqa: E402
 from perceptrl.vla.envs import make_envs  # noqa: E402
-from perceptrl.vla.runner import CUT, Actor, EpisodeRunner, EpisodeSpecs  # noqa: E402
+from perceptrl.vla.episode_runner import CUT, Actor, EpisodeRunner, EpisodeSpecs  # noqa: E402
 
 
 def env_cfg(**kw) -> EnvConfig:
@@ -110,7 +110,7 @@ def test_bad_tree_settings_are_named():
 def test_grpo_trains_on_a_vla_tree(tmp_path):
     from pathlib import Path
 
-    from perceptrl.vla.run import build_trainer
+    from perceptrl.vla.builder import build_trainer
     from perceptrl.wiring import load_config
 
     configs = Path(__file__).resolve().parents[2] / "configs"

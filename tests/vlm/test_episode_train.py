@@ -15,9 +15,9 @@ from perceptrl.registry import GENERATORS
 from perceptrl.rewards import build_reward
 from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.trainer.loop import Trainer
+from perceptrl.vlm.builder import sampling_params
 from perceptrl.vlm.episode import EpisodeSettings
 from perceptrl.vlm.policy import VLMPolicy
-from perceptrl.vlm.run import sampling_params
 from perceptrl.vlm.sft import VLMSFTSource
 from perceptrl.vlm.source import VLMRolloutSource
 from perceptrl.vlm.tool_env import ToolEnv, resolve_tools

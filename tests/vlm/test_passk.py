@@ -104,9 +104,9 @@ def test_episode_answers_reach_the_reward_with_their_records(tiny_dirs, samples)
 
 
 def test_the_plan_recipe_scores_pass_k_by_task_success():
-    import perceptrl.vla.plan  # noqa: F401  (registers the planner's episode environment)
+    import perceptrl.vla.plan_env  # noqa: F401  (registers the planner's episode environment)
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.run import EVAL_REWARD, eval_reward
+    from perceptrl.vlm.builder import EVAL_REWARD, eval_reward
     from perceptrl.wiring import load_config
 
     assert eval_reward(load_config(CONFIGS / "plan_grpo.yaml")) == {"plan_success": 1.0}

@@ -156,7 +156,7 @@ def test_entropy_allocation_branches_where_the_policy_is_unsure():
 
 def test_recipe_checks_the_tree(tmp_path):
     from perceptrl.trainer.config import ConfigError
-    from perceptrl.vlm.run import tree_shape
+    from perceptrl.vlm.builder import tree_shape
     from perceptrl.wiring import load_config
 
     def cfg(*o):

@@ -132,7 +132,7 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     second rollout already uses the weights of the first update (synced before sampling)."""
     from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
-    from perceptrl.vlm.run import sampling_params
+    from perceptrl.vlm.builder import sampling_params
     from perceptrl.vlm.source import VLMRolloutSource
 
     policy, engine, _ = setup
@@ -297,8 +297,8 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path):
     rollouts score like the trainer's before and after an update."""
     from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
+    from perceptrl.vlm.builder import sampling_params
     from perceptrl.vlm.episode import EpisodeSettings
-    from perceptrl.vlm.run import sampling_params
     from perceptrl.vlm.source import VLMRolloutSource
 
     policy, engine, _ = setup
@@ -443,7 +443,7 @@ def _engine_recipe(*overrides: str):
 def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
     """``rollout.engine=vllm`` glue: the policy is saved, vLLM starts from that directory with
     the recipe's settings, and its rollouts score like the trainer's."""
-    from perceptrl.vlm.run import vllm_policy
+    from perceptrl.vlm.builder import vllm_policy
 
     policy, _, prompts = setup
     vpolicy = vllm_policy(_engine_recipe(), policy, tmp_path)
@@ -458,7 +458,7 @@ def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
 def test_wiring_runs_tool_episodes_on_the_engine(setup, tmp_path):
     """A recipe with tools and ``rollout.engine=vllm`` is no longer refused: its engine holds a
     whole episode (prompt + ``rollout.episode.max_tokens``) and its rollouts are episodes."""
-    from perceptrl.vlm.run import episode_settings, vllm_policy
+    from perceptrl.vlm.builder import episode_settings, vllm_policy
 
     policy, _, prompts = setup
     cfg = _engine_recipe("rollout.episode.tools=[zoom]", "rollout.episode.max_tokens=300")

@@ -216,7 +216,7 @@ def test_engine_without_vllm_says_how_to_install(text_model, tmp_path):
 
 
 def test_vllm_engine_refuses_what_it_cannot_sync(tmp_path):
-    from perceptrl.vlm.run import vllm_policy
+    from perceptrl.vlm.builder import vllm_policy
 
     for override, match in (("model.lora_rank=8", "LoRA"), ("train.zero_stage=3", "ZeRO-3")):
         extra = ["train.backend=deepspeed"] if "zero" in override else []

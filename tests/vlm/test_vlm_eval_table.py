@@ -114,7 +114,7 @@ def test_held_out_gain_scores_both_models_on_the_same_fresh_questions(tmp_path):
     from perceptrl.cli import CONFIGS
     from perceptrl.datasets.loader import load_samples
     from perceptrl.rewards import build_reward
-    from perceptrl.vlm.run import build_policy, held_out_gain, prompt_config
+    from perceptrl.vlm.builder import build_policy, held_out_gain, prompt_config
     from perceptrl.vlm.source import evaluate_accuracy
     from perceptrl.wiring import load_config
 

@@ -9,8 +9,8 @@ import torch
 from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.trainer.metrics import read_metrics
+from perceptrl.vlm.builder import sampling_params
 from perceptrl.vlm.policy import VLMPolicy
-from perceptrl.vlm.run import sampling_params
 from perceptrl.vlm.source import VLMRolloutSource, evaluate_accuracy
 from perceptrl.vlm.tiny import ARCHS
 from perceptrl.wiring import Config

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from perceptrl.trainer.metrics import read_metrics
-from perceptrl.vlm.run import build_trainer
+from perceptrl.vlm.builder import build_trainer
 from perceptrl.wiring import load_config
 
 pytest.importorskip("ray")

@@ -1,8 +1,8 @@
 """Side ``plan``: a VLM planner whose subgoals a VLA executes, built from the VLM side's runs.
 
 A planner recipe is a VLM recipe whose episodes run in the ``plan`` episode environment
-(`vla.plan.PlanEnv`, registered when ``vla/plan.py`` is imported): training, the warm start,
-evaluation and pass@k are the VLM side's (``vlm/run.py``) with that environment, and several
+(`vla.plan_env.PlanEnv`, registered when ``vla/plan_env.py`` is imported): training, the warm start,
+evaluation and pass@k are the VLM side's (``vlm/builder.py``) with that environment, and several
 planners are compared side by side with the oracle plan by ``vla/plan_eval.py``.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ..registry import SIDES, Side
 from ..trainer.config import ConfigError
-from ..vlm import run as vlm_run
-from . import plan  # noqa: F401  (registers the "plan" episode environment, workers need it too)
+from ..vlm import builder as vlm_builder
+from . import plan_env  # noqa: F401  (registers the "plan" episode environment, workers need it too)
 from .plan_eval import compare
 
 
@@ -26,26 +26,26 @@ def _check(cfg) -> None:
 def build_trainer(cfg, run_dir):
     """GRPO of the planner: the VLM side's trainer with the planner's episodes."""
     _check(cfg)
-    return vlm_run.build_trainer(cfg, run_dir, worker=rollout_worker)
+    return vlm_builder.build_trainer(cfg, run_dir, worker=rollout_worker)
 
 
 def rollout_worker(*args, **kwargs):
     """A pipeline worker of the plan side (``train.pipeline=one_step_off|async``): the VLM side's
     worker, run from this module so that the worker process imports it and, through it,
-    ``vla/plan.py``, which registers the ``plan`` episode environment."""
-    return vlm_run.rollout_worker(*args, **kwargs)
+    ``vla/plan_env.py``, which registers the ``plan`` episode environment."""
+    return vlm_builder.rollout_worker(*args, **kwargs)
 
 
 def run_sft(cfg, run_dir):
     """The warm start: the oracle plans as planner turns, each executed for real."""
     _check(cfg)
-    return vlm_run.run_sft(cfg, run_dir)
+    return vlm_builder.run_sft(cfg, run_dir)
 
 
 def run_eval(cfg, out_dir, more=()):
     """Held-out task success of one planner (`plan.PLAN_EVAL`), as the VLM side evaluates."""
     _check(cfg)
-    return vlm_run.run_eval(cfg, out_dir, more)
+    return vlm_builder.run_eval(cfg, out_dir, more)
 
 
 def run_compare(cfgs, out_dir):
@@ -61,7 +61,7 @@ def run_pass_k(cfgs, out_dir, ks, n):
     success (`plan.PLAN_EVAL`)."""
     for cfg in cfgs.values():
         _check(cfg)
-    return vlm_run.run_pass_k(cfgs, out_dir, ks, n)
+    return vlm_builder.run_pass_k(cfgs, out_dir, ks, n)
 
 
 SIDES.register(

@@ -1,6 +1,6 @@
 """``perceptrl sim demo``: an MP4 of the scripted expert on every task (agent view | wrist view).
 
-Usage from Python: ``main("out/sim_demo")``; as a script: ``python -m perceptrl.sim.demo OUT``.
+Usage from Python: ``main("out/sim_demo")``; as a script: ``python -m perceptrl.sim.showcase OUT``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from . import ENV_IDS
-from .demos import annotate, write_video
+from .demonstrations import annotate, write_video
 from .expert import ScriptedExpert
 
 

@@ -3,7 +3,7 @@
 `PlanEnv` implements the VLM side's `EpisodeEnv` (``reset(samples)``, ``respond(row, text)``,
 ``fork``), so the multi-turn episode rollout, its training forward, trees and SFT traces run a
 planner unchanged. A sample names an indexed initial state of a long-horizon task
-(``meta["scene"] = {"task", "task_id", "trial_id"}``, see ``datasets/plan.py``); the prompt shows
+(``meta["scene"] = {"task", "task_id", "trial_id"}``, see ``datasets/plan_tasks.py``); the prompt shows
 the agent-view image and the long instruction. Each policy turn is read as:
 
 * ``<subgoal>put the red block in the blue bowl</subgoal>``: parsed (`sim.composite.parse_subgoal`)
@@ -31,7 +31,7 @@ cumulative record in ``Observation.info`` (never shown to the model): ``planner/
 ``planner/valid``, ``planner/invalid``, ``planner/executed`` (subgoals the executor finished),
 ``planner/unstable``, ``planner/env_steps``, and the simulator's ground truth
 ``planner/progress`` (share of the task's subgoals that hold in order) and ``planner/success``;
-the ``plan_*`` rewards (``rewards/plan.py``) read them. Per answered turn, in order, it also
+the ``plan_*`` rewards (``rewards/plan_rewards.py``) read them. Per answered turn, in order, it also
 keeps the progress the turn made, whether it was invalid and whether its subgoal was the task's
 next one in order (``planner/turn_progress``, ``planner/turn_invalid``, ``planner/turn_match``):
 the ``plan_turns`` process reward scores each turn from them. ``planner/on_plan`` counts the
@@ -154,7 +154,7 @@ TURN_PROGRESS, TURN_INVALID, TURN_MATCH = (
 """record keys of the answered turns in order: the progress each one made (its subgoal's change
 of ``planner/progress``; 0 for an invalid turn), whether it was invalid (1.0) or not (0.0), and
 whether it named the task's next subgoal in order (the first that does not hold yet; 1.0) or
-not, for per-turn rewards (``rewards/plan.py``: ``plan_turns``)"""
+not, for per-turn rewards (``rewards/plan_rewards.py``: ``plan_turns``)"""
 TURN_KEYS = (TURN_PROGRESS, TURN_INVALID, TURN_MATCH)
 
 
@@ -365,7 +365,7 @@ class PlanEnv:
         and subgoal count on top and ``bottom`` below."""
         import cv2
 
-        from ..sim.demos import annotate
+        from ..sim.demonstrations import annotate
 
         size = self.settings.record
         img = cv2.resize(env.render(), (size, size), interpolation=cv2.INTER_LINEAR)
@@ -449,7 +449,7 @@ def replay_video(
     deterministic executor replays the same trajectory). With ``sheet``, also a PNG strip of
     the episode's key frames: the start, the end of every turn, the outcome. Returns the
     episode's record."""
-    from ..sim.demos import write_video
+    from ..sim.demonstrations import write_video
 
     env = PlanEnv(dataclasses.replace(settings, record=size))
     env.reset([sample])

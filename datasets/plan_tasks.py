@@ -4,7 +4,7 @@ Sample ``i`` of a split is the initial state ``(task_id, trial_id) = (SPLIT_BASE
 seed)`` of task ``families[i % len(families)]`` (the composites of ``sim/composite.py``), so the
 splits never share a scene (colours follow ``task_id``, positions ``(task_id, trial_id)``). Its
 image is the agent view of that state (PNG), its question the task's long instruction, and
-``meta`` holds the ``scene`` the planner's episode environment restores (``vla/plan.py``) and the
+``meta`` holds the ``scene`` the planner's episode environment restores (``vla/plan_env.py``) and the
 oracle ``plan`` (one primitive instruction per subgoal, in order, in the words the instruction
 uses for it). `reasoning_trace` turns the
 oracle plan into planner turns for the SFT warm start: one ``<subgoal>`` per turn, then

@@ -1,7 +1,7 @@
 """Planner terms: rewards of a reason-then-act episode from the simulator's privileged state.
 
 They read the record a planner episode carries (``ctx.episodes[i]["info"]``, written by the
-episode environment of ``vla/plan.py``): ``planner/success`` and ``planner/progress`` (the
+episode environment of ``vla/plan_env.py``): ``planner/success`` and ``planner/progress`` (the
 task's subgoals that hold, in order, at the end), ``planner/subgoals`` (turns that proposed
 one), ``planner/valid``. A completion without that record (not a planner episode) scores 0 on
 each. Compose them like any terms, e.g.::

@@ -1,7 +1,7 @@
 """Builds the VLM side from a recipe: data, policy, rollout source, reward, evaluator, trainer.
 
 This module registers side ``vlm`` (`build_trainer`, `run_sft`, `run_eval`, `run_pass_k`;
-``vla/run.py`` registers the VLA side). The prompt settings (`prompt_config`) and the
+``vla/builder.py`` registers the VLA side). The prompt settings (`prompt_config`) and the
 sampling settings (`sampling_params`) are built once, here, and handed to the policy; the rollout
 source and ``evaluate`` both read them from it, so the distribution the trainer scores is the
 one the rollouts sampled.
