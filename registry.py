@@ -316,6 +316,10 @@ class Side:
     run_pass_k: Callable[..., dict] | None = None
     """``(cfgs: name -> cfg, out_dir, ks, n) -> {"table", "files"}``: pass@k of one or more
     models from ``n`` sampled answers (``perceptrl eval --pass-k``)"""
+    check: Callable[[Any], None] | None = None
+    """``(cfg) -> None``: the side's rules across sections, run when a recipe naming the side
+    loads (after each section's own ``check``); raises ``ConfigError`` naming the keys and the
+    fix"""
 
 
 SIDES: Registry[Side] = Registry(

@@ -62,6 +62,29 @@ def from_dict(cls: type, raw: dict[str, Any], where: str, root: type | None = No
     return cls(**kwargs)
 
 
+def check_sections(root: Any) -> None:
+    """Run the cross-field rules of every section of ``root`` (a built options dataclass): each
+    section (at any depth, in field order, ``root`` itself last) that defines
+    ``check(self, root)`` is called with the whole config, so a rule about two keys lives with
+    the section that owns it and sees the others. A rule raises `ConfigError` naming the key,
+    the conflicting key and the fix. Run by the recipe loader, so checking a recipe
+    (``perceptrl config``) refuses exactly what building a run would."""
+    for section in _sections(root):
+        check = getattr(section, "check", None)
+        if callable(check):
+            check(root)
+
+
+def _sections(obj: Any) -> list[Any]:
+    """The dataclass instances of ``obj``'s tree, children before their parent."""
+    out = []
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value) and not isinstance(value, type):
+            out += _sections(value)
+    return [*out, obj]
+
+
 def leaf_fields(cls: type, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """(dotted key, dataclass field, annotation) of every leaf field of ``cls``, in order."""
     out = []

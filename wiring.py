@@ -69,8 +69,14 @@ class Config:
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """A `Config` from a YAML recipe and dotted ``key.sub=value`` overrides (see
     ``trainer.config.load``): unknown keys, wrong types and names outside a fixed set of values
-    are `ConfigError`s that name the nearest valid key or the valid values."""
-    return load(Config, path, overrides)
+    are `ConfigError`s that name the nearest valid key or the valid values. Every rule across
+    keys is checked here too (each section's ``check``, then the side's), so a recipe that loads
+    is one a run accepts."""
+    cfg = load(Config, path, overrides)
+    rules = side(cfg).check
+    if rules is not None:
+        rules(cfg)
+    return cfg
 
 
 def side(cfg: Config) -> Side:

@@ -52,3 +52,33 @@ def test_the_recipe_loader_and_the_simulator_share_the_mechanism():
                                if f[0] == "control")[1]) == ["ee", "joint"]  # fmt: skip
     with pytest.raises(ConfigError, match="ManipEnv.control='delta'"):
         from_dict(ManipEnvConfig, {"control": "delta"}, where="ManipEnv")
+
+
+def test_check_sections_runs_every_sections_rules_with_the_whole_config():
+    from dataclasses import dataclass, field
+
+    from perceptrl.schema import ConfigError, check_sections
+
+    calls = []
+
+    @dataclass
+    class Inner:
+        n: int = 1
+
+        def check(self, root):
+            calls.append(("inner", root.limit))
+            if self.n > root.limit:
+                raise ConfigError(f"inner.n={self.n} exceeds limit={root.limit}; lower inner.n")
+
+    @dataclass
+    class Root:
+        limit: int = 2
+        inner: Inner = field(default_factory=Inner)
+
+        def check(self, root):
+            calls.append(("root", root is self))
+
+    check_sections(Root())
+    assert calls == [("inner", 2), ("root", True)]  # children first, then the section above
+    with pytest.raises(ConfigError, match="inner.n=3 exceeds limit=2"):
+        check_sections(Root(inner=Inner(n=3)))

@@ -25,6 +25,7 @@ from ..registry import ADVANTAGES, AGG_MODES, CORRECTIONS, ENGINES, KL_ESTIMATOR
 from ..schema import (  # noqa: F401  (re-exported: the loader's names live there)
     ConfigError,
     all_keys,
+    check_sections,
     choice,
     choices,
     from_dict,
@@ -260,7 +261,9 @@ def load(root: type, path: str | Path | None = None, overrides: Sequence[str] = 
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         _set_dotted(raw, key.strip(), yaml.safe_load(value) if value.strip() else "")
-    return from_dict(root, raw, where="", root=root)
+    cfg = from_dict(root, raw, where="", root=root)
+    check_sections(cfg)
+    return cfg
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

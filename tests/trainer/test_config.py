@@ -122,17 +122,20 @@ def test_sections_live_with_their_owners():
     assert not hasattr(trainer_config, "Config")
 
 
-def test_reading_a_recipe_loads_no_model_code():
-    """``perceptrl config`` and recipe validation import the config modules only (no torch), as
-    long as the recipe names no entry of a registry whose entries are model code (a ``side``: its
-    record is registered by the side's module, which is checked by importing it)."""
+def test_reading_a_recipe_loads_no_model_library():
+    """``perceptrl config`` and recipe validation read the registries (so the sides' modules,
+    torch and MuJoCo load: every name and rule across keys is checked when a recipe loads) but
+    no model library or run-time engine: transformers, DeepSpeed, Ray and vLLM load only when a
+    run is built."""
     import subprocess
     import sys
 
     code = (
         "import sys; from perceptrl.wiring import load_config; "
-        "load_config(None, ['vla.encoder=state', 'data.generator=video']); "
-        "assert 'torch' not in sys.modules, 'torch imported'"
+        "load_config(None, ['side=vla', 'vla.encoder=state']); "
+        "load_config(None, ['side=plan', 'data.generator=plan']); "
+        "heavy = [m for m in ('transformers', 'deepspeed', 'ray', 'vllm') if m in sys.modules]; "
+        "assert not heavy, heavy"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
