@@ -36,15 +36,16 @@ Use :func:`generate` to write ``<out>/<split>.jsonl`` and
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from .synthetic import format_box, generator_config, write_split
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),
@@ -385,10 +386,6 @@ _BUILDERS: dict[str, tuple[Callable, str, int]] = {
 }
 
 
-def format_box(box: Sequence[float]) -> str:
-    return "[" + ", ".join(str(int(round(v))) for v in box) + "]"
-
-
 # --------------------------------------------------------------------------- samples
 
 
@@ -474,19 +471,6 @@ def iter_samples(
         yield make_sample(split, i, families[i % len(families)], seed, cfg)
 
 
-def generator_config(cls, families: Sequence[str], builders: dict, **config):
-    """``cls()`` with ``config`` applied; unknown fields and unknown question families (not in
-    ``builders``) raise, naming the valid ones. Shared by the synthetic generators."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise TypeError(f"unknown {cls.__name__} fields {unknown}; valid: {sorted(known)}")
-    bad = [f for f in families if f not in builders]
-    if bad or not families:
-        raise ValueError(f"unknown question families {bad or families}; valid: {list(builders)}")
-    return replace(cls(), **config)
-
-
 def generate(
     out_dir: str | Path,
     splits: dict[str, int] | None = None,
@@ -517,21 +501,6 @@ def generate(
     }
 
 
-def write_split(out: Path, split: str, samples: Iterable[tuple[dict, np.ndarray]]) -> Path:
-    """Write each (sample, RGB image) as ``out/images/<split>/<id>.png`` and the samples, their
-    ``images`` set to that relative path, to ``out/<split>.jsonl``; returns the JSONL path."""
-    (out / "images" / split).mkdir(parents=True, exist_ok=True)
-    path = out / f"{split}.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for sample, img in samples:
-            rel = f"images/{split}/{sample['id']}.png"
-            if not cv2.imwrite(str(out / rel), cv2.cvtColor(img, cv2.COLOR_RGB2BGR)):
-                raise OSError(f"could not write image {out / rel}")
-            sample["images"] = [rel]
-            f.write(json.dumps(sample) + "\n")
-    return path
-
-
 # --------------------------------------------------------------------------- SFT traces
 
 
@@ -559,15 +528,12 @@ def _trace_count(sample: dict, objs: list[dict]) -> tuple[str, str]:
         (o for o in objs if all(o[k] == v for k, v in flt.items())),
         key=lambda o: (o["center"][0], o["center"][1]),
     )
-    what = (
-        "Objects"
-        if not flt
-        else (
-            f"{flt['color'].capitalize()} objects"
-            if "color" in flt
-            else f"{flt['shape'].capitalize()}s"
-        )
-    )
+    if not flt:
+        what = "Objects"
+    elif "color" in flt:
+        what = f"{flt['color'].capitalize()} objects"
+    else:
+        what = f"{flt['shape'].capitalize()}s"
     listed = ", ".join(_name(o) for o in hits) or "none"
     return f"{what} from left to right: {listed}. Count: {len(hits)}.", str(len(hits))
 

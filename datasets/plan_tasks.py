@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..sim.tasks import get_task
-from .clevr import write_split
+from .synthetic import write_split
 
 FAMILIES: tuple[str, ...] = ("put_two", "put_then_stack", "push_then_put", "put_three")
 """the registered composite tasks (``sim.composite.COMPOSITES``)"""

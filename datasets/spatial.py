@@ -50,8 +50,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .clevr import generator_config
 from .spatial_scene import SHAPES, SpatialConfig, cameras, render, sample_scene, scene_xml
+from .synthetic import generator_config
 
 __all__ = [
     "FAMILIES", "MODALITY", "QUADRANTS", "SHAPES", "SpatialConfig", "cameras", "generate",

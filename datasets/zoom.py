@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .clevr import generator_config, write_split
+from .synthetic import generator_config, write_split
 
 PAIRS: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     "red and cyan": ((255, 0, 0), (0, 255, 255)),
