@@ -2,8 +2,8 @@
 
 Estimators, losses, KL estimators, aggregation modes, rollout corrections, rewards, step rewards,
 tools, data generators, episode environments, sim tasks, scripted experts, judge backends, sides,
-training engines and VLA action heads are each a `Registry` below. A component registers itself where it
-is defined, with what it needs declared beside it::
+training engines, VLA action heads and planner executors are each a `Registry` below. A
+component registers itself where it is defined, with what it needs declared beside it::
 
     from perceptrl.registry import ADVANTAGES
 
@@ -341,3 +341,10 @@ VLA_HEADS: Registry[type] = Registry(
 """``cls(spec: CompactSpec) -> policy``: the compact VLA class of an action head, registered beside
 it (gaussian: ``vla.compact.CompactVLA``; flow: ``vla.flow.FlowVLA``, the same network with a
 flow-matching chunk head); ``vla.compact.build_compact`` builds the one ``vla.head`` names"""
+EXECUTORS: Registry[Callable] = Registry(
+    "plan executor", "plan.executor", ("perceptrl.vla.executors",), declares={"policies": False}
+)
+"""``build(policies: dict[str, str], device: str) -> executor``: what executes a planner's
+subgoals in the simulator (vla/executors.py: ``oracle``, the scripted experts; ``policy``, frozen
+VLAs saved by the VLA recipes). Declares ``policies``: it runs the saved VLAs of
+``plan.policies``, so a recipe that chooses it must name at least one."""

@@ -169,8 +169,15 @@ def _vla_heads() -> list[str]:
     return VLA_HEADS.names()
 
 
+def _executors() -> list[str]:
+    from .registry import EXECUTORS
+
+    return EXECUTORS.names()
+
+
 def _executor_families() -> list[str]:
-    from .vla.executors import ALL, PRIMITIVES
+    from .sim.composite import PRIMITIVES
+    from .vla.config import ALL
 
     return [*PRIMITIVES, ALL]
 
@@ -196,8 +203,10 @@ REGISTRIES = (
              _env_ids),
     Registry("VLA action heads", "`registry.py`, `VLA_HEADS` (registered beside each policy "
              "class: `vla/compact.py`, `vla/flow.py`)", ("vla.head",), _vla_heads),
+    Registry("Plan executors", "`registry.py`, `EXECUTORS` (entries in `vla/executors.py`)",
+             ("plan.executor",), _executors),
     Registry("Executor policy families", "`sim/composite.py`, `PRIMITIVES`, and `all` "
-             "(`vla/executors.py`)", ("plan.policies",), _executor_families),
+             "(`vla/config.py`)", ("plan.policies",), _executor_families),
 )  # fmt: skip
 """Every registry a recipe's keys read, for the configuration reference and ``perceptrl
 config`` (registries of names that no key reads are not listed)."""

@@ -110,13 +110,15 @@ def measure_collect(n: int, rollouts: int, device: str) -> dict:
 
     from perceptrl.vla.builder import build_policy, build_source
     from perceptrl.vla.envs import make_envs
+    from perceptrl.vla.run_plan import resolve
     from perceptrl.wiring import load_config
 
     cfg = load_config(RECIPE, [f"env.num_envs={n}", f"env.device={device}",
                                f"train.device={device}"])  # fmt: skip
-    runner = make_envs(cfg.env, seed=0)
-    policy = build_policy(cfg, runner)
-    source = build_source(cfg, runner)
+    plan = resolve(cfg)
+    runner = make_envs(plan.env, seed=0)
+    policy = build_policy(plan.policy, runner)
+    source = build_source(plan.collect, runner)
     source.collect(policy, 0)
     steps, t0 = 0, time.perf_counter()
     for i in range(rollouts):

@@ -33,12 +33,14 @@ def measure(num_envs: int, rollouts: int) -> dict:
 
     from perceptrl.vla.builder import build_policy, build_source
     from perceptrl.vla.envs import make_envs
+    from perceptrl.vla.run_plan import resolve
     from perceptrl.wiring import load_config
 
     cfg = load_config(RECIPE, [f"env.num_envs={num_envs}", "train.device=cpu"])
-    runner = make_envs(cfg.env, seed=0)
-    policy = build_policy(cfg, runner)
-    source = build_source(cfg, runner)
+    plan = resolve(cfg)
+    runner = make_envs(plan.env, seed=0)
+    policy = build_policy(plan.policy, runner)
+    source = build_source(plan.collect, runner)
     source.collect(policy, 0)  # warm-up: renderers, first resets
     steps, t0 = 0, time.perf_counter()
     for i in range(rollouts):

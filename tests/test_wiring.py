@@ -13,12 +13,12 @@ from perceptrl.wiring import load_config, side, sides_with
 
 
 def test_builtin_sides_are_the_records_their_modules_register():
-    for name, module in (
-        ("vlm", "vlm.builder"),
-        ("vla", "vla.builder"),
-        ("plan", "vla.plan_builder"),
+    for name, module, rules in (
+        ("vlm", "vlm.builder", []),
+        ("vla", "vla.builder", []),
+        ("plan", "vla.plan_builder", ["rollout.episode.env=plan"]),  # the plan side's own rule
     ):
-        record = side(load_config(None, [f"side={name}"]))
+        record = side(load_config(None, [f"side={name}", *rules]))
         assert isinstance(record, Side)
         assert record.build_trainer.__module__ == f"perceptrl.{module}"
         assert record.run_eval.__module__ == f"perceptrl.{module}"

@@ -1,29 +1,35 @@
-"""Builds the VLA side from a `Config`: env runner, policy, rollout source, evaluator, trainer.
+"""Builds the VLA side from its run plan: env runner, policy, rollout source, evaluator, trainer.
 
-This module registers side ``vla`` (`build_trainer`, `run_sft`, `run_eval`, `run_compare`).
-``algo.adv_estimator=gae`` trains with per-step PPO experience (`PPOCollector`); any group
-estimator (grpo, rloo, ...) with whole-episode groups (`GRPOCollector`).
+This module registers side ``vla`` (`build_trainer`, `run_sft`, `run_eval`, `run_compare`, and
+``check``: the rules across sections, `vla.config.check_vla`, which run when a recipe loads). A
+run resolves its checked recipe once (`vla.run_plan.resolve`) and builds from that plan in a
+straight line; what is checked here is only what the plan cannot know: a saved policy's contents
+(``model.path``), the command's arguments, the run directory.
+``algo.adv_estimator=gae`` (an estimator that declares ``per_step``) trains with per-step PPO
+experience (`PPOCollector`); any group estimator (grpo, rloo, ...) with whole-episode groups
+(`GRPOCollector`).
 
 Both builders seed the process's generators with ``train.seed`` before they build anything, so a
 fresh policy's initial weights (and everything else drawn before `Trainer.fit` seeds again) are
 the same in every run with that seed.
 
 With ``train.pipeline = one_step_off | async`` the envs run on Ray workers (`pipeline_source`):
-each builds its share of the envs, a policy copy and the recipe's collector (`rollout_worker`):
-``ceil(env.num_envs / rollout.workers)`` envs, PPO segments or ``ceil(rollout.prompts_per_step /
-rollout.workers)`` GRPO groups per chunk, its own seeds. The PPO collector's acting log-probs
-and values become behaviour log-probs on the trainer when the chunk is a version old (the
-trainer scores the proximal log-probs and values itself); GAE's bootstrap values at a horizon
-come from the worker's copy of the critic.
+each builds its share of the envs, a policy copy and the recipe's collector (`rollout_worker`,
+from `VLARunPlan.worker`): ``ceil(env.num_envs / rollout.workers)`` envs, PPO segments or
+``ceil(rollout.prompts_per_step / rollout.workers)`` GRPO groups per chunk, its own seeds. The
+PPO collector's acting log-probs and values become behaviour log-probs on the trainer when the
+chunk is a version old (the trainer scores the proximal log-probs and values itself); GAE's
+bootstrap values at a horizon come from the worker's copy of the critic.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from pathlib import Path
 
-from ..registry import ADVANTAGES, SIDES, Side
+from ..registry import SIDES, Side
 from ..sim.vector import VecEnv
 from ..trainer.config import ConfigError
 from ..trainer.engine import build_engine
@@ -31,80 +37,69 @@ from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path, seed_everything
 from .collect import GRPOCollector, PPOCollector
 from .compact import CompactVLA, build_compact, spec_from_config
+from .config import EnvConfig, check_vla
 from .envs import make_envs
 from .evaluate import evaluate_policy
+from .run_plan import CollectPlan, PolicyPlan, VLARunPlan, resolve
 
 
-def build_policy(cfg, runner: VecEnv, run_dir: str | Path | None = None):
-    """``model.path`` (a saved CompactVLA, e.g. a BC warm start) or a fresh policy sized from
-    the env's spaces, on ``train.device``; ``vla.policy=token``: see `build_token_policy`."""
-    device = resolve_device(cfg.train.device)
-    if cfg.vla.policy == "token":
-        return build_token_policy(cfg, runner, device, run_dir)
-    if cfg.vla.policy != "compact":
-        raise ConfigError(f"vla.policy={cfg.vla.policy!r}; valid: compact | token")
-    if cfg.model.path:
-        policy = CompactVLA.from_pretrained(Path(cfg.model.path).expanduser(), device=device)
-        _check_entities(policy.spec.vla.encoder, cfg.env.entity_features)
-        if policy.spec.chunk != cfg.env.action_chunk:
+def build_policy(plan: PolicyPlan, runner: VecEnv, run_dir: str | Path | None = None):
+    """The saved policy at ``plan.path`` (a CompactVLA, e.g. a BC warm start) or a fresh one
+    sized from the env's spaces, on ``plan.device``; a token policy: see `build_token_policy`."""
+    device = resolve_device(plan.device)
+    if plan.kind == "token":
+        return build_token_policy(plan, runner, device, run_dir)
+    if plan.path is not None:
+        policy = CompactVLA.from_pretrained(plan.path, device=device)
+        # a saved policy's encoder and chunk are known only once it is read
+        _check_entities(policy.spec.vla.encoder, plan.entity_features)
+        if policy.spec.chunk != plan.chunk:
             raise ConfigError(
                 f"model.path holds a policy with action chunk {policy.spec.chunk}; the recipe "
-                f"has env.action_chunk={cfg.env.action_chunk}"
+                f"has env.action_chunk={plan.chunk}"
             )
         return policy
-    _check_entities(cfg.vla.encoder, cfg.env.entity_features)
     spaces = {"action": runner.action_space, "observation": runner.observation_space}
-    spec = spec_from_config(cfg.vla, spaces, cfg.env.action_chunk, cfg.env.image_size)
+    spec = spec_from_config(plan.vla, spaces, plan.chunk, plan.image_size)
     return build_compact(spec).to(device)
 
 
 def _check_entities(encoder: str, entity_features: bool) -> None:
     """The entity encoder reads kinds and colours that only ``env.entity_features`` gives, and
-    every other encoder reads seven numbers per entity."""
+    every other encoder reads seven numbers per entity (a fresh policy's encoder is checked when
+    the recipe loads)."""
     if (encoder == "entities") != entity_features:
         raise ConfigError(
-            f"vla.encoder={encoder} with env.entity_features={str(entity_features).lower()}: "
-            "the entities encoder needs env.entity_features=true and no other encoder reads it"
+            f"model.path holds a policy with vla.encoder={encoder}; the recipe has "
+            f"env.entity_features={str(entity_features).lower()}: the entities encoder needs "
+            "env.entity_features=true and no other encoder reads it"
         )
 
 
-def build_token_policy(cfg, runner: VecEnv, device, run_dir=None):
-    """A `TokenVLA` on the local VLM directory ``model.path``, or on a tiny random-initialised
-    ``model.tiny_arch`` built under ``run_dir/init_model`` when the path is empty."""
+def build_token_policy(plan: PolicyPlan, runner: VecEnv, device, run_dir=None):
+    """A `TokenVLA` on the local VLM directory ``plan.path``, or on a tiny random-initialised
+    ``plan.tiny_arch`` built under ``run_dir/init_model`` when there is none."""
     from ..vlm.tiny import build_tiny
     from .token_vla import TokenSpec, TokenVLA
 
-    if "values" in ADVANTAGES.meta(cfg.algo.adv_estimator)["needs"]:
-        raise ConfigError(
-            f"vla.policy=token has no value head; algo.adv_estimator={cfg.algo.adv_estimator!r} "
-            "needs one. Use a group estimator (grpo, rloo, ...)"
-        )
-    if cfg.vla.action_bins < 2:
-        raise ConfigError(f"vla.action_bins={cfg.vla.action_bins}; a token policy needs >= 2 bins")
-    m = cfg.model
-    if m.path:
-        path = Path(m.path).expanduser()
+    if plan.path is not None:
+        path = plan.path
     elif run_dir is not None:
-        path = build_tiny(m.tiny_arch, Path(run_dir) / "init_model", seed=cfg.train.seed)
-    else:
+        path = build_tiny(plan.tiny_arch, Path(run_dir) / "init_model", seed=plan.seed)
+    else:  # the caller's choice, not the recipe's: a fresh VLM is built under a run directory
         raise ConfigError("vla.policy=token needs model.path (a local image-text-to-text model)")
-    spec = TokenSpec(
-        action_dim=runner.action_dim, chunk=cfg.env.action_chunk, bins=cfg.vla.action_bins
-    )
-    policy = TokenVLA.from_pretrained(
-        path, spec, dtype=m.dtype, device=device, gradient_checkpointing=m.gradient_checkpointing,
-        trust_remote_code=m.trust_remote_code, min_pixels=m.min_pixels or None,
-        max_pixels=m.max_pixels or None,
-    )  # fmt: skip
-    if policy.spec.chunk != cfg.env.action_chunk:
+    spec = TokenSpec(action_dim=runner.action_dim, chunk=plan.chunk, bins=plan.bins)
+    policy = TokenVLA.from_pretrained(path, spec, device=device, **dataclasses.asdict(plan.load))
+    # a saved token policy keeps its own chunk and bins (token_vla.json), known once it is read
+    if policy.spec.chunk != plan.chunk:
         raise ConfigError(
             f"model.path holds a TokenVLA with action chunk {policy.spec.chunk}; the recipe has "
-            f"env.action_chunk={cfg.env.action_chunk}"
+            f"env.action_chunk={plan.chunk}"
         )
-    if policy.spec.bins != cfg.vla.action_bins:
+    if policy.spec.bins != plan.bins:
         raise ConfigError(
             f"model.path holds a TokenVLA with {policy.spec.bins} action bins; the recipe has "
-            f"vla.action_bins={cfg.vla.action_bins}"
+            f"vla.action_bins={plan.bins}"
         )
     return policy
 
@@ -122,80 +117,63 @@ def load_policy(path: str | Path, device: str = "cpu"):
     return CompactVLA.from_pretrained(path, device=device)
 
 
-def build_source(cfg, runner: VecEnv):
-    if ADVANTAGES.meta(cfg.algo.adv_estimator)["per_step"]:
-        return PPOCollector(cfg.env, seed=cfg.train.seed, runner=runner)
+def build_source(plan: CollectPlan, runner: VecEnv):
+    """The collector ``plan`` names, on ``runner``'s envs."""
+    if plan.per_step:
+        return PPOCollector(plan.env, seed=plan.seed, runner=runner)
     return GRPOCollector(
-        cfg.env, groups=cfg.rollout.prompts_per_step, group_size=cfg.rollout.group_size,
-        seed=cfg.train.seed, runner=runner, branches=cfg.rollout.tree.branches,
-        segment_steps=cfg.rollout.tree.segment_tokens,
+        plan.env, groups=plan.groups, group_size=plan.group_size, seed=plan.seed, runner=runner,
+        branches=list(plan.branches), segment_steps=plan.segment_steps,
     )  # fmt: skip
 
 
-def build_evaluator(cfg):
+def build_evaluator(env: EnvConfig):
     """Deterministic success on ``env.eval_episodes`` held-out seeds, or None when 0."""
-    if cfg.env.eval_episodes <= 0:
+    if env.eval_episodes <= 0:
         return None
-    return functools.partial(evaluate_policy, env_cfg=cfg.env)
+    return functools.partial(evaluate_policy, env_cfg=env)
 
 
 def build_trainer(cfg, run_dir: str | Path) -> Trainer:
     """PPO (GAE) or GRPO-family training of a VLA policy on ``env.id``."""
-    seed_everything(cfg.train.seed)
-    if cfg.train.pipeline != "sync":  # envs live on the Ray workers; one here for the spaces
-        spaces = make_envs(dataclasses.replace(cfg.env, num_envs=1), seed=cfg.train.seed)
-        policy = build_policy(cfg, spaces, run_dir)
+    plan = resolve(cfg)
+    seed_everything(plan.seed)
+    if plan.pipeline is not None:  # envs live on the Ray workers; one here for the spaces
+        spaces = make_envs(dataclasses.replace(plan.env, num_envs=1), seed=plan.seed)
+        policy = build_policy(plan.policy, spaces, run_dir)
         spaces.close()
-        source = pipeline_source(cfg, Path(run_dir))
+        source = pipeline_source(plan, Path(run_dir))
     else:
-        runner = make_envs(cfg.env, seed=cfg.train.seed)
-        policy = build_policy(cfg, runner, run_dir)
-        source = build_source(cfg, runner)
-    ref = None
-    if cfg.algo.kl_coef > 0:
-        import copy
-
-        ref = copy.deepcopy(policy).requires_grad_(False)
+        runner = make_envs(plan.env, seed=plan.seed)
+        policy = build_policy(plan.policy, runner, run_dir)
+        source = build_source(plan.collect, runner)
+    ref = copy.deepcopy(policy).requires_grad_(False) if plan.reference else None
     return Trainer(
         cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train), ref_policy=ref,
-        evaluator=build_evaluator(cfg),
+        evaluator=build_evaluator(plan.env) if plan.evaluate else None,
     )  # fmt: skip
 
 
-def pipeline_source(cfg, run_dir: Path):
-    """A `PipelineSource` whose ``rollout.workers`` build `rollout_worker`."""
+def pipeline_source(plan: VLARunPlan, run_dir: Path):
+    """A `PipelineSource` whose ``rollout.workers`` build `rollout_worker` from ``plan``."""
     from ..trainer.pipeline import PipelineSource
 
-    r, t = cfg.rollout, cfg.train
-    if cfg.env.num_envs < r.workers:
-        raise ConfigError(
-            f"rollout.workers={r.workers} needs env.num_envs >= {r.workers} (each worker runs "
-            f"its share of the {cfg.env.num_envs} envs)"
-        )
+    p = plan.pipeline
+    assert p is not None, "a run without train.pipeline collects in its own process"
     return PipelineSource(
-        t.pipeline, rollout_worker, (cfg, str(run_dir)), workers=r.workers, cpus=r.worker_cpus,
-        gpus=r.worker_gpus, max_staleness=t.max_staleness, buffer_chunks=t.pipeline_buffer,
-        worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,
-        address=t.ray_address,
+        p.mode, rollout_worker, (plan, str(run_dir)), workers=p.workers, cpus=p.cpus,
+        gpus=p.gpus, max_staleness=p.max_staleness, buffer_chunks=p.buffer_chunks,
+        worker_timeout_s=p.worker_timeout_s, timeout_s=p.timeout_s, address=p.address,
     )  # fmt: skip
 
 
-def rollout_worker(cfg, run_dir: str, index: int):
+def rollout_worker(plan: VLARunPlan, run_dir: str, index: int):
     """What a pipeline worker runs (in its own process): its share of the envs, a policy copy
     (its weights come from the trainer before the first chunk) and the recipe's collector."""
-    w = cfg.rollout.workers
-    cfg = dataclasses.replace(
-        cfg,
-        env=dataclasses.replace(cfg.env, num_envs=-(-cfg.env.num_envs // w)),
-        rollout=dataclasses.replace(cfg.rollout, prompts_per_step=-(-cfg.rollout.prompts_per_step // w)),
-        train=dataclasses.replace(
-            cfg.train, seed=cfg.train.seed + 7919 * (index + 1),
-            device="cuda" if cfg.rollout.worker_gpus else "cpu",
-        ),
-    )  # fmt: skip
-    runner = make_envs(cfg.env, seed=cfg.train.seed)
-    policy = build_policy(cfg, runner, Path(run_dir) / f"worker_{index}")
-    return policy, build_source(cfg, runner)
+    mine = plan.worker(index)
+    runner = make_envs(mine.env, seed=mine.seed)
+    policy = build_policy(mine.policy, runner, Path(run_dir) / f"worker_{index}")
+    return policy, build_source(mine.collect, runner)
 
 
 def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
@@ -203,16 +181,17 @@ def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
     ``env.action_chunk`` expert actions; the experts step the envs one action at a time)."""
     from .bc import ExpertSource
 
-    seed_everything(cfg.train.seed)
-    runner = make_envs(cfg.env, seed=cfg.train.seed)  # the experts act every env step
-    policy = build_policy(cfg, runner, run_dir)
+    plan = resolve(cfg)
+    seed_everything(plan.seed)
+    runner = make_envs(plan.env, seed=plan.seed)  # the experts act every env step
+    policy = build_policy(plan.policy, runner, run_dir)
     source = ExpertSource(
-        policy, runner, batch_steps=cfg.env.steps_per_rollout, chunk=cfg.env.action_chunk
+        policy, runner, batch_steps=plan.env.steps_per_rollout, chunk=plan.env.action_chunk
     )
     try:
         trainer = Trainer(
             cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train),
-            evaluator=build_evaluator(cfg), objective="sft",
+            evaluator=build_evaluator(plan.env) if plan.evaluate else None, objective="sft",
         )  # fmt: skip
         return trainer.fit()
     finally:
@@ -274,4 +253,7 @@ def run_compare(cfgs: dict, out_dir: Path) -> dict:
     return {"table": table, "files": files}
 
 
-SIDES.register("vla", Side(build_trainer, run_eval, run_sft=run_sft, run_compare=run_compare))
+SIDES.register(
+    "vla",
+    Side(build_trainer, run_eval, run_sft=run_sft, run_compare=run_compare, check=check_vla),
+)

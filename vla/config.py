@@ -1,15 +1,22 @@
-"""The VLA side's recipe sections: ``env`` (the vector env it trains and evaluates on) and ``vla``
-(the policy). One small dataclass per section, help beside each field; the names with a fixed
-set of values are defined here once and read by the policy code (see ``trainer/config.py`` for
-loading and validation; the top-level ``Config`` is composed in ``wiring.py``).
+"""The VLA side's recipe sections: ``env`` (the vector env it trains and evaluates on), ``vla``
+(the policy) and ``plan`` (the planner's executor). One small dataclass per section, help beside
+each field; the names with a fixed set of values are defined here once and read by the policy
+code (see ``trainer/config.py`` for loading and validation; the top-level ``Config`` is composed
+in ``wiring.py``).
+
+Every rule that the recipe alone decides runs when it loads: a section's own rules in its
+``check`` method, the VLA and plan sides' rules across sections in `check_vla` and `check_plan`
+(their ``Side.check``). What only the run's environment knows (a saved policy's contents at
+``model.path`` or ``plan.policies``, the device) is checked where the run is built.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
-from ..registry import VLA_HEADS
-from ..trainer.config import choice
+from ..registry import ADVANTAGES, EXECUTORS, VLA_HEADS
+from ..trainer.config import ConfigError, choice
 
 OBS_MODES = ("rgb", "state")
 CONTROLS = ("ee", "joint")
@@ -79,6 +86,32 @@ class EnvConfig:
     eval_videos: int = 1
     """episodes per task written to mp4 by `perceptrl eval` (0: none)"""
 
+    def check(self, root) -> None:
+        """The env section's own rules: registered task ids, at least one env, and the options
+        the warp backend does not have."""
+        from ..sim import ENV_IDS
+        from ..sim.backends import MUJOCO_ONLY
+
+        ids = sorted(ENV_IDS.values())
+        named = [("env.id", self.id), *((f"env.eval_tasks[{i}]", t)
+                                        for i, t in enumerate(self.eval_tasks))]  # fmt: skip
+        for key, value in named:
+            if value not in ids:
+                near = difflib.get_close_matches(value, ids, n=1, cutoff=0.5)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ConfigError(
+                    f"{key}={value!r} is not a registered task{hint} (valid: {', '.join(ids)}); "
+                    "a new task is registered in TASKS (sim/tasks.py)"
+                )
+        if self.num_envs < 1:
+            raise ConfigError(f"env.num_envs={self.num_envs}: set env.num_envs >= 1")
+        for name in MUJOCO_ONLY if self.backend == "warp" else ():
+            if getattr(self, name):
+                raise ConfigError(
+                    f"env.{name}=true with env.backend=warp: the batched MJWarp env has no "
+                    f"{name}; set env.backend=mujoco (or env.{name}=false)"
+                )
+
 
 @dataclass
 class VLAConfig:
@@ -129,17 +162,44 @@ class VLAConfig:
     flow_noise_std: list[float] = field(default_factory=lambda: [0.02, 0.2])
     """flow head, learned: [min, max] of the per-step noise std the network predicts"""
 
+    def check(self, root) -> None:
+        """The vla section's own rules (those of a fresh compact policy, which only a recipe
+        without ``model.path`` builds from this section, are `check_vla`'s)."""
+        if self.policy == "token" and self.action_bins < 2:
+            raise ConfigError(
+                f"vla.action_bins={self.action_bins} with vla.policy=token: a token policy "
+                "needs >= 2 bins per action dimension; set vla.action_bins (256 as OpenVLA)"
+            )
 
-EXECUTORS = ("oracle", "policy")
+    def flow_problem(self) -> str | None:
+        """Why the flow head of this section cannot be built (None: it can); `vla.flow.FlowVLA`
+        and the recipe loader (`check_vla`) both ask."""
+        if self.flow_steps < 1:
+            return (
+                f"vla.flow_steps={self.flow_steps} with vla.head=flow: the flow head needs >= 1 "
+                "denoising step; set vla.flow_steps >= 1"
+            )
+        std = self.flow_noise_std
+        if self.flow_noise == "learned" and not (len(std) == 2 and 0 < std[0] < std[1]):
+            return (
+                f"vla.flow_noise_std={std} with vla.flow_noise=learned: the noise std's "
+                "[min, max] need 0 < min < max; set vla.flow_noise_std (e.g. [0.02, 0.2])"
+            )
+        if self.flow_noise == "sde" and self.flow_noise_level <= 0:
+            return (
+                f"vla.flow_noise_level={self.flow_noise_level} with vla.flow_noise=sde: the SDE "
+                "sampler's log-probabilities need noise; set vla.flow_noise_level > 0 (e.g. 0.5)"
+            )
+        return None
 
 
 @dataclass
 class PlanConfig:
     """Reason-then-act (``side: plan``): how the planner's subgoals are executed."""
 
-    executor: str = choice("oracle", EXECUTORS)
-    """what executes a subgoal: oracle (the scripted experts: an upper bound) | policy (frozen
-    VLA policies from plan.policies)"""
+    executor: str = choice("oracle", EXECUTORS.choices())
+    """what executes a subgoal, an entry of ``EXECUTORS`` (built in: oracle, the scripted
+    experts, an upper bound; policy, frozen VLA policies from plan.policies)"""
     policies: dict[str, str] = field(default_factory=dict)
     """subgoal primitive family -> directory of a VLA saved by a VLA recipe, or ``all`` -> one
     that reads its instruction for every family (vla.encoder=entities,
@@ -161,3 +221,152 @@ class PlanConfig:
     eval_videos: int = 2
     """held-out episodes per planner that ``perceptrl eval`` with several planners writes as mp4
     (the executor's view with the current subgoal drawn on it)"""
+
+    def check(self, root) -> None:
+        """plan.policies against plan.executor: the families it names and whether the executor
+        needs any (whether the directories hold fitting policies is known once they are read,
+        when the run is built)."""
+        why = policies_problem(self.executor, self.policies)
+        if why is not None:
+            raise ConfigError(why)
+
+
+ALL = "all"
+"""``plan.policies`` key of one policy for every family (an instruction-reading one)"""
+
+
+def policies_problem(executor: str, policies: dict[str, str]) -> str | None:
+    """Why ``plan.policies`` does not fit executor ``executor`` (None: it does): one that runs
+    saved VLAs (it declares ``policies`` in ``EXECUTORS``) needs at least one, and each key is a
+    subgoal family or ``all``. The recipe loader and `vla.executors.load_executor` both ask."""
+    from ..sim.composite import PRIMITIVES
+
+    if EXECUTORS.meta(executor)["policies"] and not policies:
+        return (
+            f"plan.executor={executor} runs saved VLAs, and plan.policies names none; set "
+            f"plan.policies: {{put: <dir>, ...}} (or {{{ALL}: <dir>}})"
+        )
+    for family in policies:
+        if family not in (*PRIMITIVES, ALL):
+            return (
+                f"plan.policies.{family}: not a subgoal family; valid: {', '.join(PRIMITIVES)} "
+                f"| {ALL} (plan.executor={executor})"
+            )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The sides' rules across sections: `Side.check` of vla (vla/builder.py) and plan
+# (vla/plan_builder.py), run when a recipe naming the side loads
+# ---------------------------------------------------------------------------------------------
+
+
+def per_step(estimator: str) -> bool:
+    """The estimator credits each step from per-step rewards and a critic (it declares
+    ``per_step`` in ``ADVANTAGES``): a VLA run collects PPO segments, else GRPO groups."""
+    return bool(ADVANTAGES.meta(estimator)["per_step"])
+
+
+def check_vla(cfg) -> None:
+    """Side vla's rules across sections: the policy against the env and the estimator, a
+    fresh compact policy's sections, the collection's shape, evaluation for ``checkpoint.best``.
+    Raises `ConfigError` naming the key, the conflicting key and the fix."""
+    if cfg.vla.policy == "token":
+        _check_token(cfg.env.obs_mode, cfg.algo.adv_estimator)
+    elif not cfg.model.path:  # a saved policy's own sections are read when the run is built
+        _check_fresh_compact(cfg.vla, cfg.env)
+    _check_collection(cfg)
+    if cfg.checkpoint.best and cfg.env.eval_episodes <= 0:
+        raise ConfigError(
+            f"checkpoint.best={cfg.checkpoint.best} keeps the weights of the best evaluation, "
+            f"but env.eval_episodes={cfg.env.eval_episodes} evaluates nothing; set "
+            "env.eval_episodes > 0 or unset checkpoint.best"
+        )
+
+
+def _check_token(obs_mode: str, estimator: str) -> None:
+    if obs_mode != "rgb":
+        raise ConfigError(
+            f"vla.policy=token reads camera images and env.obs_mode={obs_mode} renders none; "
+            "set env.obs_mode=rgb"
+        )
+    meta = ADVANTAGES.meta(estimator)
+    if "values" in meta["needs"] or meta["per_step"]:
+        raise ConfigError(
+            f"vla.policy=token has no value head; algo.adv_estimator={estimator!r} needs one. "
+            "Use a group estimator (grpo, rloo, ...)"
+        )
+
+
+def _check_fresh_compact(vla: VLAConfig, env: EnvConfig) -> None:
+    """A compact policy built from the ``vla`` section (no ``model.path``) against what the
+    env observes."""
+    enc, poses = vla.encoder, env.obs_mode == "state" or env.privileged_state
+    if (enc == "entities") != env.entity_features:
+        raise ConfigError(
+            f"vla.encoder={enc} with env.entity_features={str(env.entity_features).lower()}: "
+            "the entities encoder needs env.entity_features=true and no other encoder reads it; "
+            f"set env.entity_features={str(enc == 'entities').lower()} or another vla.encoder"
+        )
+    if enc in IMAGE_ENCODERS and env.obs_mode != "rgb":
+        raise ConfigError(
+            f"vla.encoder={enc} reads camera images and env.obs_mode={env.obs_mode} renders "
+            "none; set env.obs_mode=rgb (or vla.encoder=state)"
+        )
+    if enc not in IMAGE_ENCODERS and not poses:
+        raise ConfigError(
+            f"vla.encoder={enc} needs env.obs_mode=state (the entity poses; env.obs_mode=rgb "
+            "gives them only with env.privileged_state=true)"
+        )
+    for what, on in (("vla.critic=state", vla.critic == "state"),
+                     (f"vla.aux={vla.aux}", vla.aux != "none")):  # fmt: skip
+        if on and not poses:
+            raise ConfigError(
+                f"{what} reads the true entity poses, which env.obs_mode=rgb does not give; set "
+                "env.privileged_state=true (rgb mode) so the env returns them"
+            )
+    why = vla.flow_problem() if vla.head == "flow" else None
+    if why is not None:
+        raise ConfigError(why)
+
+
+def _check_collection(cfg) -> None:
+    """The collector's shape: the pipeline's share of envs, GRPO groups and trees."""
+    r, env = cfg.rollout, cfg.env
+    if cfg.train.pipeline != "sync" and env.num_envs < r.workers:
+        raise ConfigError(
+            f"rollout.workers={r.workers} needs env.num_envs >= {r.workers} (each worker runs "
+            f"its share of the {env.num_envs} envs); set env.num_envs or rollout.workers"
+        )
+    if per_step(cfg.algo.adv_estimator):
+        return  # PPO segments: every env runs env.steps_per_rollout steps
+    if r.prompts_per_step < 1 or r.group_size < 1:
+        raise ConfigError(
+            f"rollout.prompts_per_step={r.prompts_per_step} and rollout.group_size="
+            f"{r.group_size}: GRPO collects prompts_per_step groups (initial states) of "
+            "group_size episodes; set both >= 1"
+        )
+    branches = r.tree.branches
+    leaves = 1
+    for b in branches:
+        leaves *= b
+    if branches and (min(branches) < 1 or leaves != r.group_size):
+        raise ConfigError(
+            f"rollout.tree.branches={branches} must be positive with product "
+            f"rollout.group_size={r.group_size}; set rollout.group_size={max(leaves, 1)}"
+        )
+    if branches and r.tree.segment_tokens < 1:
+        raise ConfigError(
+            f"rollout.tree.segment_tokens={r.tree.segment_tokens} with rollout.tree.branches: "
+            "a VLA tree's segments are policy steps; set rollout.tree.segment_tokens >= 1"
+        )
+
+
+def check_plan(cfg) -> None:
+    """Side plan's own rules across sections (the VLM side's, whose runs it uses, come with
+    them in ``vla/plan_builder.py``): its episodes are the planner's."""
+    if cfg.rollout.episode.env != "plan":
+        raise ConfigError(
+            f"side: plan runs planner episodes; set rollout.episode.env=plan (it is "
+            f"{cfg.rollout.episode.env!r})"
+        )

@@ -591,9 +591,7 @@ def _take(x: Tensor, ti: np.ndarray, ni: np.ndarray) -> Tensor:
     """``x[ti, ni]`` [*ti.shape, ...] for buffer rows ``ti`` and envs ``ni`` (one shape)."""
     if _on_host(x):
         return torch.from_numpy(x.numpy()[ti, ni])
-    return x[
-        torch.from_numpy(ti).to(x.device), torch.from_numpy(np.ascontiguousarray(ni)).to(x.device)
-    ]
+    return x[tuple(torch.from_numpy(np.ascontiguousarray(a)).to(x.device) for a in (ti, ni))]
 
 
 def _numpy(x) -> np.ndarray:

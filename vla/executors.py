@@ -1,4 +1,5 @@
-"""Executors of a planner's subgoals (`vla.plan_env.PlanEnv` runs them in the simulator).
+"""Executors of a planner's subgoals (`vla.plan_env.PlanEnv` runs them in the simulator),
+registered in `registry.EXECUTORS` (``plan.executor``).
 
 ``oracle``: the scripted expert of the focused subgoal (privileged state), the upper bound.
 ``policy``: frozen VLA policies saved by the VLA recipes, one per primitive family or one that
@@ -10,15 +11,17 @@ reads the subgoal's words for all (``plan.policies.all``). An executor has ``can
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from ..sim.composite import POSE_SIZE, PRIMITIVES, view_objects
+from ..registry import EXECUTORS
+from ..sim.composite import POSE_SIZE, view_objects
 from ..sim.expert import EXPERTS, ScriptedExpert
 from ..sim.tasks import get_task, task_counts
 from ..sim.vector import Batch
+from .config import ALL, policies_problem
 
 
 class OracleExecutor:
@@ -120,33 +123,31 @@ class PolicyExecutor:
         return policy, cut, to_env, cameras, env.action_space.shape[0]
 
 
-ALL = "all"
-"""``plan.policies`` key of one policy for every family (an instruction-reading one)"""
-
-
 def reads_entities(policy) -> bool:
     """The policy finds its entities by the instruction (``vla.encoder=entities``)."""
     return getattr(getattr(getattr(policy, "spec", None), "vla", None), "encoder", "") == "entities"
 
 
-def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
-    """``oracle``, or ``policy`` with saved VLA directories per family (or ``all``: one
-    instruction-reading policy)."""
-    if kind == "oracle":
-        return OracleExecutor()
-    if kind != "policy":
-        raise ValueError(f"plan.executor={kind!r}; valid: oracle | policy")
-    if not policies:
-        raise ValueError("plan.executor=policy needs plan.policies: {put: <dir>, ...}")
+def load_executor(kind: str, policies: Mapping[str, str], device: str = "cpu"):
+    """The executor registered as ``kind`` in `EXECUTORS`: ``oracle``, or ``policy`` with saved
+    VLA directories per family (or ``all``: one instruction-reading policy)."""
+    why = policies_problem(kind, dict(policies))  # the recipe loader asks the same
+    if why is not None:
+        raise ValueError(why)
+    return EXECUTORS.get(kind)(dict(policies), device)
+
+
+def _oracle(policies: dict[str, str], device: str) -> OracleExecutor:
+    return OracleExecutor()
+
+
+def _policies(policies: dict[str, str], device: str) -> PolicyExecutor:
+    """Frozen VLAs read from ``policies`` (family -> directory), checked against the tasks
+    they execute: what they hold is known only once they are read."""
     from .builder import load_policy
 
     loaded = {}
     for family, path in policies.items():
-        if family not in (*PRIMITIVES, ALL):
-            raise ValueError(
-                f"plan.policies.{family}: not a subgoal family; valid: "
-                f"{', '.join(PRIMITIVES)} | {ALL}"
-            )
         loaded[family] = policy = load_policy(Path(path), device)
         if family == ALL or reads_entities(policy):
             if not reads_entities(policy):
@@ -170,3 +171,7 @@ def load_executor(kind: str, policies: dict[str, str], device: str = "cpu"):
             "per-family ones; their envs observe differently: use one kind"
         )
     return PolicyExecutor(loaded)
+
+
+EXECUTORS.register("oracle", _oracle)
+EXECUTORS.register("policy", _policies, policies=True)

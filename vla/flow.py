@@ -77,16 +77,9 @@ class FlowVLA(CompactVLA):
 
     def _build_head(self, hidden: int, dim: int) -> None:
         vla = self.spec.vla
-        if vla.flow_steps < 1:
-            raise ValueError(f"vla.flow_steps={vla.flow_steps}; the flow head needs >= 1 step")
-        lo, hi = vla.flow_noise_std
-        if vla.flow_noise == "learned" and not 0 < lo < hi:
-            raise ValueError(f"vla.flow_noise_std={vla.flow_noise_std}; need 0 < min < max")
-        if vla.flow_noise == "sde" and vla.flow_noise_level <= 0:
-            raise ValueError(
-                f"vla.flow_noise_level={vla.flow_noise_level}; the SDE sampler's log-probabilities "
-                "need noise (> 0)"
-            )
+        why = vla.flow_problem()  # the recipe loader asks the same of a recipe's vla section
+        if why is not None:
+            raise ValueError(why)
         self.dim, self.steps = dim, vla.flow_steps
         self.velocity = _mlp(dim + TIME_FEATURES + hidden, hidden, dim)
         self.noise_net = None

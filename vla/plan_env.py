@@ -61,6 +61,7 @@ from ..sim.tasks import get_task
 from ..sim.vector import idle_action
 from ..vlm.tools import Observation
 from .executors import load_executor
+from .run_plan import ExecutorPlan, resolve_executor
 
 log = logging.getLogger(__name__)
 
@@ -512,25 +513,26 @@ PLAN_EVAL = {"plan_success": 1.0}
 """held-out score of a planner: the share of episodes that complete the long-horizon task"""
 
 
-def plan_settings(cfg) -> PlanSettings:
-    """`PlanSettings` of the recipe's ``plan`` section (executor policies loaded here)."""
+def plan_settings(plan: ExecutorPlan) -> PlanSettings:
+    """`PlanSettings` of a resolved ``plan`` section (`vla.run_plan.resolve_executor`): the
+    executor it names, its policies loaded here."""
     from ..trainer.config import ConfigError
     from ..trainer.runtime import resolve_device
 
-    p = cfg.plan
-    try:
-        executor = load_executor(p.executor, p.policies, str(resolve_device(cfg.train.device)))
+    try:  # what the policies' directories hold is known only once they are read
+        executor = load_executor(
+            plan.executor, dict(plan.policies), str(resolve_device(plan.device))
+        )
     except (ValueError, OSError) as e:
         raise ConfigError(f"plan.executor: {e}") from e
     return PlanSettings(
-        executor, subgoal_steps=p.subgoal_steps, home={"always": True, "never": False}.get(p.home),
-        image_size=p.image_size, obs_mode=p.obs_mode,
-        cameras=tuple(p.cameras), memo=p.memo,
+        executor, subgoal_steps=plan.subgoal_steps, home=plan.home, image_size=plan.image_size,
+        obs_mode=plan.obs_mode, cameras=plan.cameras, memo=plan.memo,
     )  # fmt: skip
 
 
 def _plan_env(cfg) -> Callable[[], PlanEnv]:
-    settings, memo, sims = plan_settings(cfg), OrderedDict(), {}
+    settings, memo, sims = plan_settings(resolve_executor(cfg)), OrderedDict(), {}
     return lambda: PlanEnv(settings, memo, sims)
 
 

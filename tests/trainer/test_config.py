@@ -131,9 +131,8 @@ def test_reading_a_recipe_loads_no_model_library():
     import sys
 
     code = (
-        "import sys; from perceptrl.wiring import load_config; "
-        "load_config(None, ['side=vla', 'vla.encoder=state']); "
-        "load_config(None, ['side=plan', 'data.generator=plan']); "
+        "import sys; from perceptrl.wiring import CONFIGS, load_config; "
+        "load_config(CONFIGS / 'vla_grpo.yaml'); load_config(CONFIGS / 'plan_grpo.yaml'); "
         "heavy = [m for m in ('transformers', 'deepspeed', 'ray', 'vllm') if m in sys.modules]; "
         "assert not heavy, heavy"
     )

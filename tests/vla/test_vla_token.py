@@ -35,7 +35,7 @@ def env_cfg():
     cfg = load_config(
         CONFIGS / "vla_grpo.yaml",
         ["env.id=perceptrl/Reach-v0", "env.obs_mode=rgb", "env.num_envs=2", "env.image_size=56",
-         "env.max_episode_steps=3", "env.eval_episodes=0", *QUIET],
+         "env.max_episode_steps=3", "env.eval_episodes=0", "vla.encoder=cnn", *QUIET],
     )  # fmt: skip
     return cfg.env
 
@@ -171,6 +171,7 @@ def test_action_bins_from_the_recipe(tiny_dir, tmp_path, env_cfg):
     recipe that disagrees is a config error, not a silent re-binning."""
     from perceptrl.trainer.config import ConfigError
     from perceptrl.vla.builder import build_token_policy
+    from perceptrl.vla.run_plan import resolve
 
     model = bc_token(tiny_dir, tmp_path, "vla.action_bins=31", "train.steps=1")
     policy = load_policy(model)
@@ -180,10 +181,11 @@ def test_action_bins_from_the_recipe(tiny_dir, tmp_path, env_cfg):
         actions, _, _ = policy.act(policy.observe(runner.reset()), deterministic=True)
         again = load_config(CONFIGS / "vla_grpo_token.yaml", [f"model.path={model}", *QUIET])
         with pytest.raises(ConfigError, match="31 action bins.*vla.action_bins=256"):
-            build_token_policy(again, runner, torch.device("cpu"))
-        again.vla.action_bins = 1
-        with pytest.raises(ConfigError, match=">= 2 bins"):
-            build_token_policy(again, runner, torch.device("cpu"))
+            build_token_policy(resolve(again).policy, runner, torch.device("cpu"))
+        with pytest.raises(ConfigError, match=">= 2 bins"):  # when the recipe loads
+            load_config(
+                CONFIGS / "vla_grpo_token.yaml", [f"model.path={model}", "vla.action_bins=1"]
+            )
     finally:
         runner.close()
     centres = torch.linspace(-1, 1, 32)[:-1] + 1 / 31  # the 31 bin centres, 0 among them
