@@ -203,6 +203,7 @@ def run_eval(cfg, out_dir: Path, more=()) -> dict:
     mp4 per task (``env.eval_videos`` episodes). Returns ``{"table", "files"}``."""
     from .evaluate import write_report
 
+    # the command's arguments, which loading a recipe cannot know (training needs no model.path)
     if more:
         raise ConfigError("several recipes evaluate together only on side vlm")
     if not cfg.model.path:

@@ -13,6 +13,7 @@ Every rule that the recipe alone decides runs when it loads: a section's own rul
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 
 from ..registry import ADVANTAGES, EXECUTORS, VLA_HEADS
@@ -346,10 +347,7 @@ def _check_collection(cfg) -> None:
             f"{r.group_size}: GRPO collects prompts_per_step groups (initial states) of "
             "group_size episodes; set both >= 1"
         )
-    branches = r.tree.branches
-    leaves = 1
-    for b in branches:
-        leaves *= b
+    branches, leaves = r.tree.branches, math.prod(r.tree.branches)
     if branches and (min(branches) < 1 or leaves != r.group_size):
         raise ConfigError(
             f"rollout.tree.branches={branches} must be positive with product "
