@@ -40,12 +40,11 @@ def run_demo(
     """
     from .trainer.runtime import resolve_path
     from .vlm.builder import build_policy, held_out_gain
+    from .vlm.run_plan import resolve
 
-    cfg = load_config(CONFIGS / "vlm_demo.yaml", overrides)
-    if steps:
-        cfg.train.steps = steps
-    if minutes:
-        cfg.train.time_limit_min = minutes
+    limits = [f"train.steps={steps}"] if steps else []
+    limits += [f"train.time_limit_min={minutes}"] if minutes else []
+    cfg = load_config(CONFIGS / "vlm_demo.yaml", [*overrides, *limits])
     if not (resolve_path(cfg.model.path) / "config.json").exists():
         raise ConfigError(
             f"model.path={cfg.model.path}: no model there. The demo's base is committed in "
@@ -65,8 +64,9 @@ def run_demo(
     if summary is not None:
         summary(run_dir)
     print(f"\nscoring the base and the trained model on {test_questions} fresh questions")
+    plan = resolve(cfg)
     gain = held_out_gain(
-        cfg, build_policy(cfg, out / "held_out"), trainer.policy, out / "held_out", test_questions
+        plan, build_policy(plan, out / "held_out"), trainer.policy, out / "held_out", test_questions
     )
     vlm = {"steps": trainer.step, "train_seconds": round(train_s, 1), "held_out": gain}
     print(f"\n{gain_table(gain)}")

@@ -163,21 +163,23 @@ def build_trainer(args, run_dir: Path):
     from perceptrl.rewards import build_reward
     from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
-    from perceptrl.vlm.builder import prompt_config, sampling_params
     from perceptrl.vlm.builder import samples as vlm_samples
     from perceptrl.vlm.model import resolve_dtype, set_pixel_bounds
     from perceptrl.vlm.policy import VLMPolicy
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.vlm.source import VLMRolloutSource
 
     cfg = recipe(args, run_dir)
-    train, _ = vlm_samples(cfg, run_dir)
+    plan = resolve(cfg)
+    train, _ = vlm_samples(plan.data, run_dir)
     processor = AutoProcessor.from_pretrained(BASE)
     set_pixel_bounds(processor, cfg.model.min_pixels or None, cfg.model.max_pixels or None)
     torch.manual_seed(cfg.train.seed)
     config = model_config(SIZES["tiny" if args.tiny else "qwen2.5-vl-3b"], processor.tokenizer)
     model = build_model(config, resolve_dtype(cfg.model.dtype), cfg.train.device)
-    prompt, sampling = prompt_config(cfg), sampling_params(cfg)
-    policy = VLMPolicy(model, processor, prompt, sampling, share_prefix=cfg.model.share_prefix)
+    policy = VLMPolicy(
+        model, processor, plan.prompt, plan.sampling, share_prefix=cfg.model.share_prefix
+    )
     reward = build_reward(cfg.rollout.reward, timeout_s=cfg.rollout.reward_timeout_s)
     source = VLMRolloutSource(train, reward, cfg.rollout, seed=cfg.train.seed, strict=True)
     return Trainer(cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train))

@@ -52,6 +52,7 @@ def run(args) -> dict:
     from perceptrl.vlm.episode import EpisodeSettings
     from perceptrl.vlm.kv_sampler import TreeShape
     from perceptrl.vlm.rollout import SamplingParams, sample
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.vlm.tree_rollout import sampled_tokens
     from perceptrl.wiring import load_config
 
@@ -61,8 +62,9 @@ def run(args) -> dict:
         cfg = load_config(
             Path(__file__).resolve().parents[1] / "configs" / "vlm_clevr.yaml", overrides
         )
-        data = load_data(cfg, Path(tmp))
-        policy = build_policy(cfg, Path(tmp))
+        plan = resolve(cfg)
+        data = load_data(plan.data, Path(tmp))
+        policy = build_policy(plan, Path(tmp))
         prompts, _ = policy.encode(data.train[: args.prompts])
     sp = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     fork = EpisodeSettings(env=FirstTurnOnly, max_tokens=args.max_new_tokens)

@@ -108,18 +108,17 @@ def score(model: Path, splits: dict[str, list[dict]], out: Path) -> dict[str, di
     import dataclasses
 
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.builder import build_evaluator, build_policy, prompt_config
+    from perceptrl.vlm.builder import build_evaluator, build_policy
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.wiring import load_config
 
-    cfg = load_config(CONFIGS / "vlm_demo.yaml", [f"model.path={model}"])
-    policy = build_policy(cfg, out)
+    plan = resolve(load_config(CONFIGS / "vlm_demo.yaml", [f"model.path={model}"]))
+    policy = build_policy(plan, out)
     result = {}
     for name, samples in splits.items():
-        c = dataclasses.replace(
-            cfg, train=dataclasses.replace(cfg.train, eval_samples=len(samples))
-        )
+        evaluation = dataclasses.replace(plan.evaluation, samples=len(samples))
         result[name] = {}
-        build_evaluator(c, samples)(policy, prompt=prompt_config(cfg), scores=result[name])
+        build_evaluator(evaluation, samples)(policy, prompt=plan.prompt, scores=result[name])
     return result
 
 

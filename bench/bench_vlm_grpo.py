@@ -28,10 +28,12 @@ def score(model: Path, splits: dict[str, list[dict]], out: Path) -> dict:
     from perceptrl.cli import CONFIGS
     from perceptrl.rewards import build_reward
     from perceptrl.vlm.builder import build_policy as vlm_policy
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.vlm.source import evaluate_accuracy
     from perceptrl.wiring import load_config
 
-    policy = vlm_policy(load_config(CONFIGS / "vlm_clevr.yaml", [f"model.path={model}"]), out)
+    cfg = load_config(CONFIGS / "vlm_clevr.yaml", [f"model.path={model}"])
+    policy = vlm_policy(resolve(cfg), out)
     reward = build_reward({"accuracy": 1.0})
     return {
         name: evaluate_accuracy(policy, samples, reward, batch_size=64, max_new_tokens=64)

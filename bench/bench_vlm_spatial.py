@@ -36,11 +36,12 @@ def score(model: Path, samples: list[dict], out: Path) -> dict:
     from perceptrl.rewards import build_reward
     from perceptrl.vlm.builder import build_policy as vlm_policy
     from perceptrl.vlm.report import family_rows, write_report
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.vlm.source import evaluate_accuracy
     from perceptrl.wiring import load_config
 
     cfg = load_config(CONFIGS / "vlm_spatial.yaml", [f"model.path={model}"])
-    policy = vlm_policy(cfg, out)
+    policy = vlm_policy(resolve(cfg), out)
     m = evaluate_accuracy(
         policy, samples, build_reward({"accuracy": 1.0}), batch_size=32,
         max_new_tokens=cfg.rollout.max_new_tokens,

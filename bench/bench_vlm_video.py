@@ -84,10 +84,12 @@ def score(model: Path, splits: dict[str, Path], out: Path) -> dict:
     from perceptrl.datasets.loader import load_samples
     from perceptrl.rewards import build_reward
     from perceptrl.vlm.builder import build_policy as vlm_policy
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.vlm.source import evaluate_accuracy
     from perceptrl.wiring import load_config
 
-    policy = vlm_policy(load_config(RECIPE, [f"model.path={model}", "train.device=cpu"]), out)
+    cfg = load_config(RECIPE, [f"model.path={model}", "train.device=cpu"])
+    policy = vlm_policy(resolve(cfg), out)
     reward = build_reward({"accuracy": 1.0})
     res = {}
     for name, path in splits.items():

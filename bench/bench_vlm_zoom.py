@@ -41,12 +41,13 @@ def build(model: Path, tools: bool, out: Path):
     """The recipe's policy on ``model`` (with or without the zoom tool) and its config."""
     from perceptrl.cli import CONFIGS
     from perceptrl.vlm.builder import build_policy
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.wiring import load_config
 
     cfg = load_config(
         CONFIGS / "vlm_zoom.yaml", [f"model.path={model}", *([] if tools else NO_TOOLS)]
     )
-    return build_policy(cfg, out), cfg
+    return build_policy(resolve(cfg), out), cfg
 
 
 def score(model: Path, tools: bool, samples: list[dict], out: Path) -> dict:

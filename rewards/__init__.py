@@ -32,7 +32,14 @@ from . import (  # noqa: F401  (registers them)
     shaping,
     text,
 )
-from .compose import CompositeReward, RewardTerm, RewardTimeout, build_reward, call_with_timeout
+from .compose import (
+    CompositeReward,
+    RewardTerm,
+    RewardTimeout,
+    build_reward,
+    call_with_timeout,
+    check_reward,
+)
 from .parse import (
     extract_answer,
     extract_boxed,
@@ -52,6 +59,7 @@ __all__ = [
     "RewardTimeout",
     "build_reward",
     "call_with_timeout",
+    "check_reward",
     "extract_answer",
     "extract_boxed",
     "extract_letter",

@@ -341,13 +341,14 @@ def _weight_and_params(name: str, value: Any) -> tuple[float, dict[str, float], 
     return float(weight), gate, params
 
 
-def _term(name: str, value: Any) -> RewardTerm:
-    """One term: the reward's entry, checked against its parameters, prepared as it declares."""
+def _term(name: str, value: Any, prepare: bool = True) -> RewardTerm:
+    """One term: the reward's entry, checked against its parameters, prepared as it declares
+    (``prepare=False``: only checked, as when a recipe loads)."""
     weight, gate, params = _weight_and_params(name, value)
     entry = REWARDS.resolve(name)
     needs = RewardNeeds.of(entry)
     check_call(entry, params)
-    if needs.prepare is not None:
+    if prepare and needs.prepare is not None:
         needs.prepare(**params)
     counters = functools.partial(needs.counters, **params) if needs.counters else None
     fn = functools.partial(entry.obj, **params) if params else entry.obj
@@ -372,6 +373,22 @@ def build_reward(
     """
     if isinstance(spec, CompositeReward):
         return spec
+    return CompositeReward([_term(k, v) for k, v in _items(spec)], timeout_s=timeout_s)
+
+
+def check_reward(spec: str | Sequence[str] | Mapping[str, Any]) -> None:
+    """Check a spec as `build_reward` does (names, ``module:function`` imports, signatures,
+    weights, parameters, gates) without preparing anything (no judge worker starts): what a
+    recipe's reward is checked with when it loads.
+
+    Raises:
+        ValueError: as `build_reward`.
+    """
+    CompositeReward([_term(k, v, prepare=False) for k, v in _items(spec)])
+
+
+def _items(spec: str | Sequence[str] | Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """A spec as (term name, recipe value) pairs."""
     if isinstance(spec, str):
         spec = [s.strip() for s in spec.split(",") if s.strip()]
     if isinstance(spec, Mapping):
@@ -388,4 +405,4 @@ def build_reward(
         raise ValueError(f"reward spec must be a name, list or mapping, got {type(spec).__name__}")
     if not items:
         raise ValueError("empty reward spec; e.g. {'format': 0.5, 'accuracy': 1.0}")
-    return CompositeReward([_term(str(k), v) for k, v in items], timeout_s=timeout_s)
+    return [(str(k), v) for k, v in items]

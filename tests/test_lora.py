@@ -198,10 +198,11 @@ def test_checkpoint_holds_adapter_and_merged_export(tiny, samples, tmp_path):
 
 def test_wiring_builds_a_lora_policy(tiny, tmp_path):
     from perceptrl.vlm.builder import build_policy as vlm_policy
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.wiring import load_config
 
     cfg = load_config(None, [f"model.path={tiny}", "model.lora_rank=2", "train.device=cpu"])
-    policy = vlm_policy(cfg, tmp_path)
+    policy = vlm_policy(resolve(cfg), tmp_path)
     assert isinstance(policy, LoraVLMPolicy)
     assert sum(p.numel() for _, p in policy.trainable_parameters()) < 0.1 * sum(
         p.numel() for p in policy.parameters()

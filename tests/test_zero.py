@@ -356,14 +356,15 @@ def test_config_fields_and_data_shard():
     )
     assert (cfg.train.backend, cfg.train.zero_stage) == ("deepspeed", 3)
     samples = [{"id": i} for i in range(7)]
-    train, rollout, seed = data_shard(cfg, samples, 1, 2)
+    train, rollout, seed = data_shard(samples, cfg.rollout, cfg.train.seed, 1, 2)
     assert [s["id"] for s in train] == [1, 3, 5] and rollout.prompts_per_step == 3
     assert seed != cfg.train.seed and cfg.rollout.prompts_per_step == 6  # not mutated
-    assert data_shard(cfg, samples, 0, 1) == (samples, cfg.rollout, cfg.train.seed)
+    one = data_shard(samples, cfg.rollout, cfg.train.seed, 0, 1)
+    assert one == (samples, cfg.rollout, cfg.train.seed)
     from perceptrl.trainer.config import ConfigError
 
     with pytest.raises(ConfigError, match="multiple of the number of processes"):
-        data_shard(cfg, samples, 0, 4)
+        data_shard(samples, cfg.rollout, cfg.train.seed, 0, 4)
 
 
 def test_trainer_rejects_dynamic_sampling_across_ranks(tmp_path):

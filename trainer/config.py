@@ -125,6 +125,22 @@ class AlgoConfig:
     """grpo: added to the group std before dividing (verl's epsilon); whitening adds a fixed
     1e-8 to the variance instead (as verl)"""
 
+    def check(self, root) -> None:
+        """The algorithm's rules across its keys (the policy losses and corrections read them
+        without checking again)."""
+        if 0 < self.dual_clip_c <= 1:
+            raise ConfigError(
+                f"algo.dual_clip_c={self.dual_clip_c}: dual clip bounds the loss of negative "
+                "advantages at c * |A| and needs c > 1; set algo.dual_clip_c > 1, or 0 to turn "
+                "it off"
+            )
+        if self.tis_cap > 0 and not 0 < self.correction_low < self.tis_cap:
+            raise ConfigError(
+                f"algo.correction_low={self.correction_low} must be in (0, algo.tis_cap="
+                f"{self.tis_cap}); set algo.correction_low between them, or algo.tis_cap=0 to "
+                "turn the rollout correction off"
+            )
+
 
 @dataclass
 class TrainConfig:

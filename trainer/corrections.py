@@ -112,13 +112,9 @@ def apply_correction(
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """Run correction ``name``; returns (weight [B, T] detached, new mask [B, T] float,
     metrics ``correction/weight_mean`` and ``correction/masked_frac`` over the valid tokens)."""
-    if cfg.tis_cap <= 0:
+    if cfg.tis_cap <= 0:  # the correction is off: the trainer never calls it then
         raise ValueError(
             f"algo.rollout_correction={name!r} needs algo.tis_cap > 0 (its upper bound)"
-        )
-    if cfg.correction_low <= 0 or cfg.correction_low >= cfg.tis_cap:
-        raise ValueError(
-            f"algo.correction_low={cfg.correction_low} must be in (0, algo.tis_cap={cfg.tis_cap})"
         )
     weight, keep = CORRECTIONS.get(name)(logp_old, logp_rollout, mask, cfg)
     valid = mask > 0

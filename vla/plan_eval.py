@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from .plan_env import SUBGOAL, PlanEnv, plan_settings, replay_video
+from .run_plan import resolve_executor
 
 ORACLE = "oracle_plan"
 """name of the oracle plan's row"""
@@ -132,19 +133,21 @@ def compare(cfgs: dict, out_dir: Path) -> dict:
     """Planners (name -> recipe whose ``model.path`` is one) and the oracle plan on the first
     recipe's held-out states; see the module docstring. Returns ``{"table", "files"}``."""
     from ..vlm import builder as vlm_builder
+    from ..vlm.run_plan import resolve
 
     out_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(cfgs.values()))
-    data = vlm_builder.eval_data(first, out_dir)
-    settings = plan_settings(first)
+    data = vlm_builder.eval_data(resolve(first), out_dir)
+    settings = plan_settings(resolve_executor(first))
     metrics, records, samples = {}, {}, []
     for i, (name, c) in enumerate(cfgs.items()):
-        policy = vlm_builder.build_policy(c, out_dir / f"model_{i}")
-        val = vlm_builder.fit_prompts(c, policy.processor, data, splits=("val",)).val
-        samples = samples or val[: c.train.eval_samples]
+        plan = resolve(c)
+        policy = vlm_builder.build_policy(plan, out_dir / f"model_{i}")
+        val = vlm_builder.fit_prompts(plan.prompt, policy.processor, data, splits=("val",)).val
+        samples = samples or val[: plan.evaluation.samples]
         records[name] = {}
-        evaluate = vlm_builder.build_evaluator(c, samples)
-        metrics[name] = evaluate(policy, prompt=vlm_builder.prompt_config(c), records=records[name])
+        evaluate = vlm_builder.build_evaluator(plan.evaluation, samples)
+        metrics[name] = evaluate(policy, prompt=plan.prompt, records=records[name])
     metrics[ORACLE], records[ORACLE] = oracle_plan(settings, samples)
     tasks = sorted(k.split("/", 1)[1] for k in metrics[ORACLE] if k.startswith("accuracy/"))
     table = markdown(metrics, tasks)

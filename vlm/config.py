@@ -1,6 +1,12 @@
 """The VLM side's recipe sections: ``model``, ``data``, ``rollout`` (with ``rollout.vllm``) and
 ``video``. One small dataclass per section, help beside each field (see ``trainer/config.py`` for
 loading, overrides and validation; the top-level ``Config`` is composed in ``wiring.py``).
+
+A section's ``check(root)`` holds the rules among its own keys that hold whichever side reads
+the section: ranges, and the names the registries supply (rewards, step rewards, tools, the
+episode environment, the generator's families; a ``module:function`` that does not import is a
+`ConfigError` naming its key). The recipe loader runs them (``schema.check_sections``); the VLM
+side's rules across sections, and those of its samplers and engines, are ``vlm/rules.py``'s.
 """
 
 from __future__ import annotations
@@ -8,7 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..trainer.config import choice
+from ..trainer.config import ConfigError, choice
+
+IMPLICIT = "implicit_prm"
+"""``rollout.process_reward`` naming PRIME's implicit PRM (``vlm/process.py``)"""
 
 
 def _generators() -> list[str]:
@@ -65,6 +74,15 @@ class ModelConfig:
     lora_vision: bool = False
     """also put adapters on the vision tower (its attention qkv/proj and MLP projections)"""
 
+    def check(self, root) -> None:
+        """LoRA adapters need layers to sit on (whether the names match the model's layers is
+        known once the model loads)."""
+        if self.lora_rank > 0 and not self.lora_target_modules:
+            raise ConfigError(
+                f"model.lora_target_modules is empty with model.lora_rank={self.lora_rank}: "
+                "name at least one linear layer (e.g. [q_proj, v_proj]), or set model.lora_rank=0"
+            )
+
 
 @dataclass
 class DataConfig:
@@ -92,6 +110,21 @@ class DataConfig:
     """video generator: clip length in seconds"""
     video_fps: int = 4
     """video generator: frames per second written to the mp4"""
+
+    def check(self, root) -> None:
+        """The question families of the synthetic set, read from the generator's module (the
+        generator's other options are its own to check when it writes the set)."""
+        if self.train or not self.families:
+            return
+        from ..registry import GENERATORS
+
+        try:
+            GENERATORS.get(self.generator).check_families(self.families)
+        except ValueError as e:
+            raise ConfigError(
+                f"data.families with data.generator={self.generator}: {e}; name some of them, "
+                "or leave data.families empty for the generator's default families"
+            ) from None
 
 
 @dataclass
@@ -170,6 +203,40 @@ class EpisodeConfig:
     """strings that end a policy turn like the stop token (vLLM's stop strings), e.g. the
     planner's </subgoal> and <done/>: the turn keeps the string and the chat template's end of
     turn opens the observation; empty: turns end at the stop token only"""
+
+    @property
+    def enabled(self) -> bool:
+        """Rollouts are multi-turn episodes: tools are enabled or another environment named."""
+        return bool(self.tools) or self.env != "tools"
+
+    def check(self, root) -> None:
+        """The registered environment and tools; with episodes on, the budgets and stop
+        strings."""
+        from ..registry import EPISODE_ENVS, UnknownName
+        from .tools import resolve_tools
+
+        try:
+            EPISODE_ENVS.entry(self.env)
+        except UnknownName as e:
+            raise ConfigError(str(e)) from None
+        try:
+            resolve_tools(self.tools)
+        except ValueError as e:  # an unknown name, or a module:function that does not import
+            raise ConfigError(f"rollout.episode.tools: {e}") from None
+        if not self.enabled:
+            return
+        for name, low in (("max_turns", 1), ("max_tokens", 1), ("max_images", 0),
+                          ("max_vision_tokens", 0)):  # fmt: skip
+            if getattr(self, name) < low:
+                raise ConfigError(
+                    f"rollout.episode.{name}={getattr(self, name)} is out of range; set "
+                    f"rollout.episode.{name} >= {low}"
+                )
+        if any(not isinstance(x, str) or not x for x in self.stop):
+            raise ConfigError(
+                f"rollout.episode.stop={self.stop!r}: stop strings must be non-empty text; "
+                "remove the empty ones"
+            )
 
 
 @dataclass
@@ -261,3 +328,71 @@ class RolloutConfig:
     0 uses group_size"""
     tgrpo_threshold: float = 0.5
     """T-GRPO: a rollout is correct when its accuracy reward is at least this"""
+
+    def check(self, root) -> None:
+        """The rollout section's own rules: the reward and the process reward resolve through
+        their registries with their parameters, guide rows fit a group, T-GRPO finds its
+        correctness reward. Trees and engines are the VLM side's samplers' (``vlm/rules.py``;
+        the VLA side grows trees of its own)."""
+        from ..rewards import check_reward
+
+        try:
+            check_reward(self.reward)
+        except ValueError as e:  # an unknown name, or a module:function that does not import
+            raise ConfigError(f"rollout.reward: {e}") from None
+        self._check_process_reward()
+        if self.guide:
+            where = f"rollout.guide={self.guide}"
+            if not 0 < self.guide < self.group_size:
+                raise ConfigError(
+                    f"{where}: a group needs at least one sample; set 0 < rollout.guide < "
+                    f"rollout.group_size ({self.group_size})"
+                )
+            if self.tree.branches:
+                raise ConfigError(
+                    f"{where} with rollout.tree.branches: a trace is no branch of a tree; set "
+                    "rollout.guide=0 or rollout.tree.branches=[]"
+                )
+        if self.tgrpo_alpha > 0:
+            try:
+                tgrpo_correct_key(self.reward)
+            except ValueError as e:
+                raise ConfigError(f"rollout.tgrpo_alpha={self.tgrpo_alpha}: {e}") from None
+
+    def _check_process_reward(self) -> None:
+        name, params = self.process_reward, self.process_params
+        if not name:
+            return
+        where = f"rollout.process_reward={name}"
+        if name == IMPLICIT:
+            if self.episode.enabled:
+                raise ConfigError(
+                    f"{where}: the implicit PRM of multi-turn episodes (rollout.episode) is not "
+                    "supported yet; use a rule-based step reward (e.g. plan_turns on the plan "
+                    "side)"
+                )
+            unknown = sorted(set(params) - {"beta", "lr"})
+            if unknown:
+                raise ConfigError(f"rollout.process_params {unknown}: implicit_prm takes beta, lr")
+            return
+        from ..registry import STEP_REWARDS
+        from ..rewards.registry import check_call
+
+        try:  # what it declares to prepare (a judge's worker) runs when the run is built
+            check_call(STEP_REWARDS.resolve(name), params, "step reward")
+        except ValueError as e:
+            raise ConfigError(f"{where} with rollout.process_params={params}: {e}") from None
+
+
+def tgrpo_correct_key(reward_weights: dict[str, float]) -> str:
+    """The reward component that decides correctness for T-GRPO: ``accuracy`` when the recipe
+    has it, else its one component other than ``format``."""
+    if "accuracy" in reward_weights:
+        return "accuracy"
+    others = [k for k in reward_weights if k != "format"]
+    if len(others) != 1:
+        raise ValueError(
+            f"T-GRPO needs one correctness reward in rollout.reward, got {list(reward_weights)}; "
+            "add `accuracy` (it dispatches on each sample's reward) or keep one besides `format`"
+        )
+    return others[0]

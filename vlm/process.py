@@ -29,10 +29,9 @@ from torch import Tensor
 from ..registry import STEP_REWARDS
 from ..rewards.registry import RewardContext, RewardNeeds, check_call
 from ..trainer.batch import RolloutBatch
+from .config import IMPLICIT  # noqa: F401  (the name of the implicit PRM, read by the builder)
 
 log = logging.getLogger(__name__)
-
-IMPLICIT = "implicit_prm"
 
 
 def token_of_chars(tokenizer, ids: list[int], ends: list[int]) -> list[int]:

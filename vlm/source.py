@@ -25,7 +25,7 @@ from ..datasets.loader import DataError
 from ..rewards.registry import RewardContext
 from ..trainer.batch import RolloutBatch
 from . import rollout
-from .config import RolloutConfig
+from .config import RolloutConfig, tgrpo_correct_key  # noqa: F401  (tgrpo_correct_key: re-exported)
 from .episode import episode_context, episode_metrics, summarize
 from .process import ProcessMonitor
 from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
@@ -109,20 +109,6 @@ def tgrpo_bonus(
         "tgrpo_acc_shuffled": float(k_s[has].sum() / n_s[has].sum()) if has.any() else 0.0,
     }
     return bonus, m
-
-
-def tgrpo_correct_key(reward_weights: dict[str, float]) -> str:
-    """The reward component that decides correctness for T-GRPO: ``accuracy`` when the recipe
-    has it, else its one component other than ``format``."""
-    if "accuracy" in reward_weights:
-        return "accuracy"
-    others = [k for k in reward_weights if k != "format"]
-    if len(others) != 1:
-        raise ValueError(
-            f"T-GRPO needs one correctness reward in rollout.reward, got {list(reward_weights)}; "
-            "add `accuracy` (it dispatches on each sample's reward) or keep one besides `format`"
-        )
-    return others[0]
 
 
 class SkippedAllError(DataError, RuntimeError):
@@ -437,47 +423,67 @@ def evaluate_accuracy(
         episodes also ``episode/...`` and ``tool/...`` (see ``episode.summarize``).
     """
     prompt = prompt or policy.prompt
-    by_family: dict[str, list[float]] = defaultdict(list)
-    comp_vals: dict[str, list[float]] = defaultdict(list)
-    lengths, clipped, skipped, episodes, scored = [], [], 0, [], 0
+    tally = _Tally(scores, records)
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
         idx = list(range(start, start + len(chunk)))
         enc, bad = encode_prompts(policy.processor, chunk, prompt, strict=strict, indices=idx)
-        skipped += len(bad)
+        tally.skipped += len(bad)
         if not enc:
             continue
         b = _greedy(policy, enc, max_new_tokens, token_budget)
         context = episode_context(b)  # for episode terms
-        episodes += list(context.episodes or [])
         done = [m["sample"] for m in b.meta]
         completions = [m["completion"] for m in b.meta]
         totals, comps, _ = _check_reward(reward(completions, done, context), len(b))
-        for j, (s, t) in enumerate(zip(done, totals)):
-            by_family[str(s.get("family", "all"))].append(float(t))
-            key = str(s["id"]) if "id" in s else f"#{scored + j}"  # else: position among scored
-            if scores is not None:
-                scores[key] = float(t)
-            if records is not None and "episode" in b.meta[j]:
-                records[key] = b.meta[j]["episode"]
-        scored += len(done)
+        tally.add(b, context, totals, comps)
+    return tally.metrics()
+
+
+class _Tally:
+    """What `evaluate_accuracy` adds up over its batches; ``scores`` and ``records`` (the
+    caller's, or None) receive each scored sample's total and episode record."""
+
+    def __init__(self, scores: dict | None, records: dict | None):
+        self.scores, self.records = scores, records
+        self.by_family: dict[str, list[float]] = defaultdict(list)
+        self.components: dict[str, list[float]] = defaultdict(list)
+        self.lengths: list[float] = []
+        self.clipped: list[float] = []
+        self.episodes: list = []
+        self.skipped = self.scored = 0
+
+    def add(self, b: RolloutBatch, context: RewardContext, totals: list[float], comps) -> None:
+        """One scored batch: its totals [B], components {name: [B]} and rows."""
+        self.episodes += list(context.episodes or [])
+        for j, (m, t) in enumerate(zip(b.meta, totals)):
+            s = m["sample"]
+            self.by_family[str(s.get("family", "all"))].append(float(t))
+            key = str(s["id"]) if "id" in s else f"#{self.scored + j}"  # else: position
+            if self.scores is not None:
+                self.scores[key] = float(t)
+            if self.records is not None and "episode" in m:
+                self.records[key] = m["episode"]
+        self.scored += len(b.meta)
         for k, v in comps.items():
-            comp_vals[k] += [float(x) for x in v]
-        lengths += b.mask.sum(1).tolist()
-        clipped += [float(m["truncated"]) for m in b.meta]
-    all_scores = [v for vs in by_family.values() for v in vs]
-    out = {
-        "accuracy": _mean(all_scores),
-        "count": float(len(all_scores)),
-        "skipped": float(skipped),
-    }
-    for fam, vs in sorted(by_family.items()):
-        out[f"accuracy/{fam}"] = _mean(vs)
-        out[f"count/{fam}"] = float(len(vs))
-    for k, vs in comp_vals.items():
-        out[f"reward/{k}"] = _mean(vs)
-    out["completion_len_mean"] = _mean(lengths)
-    out["clip_ratio"] = _mean(clipped)
-    if episodes:
-        out.update(summarize(episodes))
-    return out
+            self.components[k] += [float(x) for x in v]
+        self.lengths += b.mask.sum(1).tolist()
+        self.clipped += [float(m["truncated"]) for m in b.meta]
+
+    def metrics(self) -> dict[str, float]:
+        all_scores = [v for vs in self.by_family.values() for v in vs]
+        out = {
+            "accuracy": _mean(all_scores),
+            "count": float(len(all_scores)),
+            "skipped": float(self.skipped),
+        }
+        for fam, vs in sorted(self.by_family.items()):
+            out[f"accuracy/{fam}"] = _mean(vs)
+            out[f"count/{fam}"] = float(len(vs))
+        for k, vs in self.components.items():
+            out[f"reward/{k}"] = _mean(vs)
+        out["completion_len_mean"] = _mean(self.lengths)
+        out["clip_ratio"] = _mean(self.clipped)
+        if self.episodes:
+            out.update(summarize(self.episodes))
+        return out

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from ..registry import EPISODE_ENVS
 from ..trainer.config import ConfigError
 from .prompts import load_images
-from .tools import Observation, Tool, ToolContext, get_tool, run_call, tool_name
+from .tools import Observation, Tool, ToolContext, resolve_tools, run_call, tool_name
 
 
 class ToolEnv:
@@ -63,17 +63,6 @@ def tool_env(cfg) -> Callable[[], ToolEnv]:
     except ValueError as err:
         raise ConfigError(f"rollout.episode.tools: {err}") from err
     return functools.partial(ToolEnv, tools, e.tool_options, e.tool_timeout_s or None)
-
-
-def resolve_tools(names: list[str] | tuple[str, ...]) -> dict[str, Tool]:
-    """Name the policy writes -> tool, for registered names and ``module:function`` specs."""
-    out: dict[str, Tool] = {}
-    for spec in names:
-        tool = get_tool(spec)
-        if tool.name in out:
-            raise ValueError(f"two tools are called {tool.name!r} ({spec!r}); rename one")
-        out[tool.name] = tool
-    return out
 
 
 def allowed_tools(sample: dict, tools: dict[str, Tool]) -> dict[str, Tool]:

@@ -129,6 +129,17 @@ def get_tool(spec: str) -> Tool:
     return Tool(name, entry.obj, usage)
 
 
+def resolve_tools(names: list[str] | tuple[str, ...]) -> dict[str, Tool]:
+    """Name the policy writes -> tool, for registered names and ``module:function`` specs."""
+    out: dict[str, Tool] = {}
+    for spec in names:
+        tool = get_tool(spec)
+        if tool.name in out:
+            raise ValueError(f"two tools are called {tool.name!r} ({spec!r}); rename one")
+        out[tool.name] = tool
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # parsing and running calls
 # ---------------------------------------------------------------------------------------------

@@ -88,18 +88,20 @@ def main() -> None:
     args = ap.parse_args()
 
     from perceptrl.cli import CONFIGS
-    from perceptrl.datasets.plan import FAMILIES
+    from perceptrl.datasets.plan_tasks import FAMILIES
     from perceptrl.trainer.runtime import resolve_path
+    from perceptrl.vlm.builder import build_policy
     from perceptrl.vlm.episode import ObservationTemplate
-    from perceptrl.vlm.run import build_policy, prompt_config
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.wiring import load_config, side
 
     torch.manual_seed(args.seed)
     cfg = load_config(CONFIGS / "plan_grpo.yaml", [f"model.path={resolve_path(args.base)}"])
     side(cfg)
-    policy = build_policy(cfg, Path("runs/make_plan_base"))
+    plan = resolve(cfg)
+    policy = build_policy(plan, Path("runs/make_plan_base"))
     template = ObservationTemplate(policy.processor, policy.stop_text, policy.episode)
-    prompt_cfg = prompt_config(cfg)
+    prompt_cfg = plan.prompt
     model = policy.model.float().train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     rng, val_rng = np.random.default_rng(args.seed), np.random.default_rng(args.seed + 10_000)

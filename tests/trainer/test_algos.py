@@ -19,7 +19,8 @@ from perceptrl.trainer.algos import (
     kl_to_reward,
     value_loss,
 )
-from perceptrl.trainer.config import AlgoConfig
+from perceptrl.trainer.config import AlgoConfig, ConfigError
+from perceptrl.wiring import load_config
 
 DT = torch.float64
 SHAPES = [(1, 1), (4, 5), (8, 3), (12, 7)]
@@ -304,8 +305,8 @@ def test_ppo_dual_clip():
     # dual clip never touches positive advantages
     loss, _ = algos.ppo_clip(lp0, torch.full((1, 1), -math.log(5.0)), -A, mask, cfg)
     assert loss.item() == pytest.approx(-1.2)
-    with pytest.raises(ValueError, match="dual_clip_c"):
-        algos.ppo_clip(lp0, lp0, A, mask, AlgoConfig(dual_clip_c=0.5))
+    with pytest.raises(ConfigError, match="algo.dual_clip_c=0.5.*> 1"):  # refused at load
+        load_config(None, ["algo.dual_clip_c=0.5"])
 
 
 def _away_from_boundaries(B, T, seed, bounds, gap=0.05):

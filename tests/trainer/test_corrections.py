@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from perceptrl.registry import CORRECTIONS, POLICY_LOSSES, UnknownName
-from perceptrl.trainer.config import AlgoConfig
+from perceptrl.trainer.config import AlgoConfig, ConfigError
 from perceptrl.trainer.corrections import apply_correction
+from perceptrl.wiring import load_config
 
 LN = math.log
 # ratios pi_prox / pi_behav of 2 rows x 3 tokens; row 1's last token is padding
@@ -74,8 +75,8 @@ def test_apply_checks_its_thresholds_and_reports():
     lo, lr = logps()
     with pytest.raises(ValueError, match="tis_cap > 0"):
         apply_correction("tis", lo, lr, MASK, AlgoConfig(tis_cap=0.0))
-    with pytest.raises(ValueError, match="correction_low"):
-        apply_correction("icepop", lo, lr, MASK, AlgoConfig(tis_cap=2.0, correction_low=3.0))
+    with pytest.raises(ConfigError, match=r"algo.correction_low=3.0 must be in \(0, algo.tis_cap"):
+        load_config(None, ["algo.tis_cap=2.0", "algo.correction_low=3.0"])  # refused at load
     with pytest.raises(UnknownName, match="valid: geo_mask"):
         CORRECTIONS.get("is")
     _, new_mask, m = apply_correction("icepop", lo, lr, MASK, AlgoConfig(tis_cap=2.0))

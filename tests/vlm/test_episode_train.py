@@ -15,9 +15,9 @@ from perceptrl.registry import GENERATORS
 from perceptrl.rewards import build_reward
 from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.trainer.loop import Trainer
-from perceptrl.vlm.builder import sampling_params
 from perceptrl.vlm.episode import EpisodeSettings
 from perceptrl.vlm.policy import VLMPolicy
+from perceptrl.vlm.run_plan import resolve
 from perceptrl.vlm.sft import VLMSFTSource
 from perceptrl.vlm.source import VLMRolloutSource
 from perceptrl.vlm.tool_env import ToolEnv, resolve_tools
@@ -70,7 +70,7 @@ def stop_bias(policy, bias=6.0):
 def episode_policy(tiny_dirs, cfg) -> VLMPolicy:
     settings = EpisodeSettings(env=GroupedEnv, max_tokens=200)
     pol = VLMPolicy.from_pretrained(
-        tiny_dirs["qwen2_5_vl"], sampling=sampling_params(cfg), episode=settings
+        tiny_dirs["qwen2_5_vl"], sampling=resolve(cfg).sampling, episode=settings
     )
     return stop_bias(pol)
 

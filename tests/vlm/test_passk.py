@@ -106,8 +106,11 @@ def test_episode_answers_reach_the_reward_with_their_records(tiny_dirs, samples)
 def test_the_plan_recipe_scores_pass_k_by_task_success():
     import perceptrl.vla.plan_env  # noqa: F401  (registers the planner's episode environment)
     from perceptrl.cli import CONFIGS
-    from perceptrl.vlm.builder import EVAL_REWARD, eval_reward
+    from perceptrl.vlm.run_plan import EVAL_REWARD, resolve
     from perceptrl.wiring import load_config
 
-    assert eval_reward(load_config(CONFIGS / "plan_grpo.yaml")) == {"plan_success": 1.0}
-    assert eval_reward(load_config(CONFIGS / "vlm_clevr.yaml")) == EVAL_REWARD
+    def eval_reward(recipe):
+        return resolve(load_config(CONFIGS / recipe)).evaluation.reward
+
+    assert eval_reward("plan_grpo.yaml") == {"plan_success": 1.0}
+    assert eval_reward("vlm_clevr.yaml") == EVAL_REWARD

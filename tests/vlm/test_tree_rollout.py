@@ -154,28 +154,27 @@ def test_entropy_allocation_branches_where_the_policy_is_unsure():
     assert sorted(uniform.tolist()) == [2, 2, 3]
 
 
-def test_recipe_checks_the_tree(tmp_path):
+def test_recipe_checks_the_tree():
+    """The tree's rules are checked when the recipe loads; the run plan holds its shape."""
     from perceptrl.trainer.config import ConfigError
-    from perceptrl.vlm.builder import tree_shape
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.wiring import load_config
 
-    def cfg(*o):
-        return load_config(None, ["side=vlm", *o])
+    def tree(*o):
+        return resolve(load_config(None, ["side=vlm", *o])).tree
 
-    assert tree_shape(cfg()) is None
-    shape = tree_shape(cfg("rollout.tree.branches=[2,2]", "rollout.group_size=4"))
-    assert shape == TreeShape((2, 2), 16)
+    assert tree() is None
+    assert tree("rollout.tree.branches=[2,2]", "rollout.group_size=4") == TreeShape((2, 2), 16)
     with pytest.raises(ConfigError, match="rollout.group_size=4"):
-        tree_shape(cfg("rollout.tree.branches=[2,2]", "rollout.group_size=8"))
+        tree("rollout.tree.branches=[2,2]", "rollout.group_size=8")
     with pytest.raises(ConfigError, match="rollout.sampler=fork"):
-        tree_shape(cfg("rollout.tree.branches=[4]", "rollout.sampler=generate"))
+        tree("rollout.tree.branches=[4]", "rollout.sampler=generate")
     vllm = ("rollout.engine=vllm", "rollout.tree.branches=[2,2]", "rollout.group_size=4")
-    assert tree_shape(cfg(*vllm)) == TreeShape((2, 2), 16)
+    assert tree(*vllm) == TreeShape((2, 2), 16)
     with pytest.raises(ConfigError, match="allocate=uniform"):
-        tree_shape(cfg(*vllm, "rollout.tree.allocate=entropy"))
+        tree(*vllm, "rollout.tree.allocate=entropy")
     with pytest.raises(ConfigError, match="nothing of rollout.max_new_tokens"):
-        tree_shape(cfg("rollout.tree.branches=[2,2]", "rollout.group_size=4",
-                       "rollout.max_new_tokens=16"))  # fmt: skip
+        tree("rollout.tree.branches=[2,2]", "rollout.group_size=4", "rollout.max_new_tokens=16")
 
 
 def test_shared_segment_forward_equals_one_forward_per_leaf(tiny_dirs, samples):

@@ -132,7 +132,7 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     second rollout already uses the weights of the first update (synced before sampling)."""
     from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
-    from perceptrl.vlm.builder import sampling_params
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.vlm.source import VLMRolloutSource
 
     policy, engine, _ = setup
@@ -151,7 +151,7 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
 
     samples = [{"id": i, "question": q} for i, q in enumerate(QUESTIONS)]
     source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0)
-    policy.sampling = sampling_params(cfg)  # the rollouts' settings, built once from the recipe
+    policy.sampling = resolve(cfg).sampling  # the rollouts' settings, built once from the recipe
     vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     try:
@@ -297,8 +297,8 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path):
     rollouts score like the trainer's before and after an update."""
     from perceptrl.trainer.engine import build_engine
     from perceptrl.trainer.loop import Trainer
-    from perceptrl.vlm.builder import sampling_params
     from perceptrl.vlm.episode import EpisodeSettings
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.vlm.source import VLMRolloutSource
 
     policy, engine, _ = setup
@@ -314,7 +314,7 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path):
 
     samples = [{"id": i, "question": q} for i, q in enumerate(QUESTIONS)]
     source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0)
-    policy.sampling = sampling_params(cfg)
+    policy.sampling = resolve(cfg).sampling
     policy.episode = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=120)
     vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     try:
@@ -444,9 +444,10 @@ def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
     """``rollout.engine=vllm`` glue: the policy is saved, vLLM starts from that directory with
     the recipe's settings, and its rollouts score like the trainer's."""
     from perceptrl.vlm.builder import vllm_policy
+    from perceptrl.vlm.run_plan import resolve
 
     policy, _, prompts = setup
-    vpolicy = vllm_policy(_engine_recipe(), policy, tmp_path)
+    vpolicy = vllm_policy(resolve(_engine_recipe()).engine, policy, tmp_path)
     assert (tmp_path / "rollout_init" / "config.json").exists()
     assert vpolicy.engine.llm.llm_engine.model_config.max_model_len == 256 + 64
     torch.manual_seed(5)
@@ -458,13 +459,14 @@ def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
 def test_wiring_runs_tool_episodes_on_the_engine(setup, tmp_path):
     """A recipe with tools and ``rollout.engine=vllm`` is no longer refused: its engine holds a
     whole episode (prompt + ``rollout.episode.max_tokens``) and its rollouts are episodes."""
-    from perceptrl.vlm.builder import episode_settings, vllm_policy
+    from perceptrl.vlm.builder import vllm_policy
+    from perceptrl.vlm.run_plan import resolve
 
     policy, _, prompts = setup
-    cfg = _engine_recipe("rollout.episode.tools=[zoom]", "rollout.episode.max_tokens=300")
-    policy.episode = episode_settings(cfg)
+    plan = resolve(_engine_recipe("rollout.episode.tools=[zoom]", "rollout.episode.max_tokens=300"))
+    policy.episode = plan.episode.settings()
     try:
-        vpolicy = vllm_policy(cfg, policy, tmp_path)
+        vpolicy = vllm_policy(plan.engine, policy, tmp_path)
         assert vpolicy.engine.llm.llm_engine.model_config.max_model_len == 256 + 300
         torch.manual_seed(5)
         batch = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=6))

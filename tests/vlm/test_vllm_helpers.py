@@ -215,11 +215,9 @@ def test_engine_without_vllm_says_how_to_install(text_model, tmp_path):
         VLLMEngine(tmp_path, text_model[1])
 
 
-def test_vllm_engine_refuses_what_it_cannot_sync(tmp_path):
-    from perceptrl.vlm.builder import vllm_policy
-
+def test_vllm_engine_refuses_what_it_cannot_sync():
+    """Refused when the recipe loads, before any model or engine is built."""
     for override, match in (("model.lora_rank=8", "LoRA"), ("train.zero_stage=3", "ZeRO-3")):
         extra = ["train.backend=deepspeed"] if "zero" in override else []
-        cfg = load_config(None, ["rollout.engine=vllm", override, *extra])
         with pytest.raises(ConfigError, match=match):
-            vllm_policy(cfg, None, tmp_path)
+            load_config(None, ["rollout.engine=vllm", override, *extra])

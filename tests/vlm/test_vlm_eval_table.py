@@ -114,24 +114,25 @@ def test_held_out_gain_scores_both_models_on_the_same_fresh_questions(tmp_path):
     from perceptrl.cli import CONFIGS
     from perceptrl.datasets.loader import load_samples
     from perceptrl.rewards import build_reward
-    from perceptrl.vlm.builder import build_policy, held_out_gain, prompt_config
+    from perceptrl.vlm.builder import build_policy, held_out_gain
+    from perceptrl.vlm.run_plan import resolve
     from perceptrl.vlm.source import evaluate_accuracy
     from perceptrl.wiring import load_config
 
     assets = Path(__file__).resolve().parents[2] / "assets"
-    cfgs = {
-        name: load_config(CONFIGS / "vlm_demo.yaml", [f"model.path={assets / name}"])
+    plans = {
+        name: resolve(load_config(CONFIGS / "vlm_demo.yaml", [f"model.path={assets / name}"]))
         for name in ("vlm_base", "vlm_demo_base")
     }
-    policies = {name: build_policy(c, tmp_path / name) for name, c in cfgs.items()}
-    cfg = cfgs["vlm_demo_base"]
-    g = held_out_gain(cfg, policies["vlm_base"], policies["vlm_demo_base"], tmp_path / "t", 12)
+    policies = {name: build_policy(p, tmp_path / name) for name, p in plans.items()}
+    plan = plans["vlm_demo_base"]
+    g = held_out_gain(plan, policies["vlm_base"], policies["vlm_demo_base"], tmp_path / "t", 12)
     questions = load_samples(tmp_path / "t" / "data" / "test.jsonl")[0]
     assert len(questions) == 12 and g["questions"] == 12
     assert {q["family"] for q in questions} == {"count_all"} and set(g["families"]) == {"count_all"}
     own = {
         name: evaluate_accuracy(p, questions, build_reward({"accuracy": 1.0}),
-                                prompt=prompt_config(cfg))["accuracy"]
+                                prompt=plan.prompt)["accuracy"]
         for name, p in policies.items()
     }  # fmt: skip
     assert g["before"] == pytest.approx(own["vlm_base"]) and g["after"] == pytest.approx(

@@ -9,8 +9,8 @@ import torch
 from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.trainer.metrics import read_metrics
-from perceptrl.vlm.builder import sampling_params
 from perceptrl.vlm.policy import VLMPolicy
+from perceptrl.vlm.run_plan import resolve
 from perceptrl.vlm.source import VLMRolloutSource, evaluate_accuracy
 from perceptrl.vlm.tiny import ARCHS
 from perceptrl.wiring import Config
@@ -37,7 +37,7 @@ def length_reward(completions, samples, ctx=None):
 def test_one_grpo_step_with_kl(tiny_dirs, samples, tmp_path, arch):
     cfg = grpo_config()
     cfg.algo.kl_coef = 0.05
-    policy = VLMPolicy.from_pretrained(tiny_dirs[arch], sampling=sampling_params(cfg))
+    policy = VLMPolicy.from_pretrained(tiny_dirs[arch], sampling=resolve(cfg).sampling)
     before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
     source = VLMRolloutSource(samples, length_reward, cfg.rollout, seed=0)
     trainer = Trainer(
@@ -71,7 +71,7 @@ def test_micro_batch_accumulation_is_invariant_with_padding(tiny_dirs, samples, 
     grads = []
     for micro in (4, 12):
         cfg = grpo_config(micro_batch_size=micro)
-        policy = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"], sampling=sampling_params(cfg))
+        policy = VLMPolicy.from_pretrained(tiny_dirs["qwen2_5_vl"], sampling=resolve(cfg).sampling)
         source = VLMRolloutSource(samples, length_reward, cfg.rollout, seed=0)
         engine = RecordingEngine(policy.parameters(), cfg.train)
         Trainer(cfg, policy, source, tmp_path / str(micro), engine=engine).train_step()
@@ -84,7 +84,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_dirs, samples, tmp_path):
     def run(run_dir, steps, resume=False):
         cfg = grpo_config(steps=steps)
         cfg.checkpoint.every, cfg.checkpoint.keep_last = 1, 3
-        policy = VLMPolicy.from_pretrained(tiny_dirs["qwen3_vl"], sampling=sampling_params(cfg))
+        policy = VLMPolicy.from_pretrained(tiny_dirs["qwen3_vl"], sampling=resolve(cfg).sampling)
         source = VLMRolloutSource(samples, length_reward, cfg.rollout, seed=0)
 
         def evaluator(p):
