@@ -4,26 +4,20 @@ end to end through the trainer."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-import perceptrl.sim as sim
 from perceptrl.datasets.plan_tasks import SPLIT_BASE, generate, reasoning_trace
 from perceptrl.rewards import RewardContext, build_reward
-from perceptrl.sim.expert import HOME_TOLERANCE
-from perceptrl.sim.vector import idle_action
 from perceptrl.trainer.config import ConfigError
 from perceptrl.trainer.metrics import read_metrics
-from perceptrl.vla.compact import build_compact, spec_from_config
-from perceptrl.vla.config import VLAConfig
-from perceptrl.vla.executors import OracleExecutor, PolicyExecutor, load_executor
-from perceptrl.vla.plan_env import INVALID, PlanEnv, PlanSettings, plan_settings
+from perceptrl.vla.executors import OracleExecutor
+from perceptrl.vla.plan_env import INVALID, PlanEnv, PlanSettings
+from perceptrl.vlm.run_plan import resolve
 from perceptrl.wiring import load_config, side
 
 
@@ -68,28 +62,6 @@ def test_the_oracle_plan_completes_the_task_and_invalid_turns_change_nothing():
     assert env.respond(0, "<done/>") is None
 
 
-def test_a_policy_executor_s_subgoals_start_at_the_home_pose():
-    """A cloned policy only saw episodes that start at home: after a subgoal the arm returns
-    there (the scripted experts' subgoals start where the last one ended)."""
-    assert PolicyExecutor.from_home and not OracleExecutor.from_home
-    after = {}
-    for home in (None, True):  # the oracle's default; sent home as a policy executor's arm
-        env = PlanEnv(PlanSettings(OracleExecutor(), home=home))
-        env.reset([_sample()])
-        first, second = _plan(env, 0)
-        assert env.respond(0, f"<subgoal>{first}</subgoal>").info["planner/progress"] == 0.5
-        robot = env.scene(0).unwrapped.robot
-        at = robot.home_pose()[0]
-        after[home] = float(np.linalg.norm(robot.tcp_pos(env.scene(0).unwrapped.data) - at))
-        obs = env.respond(0, f"<subgoal>{second}</subgoal>")
-        assert obs.info["planner/success"] == 1.0  # going home disturbs nothing
-    assert after[True] < HOME_TOLERANCE < 0.1 < after[None]
-    recipe = "configs/plan_grpo.yaml"
-    assert plan_settings(load_config(recipe, [])).home is None  # the executor's own default
-    assert plan_settings(load_config(recipe, ["plan.home=always"])).home is True
-    assert plan_settings(load_config(recipe, ["plan.home=never"])).home is False
-
-
 def test_rows_of_a_group_and_forks_are_independent_episodes():
     env = PlanEnv(PlanSettings(OracleExecutor()))
     s = _sample("put_two", 5)
@@ -107,7 +79,6 @@ def test_rows_of_a_group_and_forks_are_independent_episodes():
 
 
 def test_a_remembered_subgoal_replays_exactly_what_simulating_it_did():
-    import numpy as np
 
     def episode(env, row, turns):
         return [env.respond(row, t) for t in turns]
@@ -132,86 +103,6 @@ def test_a_remembered_subgoal_replays_exactly_what_simulating_it_did():
     env.reset([s])
     assert env.respond(0, f"<subgoal>{second}</subgoal>").error is None
     assert env.memo_hits == 4
-
-
-def test_a_blow_up_fails_the_subgoal_and_restores_the_scene():
-    env = PlanEnv(PlanSettings(OracleExecutor(), subgoal_steps=30))
-    env.reset([_sample("put_two", 1)])
-    first, _ = _plan(env, 0)
-    e = env.scene(0).unwrapped
-    e.cfg = dataclasses.replace(e.cfg, max_qvel=1e-4)  # any motion counts as a blow-up
-    blocks = e.world().blocks.copy()
-    obs = env.respond(0, f"<subgoal>{first}</subgoal>")
-    assert "simulation failed" in obs.text and obs.info["planner/unstable"] == 1
-    assert obs.info["planner/executed"] == 0 and obs.info["planner/progress"] == 0.0
-    e.set_state(env.rows[0].state)
-    torch.testing.assert_close(torch.as_tensor(e.world().blocks), torch.as_tensor(blocks))
-
-
-class NaNExecutor:
-    def can(self, family):
-        return True
-
-    def start(self, env):
-        return lambda obs: torch.full((1, 5), float("nan")).numpy()
-
-
-def test_non_finite_executor_actions_become_no_ops_and_are_counted():
-    env = PlanEnv(PlanSettings(NaNExecutor(), subgoal_steps=12))
-    env.reset([_sample("put_two", 1)])
-    first, _ = _plan(env, 0)
-    obs = env.respond(0, f"<subgoal>{first}</subgoal>")
-    assert "did not finish" in obs.text and obs.info["planner/env_steps"] == 12
-    assert env.counters["bad_actions"] == 12
-
-
-class FlakyExecutor(OracleExecutor):
-    """Holds still on every other subgoal it is asked to run, and is the oracle on the rest."""
-
-    calls = 0
-
-    def start(self, env):
-        self.calls += 1
-        if self.calls % 2:
-            return lambda obs: idle_action(5, "ee")[None]
-        return super().start(env)
-
-
-def test_the_oracle_plan_with_retries_issues_a_failed_subgoal_again():
-    from perceptrl.vla.plan_eval import oracle_plan
-
-    sample = _sample("put_two", 1)
-    env = PlanEnv(PlanSettings(OracleExecutor()))
-    env.reset([sample])
-    sample["meta"]["plan"] = _plan(env, 0)
-    scores, records = oracle_plan(PlanSettings(FlakyExecutor(), subgoal_steps=80), [sample])
-    assert scores["accuracy"] == 0.0 and "retries" not in scores
-    scores, records = oracle_plan(PlanSettings(FlakyExecutor(), subgoal_steps=80), [sample], 2)
-    # each subgoal: the first attempt holds still, the retry is the oracle's and finishes
-    assert scores["accuracy"] == 1.0
-    assert scores["retries"] == 2.0 and scores["retries/finished"] == 2.0
-    assert scores["executor/put"] == 0.0 and scores["count/executor/put"] == 2.0
-    texts = records[sample["id"]]["texts"]
-    assert len(texts) == 5 and texts[0] == texts[1] and texts[2] == texts[3]
-    assert texts[-1] == "<done/>"
-
-
-def test_a_saved_state_vla_executes_subgoals_of_a_larger_scene(tmp_path):
-    """A compact VLA sized for the primitive put scene (2 blocks, 2 bowls) acts in put_three (4
-    blocks, 3 bowls): the focused view's entity poses are cut to the primitive's."""
-    put = gym.make(sim.env_id("put"), obs_mode="state")
-    spaces = {"action": put.action_space, "observation": put.observation_space}
-    vla = dataclasses.replace(VLAConfig(), encoder="state", hidden=32)
-    build_compact(spec_from_config(vla, spaces, 1, 64)).save(tmp_path / "put")
-    executor = load_executor("policy", {"put": str(tmp_path / "put")})
-    env = PlanEnv(PlanSettings(executor, subgoal_steps=5))
-    env.reset([_sample("put_three", 2)])
-    first = _plan(env, 0)[0]
-    obs = env.respond(0, f"<subgoal>{first}</subgoal>")
-    assert obs.error is None and obs.info["planner/env_steps"] == 5
-    env.reset([_sample("put_then_stack", 0)])  # no stack executor: refused like a bad plan
-    obs = env.respond(0, f"<subgoal>{_plan(env, 0)[1]}</subgoal>")
-    assert obs.error == INVALID and "no skill to stack" in obs.text
 
 
 def test_plan_rewards_read_the_episode_record():
@@ -282,9 +173,9 @@ def test_oracle_traces_are_executed_as_sft_targets(tmp_path):
     from perceptrl.vlm.builder import build_policy, load_data
     from perceptrl.vlm.episode import forced_batch
 
-    cfg = load_config("configs/plan_grpo.yaml", TINY)
-    data = load_data(cfg, tmp_path)
-    policy = build_policy(cfg, tmp_path)
+    plan = resolve(load_config("configs/plan_grpo.yaml", TINY))
+    data = load_data(plan.data, tmp_path)
+    policy = build_policy(plan, tmp_path)
     batch = forced_batch(policy, data.train[:2], [reasoning_trace(s) for s in data.train[:2]])
     for m in batch.meta:
         assert m["episode"]["info"]["planner/success"] == 1.0
@@ -340,29 +231,28 @@ def test_a_guide_trace_that_does_not_run_is_a_data_error(tmp_path):
         trainer.source.collect(trainer.policy, 0)
 
 
-def test_guide_rows_are_refused_where_they_cannot_be_built(tmp_path):
-    from perceptrl.vlm.builder import guide_traces
+def test_guide_rows_are_refused_where_they_cannot_be_built():
+    """The recipe's rules when it loads; each sample's trace when the run is built."""
+    from perceptrl.vlm.builder import guide_trace
 
     for extra, match in [
         (["rollout.guide=2"], "at least one sample"),
         (["rollout.guide=1", "algo.tis_cap=2.0"], "no sampling log-probs"),
         (["rollout.guide=1", "train.pipeline=async"], "train.pipeline=sync"),
     ]:
-        cfg = load_config("configs/plan_grpo.yaml", [*TINY, *extra])
         with pytest.raises(ConfigError, match=match):
-            guide_traces(cfg, [])
-    cfg = load_config("configs/plan_grpo.yaml", [*TINY, "rollout.guide=1"])
+            load_config("configs/plan_grpo.yaml", [*TINY, *extra])
+    plan = resolve(load_config("configs/plan_grpo.yaml", [*TINY, "rollout.guide=1"]))
     with pytest.raises(ConfigError, match="sample lacks it"):
-        guide_traces(cfg, [{"id": "x", "meta": {}}])
+        guide_trace(plan, [{"id": "x", "meta": {}}])
 
 
-def test_the_plan_side_needs_the_plan_environment(tmp_path):
-    cfg = load_config("configs/plan_grpo.yaml", [*TINY, "rollout.episode.env=tools"])
+def test_the_plan_side_needs_the_plan_environment():
+    """Refused when the recipe loads (``perceptrl config`` too), before anything is built."""
     with pytest.raises(ConfigError, match="rollout.episode.env=plan"):
-        side(cfg).build_trainer(cfg, tmp_path)
-    bad = load_config("configs/plan_grpo.yaml", [*TINY, "plan.executor=policy"])
+        load_config("configs/plan_grpo.yaml", [*TINY, "rollout.episode.env=tools"])
     with pytest.raises(ConfigError, match="plan.policies"):
-        side(bad).build_trainer(bad, tmp_path)
+        load_config("configs/plan_grpo.yaml", [*TINY, "plan.executor=policy"])
 
 
 def test_the_held_out_score_reads_the_episodes(tmp_path, monkeypatch):
@@ -372,16 +262,16 @@ def test_the_held_out_score_reads_the_episodes(tmp_path, monkeypatch):
     from perceptrl.vlm.builder import build_evaluator, build_policy, load_data
     from perceptrl.vlm.episode import forced_batch
 
-    cfg = load_config("configs/plan_grpo.yaml", TINY)
-    data = load_data(cfg, tmp_path)
-    policy = build_policy(cfg, tmp_path)
+    plan = resolve(load_config("configs/plan_grpo.yaml", TINY))
+    data = load_data(plan.data, tmp_path)
+    policy = build_policy(plan, tmp_path)
 
     def oracle(policy, prompts, *_):
         samples = [p.sample for p in prompts]
         return forced_batch(policy, samples, [reasoning_trace(s) for s in samples])
 
     monkeypatch.setattr(source, "_greedy", oracle)
-    metrics = build_evaluator(cfg, data.val)(policy)
+    metrics = build_evaluator(plan.evaluation, data.val)(policy)
     assert metrics["accuracy"] == 1.0 and metrics["reward/plan_success"] == 1.0
     assert metrics["planner/progress"] == 1.0 and metrics["count"] == 2
 
@@ -456,7 +346,6 @@ def test_the_shipped_planner_base_copies_the_first_clause_of_an_instruction(tmp_
     """assets/vlm_plan_base (assets/build/make_plan_base.py) has learnt to name a subgoal in the
     instruction's words: greedy, from a text prompt, its first turn is the first subgoal of
     unseen layouts (the shipped tiny VLM it was made from writes none)."""
-    import numpy as np
 
     from perceptrl.sim.composite import SubgoalError, parse_subgoal
     from perceptrl.sim.tasks import get_task, layout
@@ -469,7 +358,7 @@ def test_the_shipped_planner_base_copies_the_first_clause_of_an_instruction(tmp_
 
     def first_turns(model_path: str) -> int:
         cfg2 = load_config("configs/plan_grpo.yaml", [f"model.path={model_path}"])
-        policy = build_policy(cfg2, tmp_path)
+        policy = build_policy(resolve(cfg2), tmp_path)
         rng, right = np.random.default_rng(7), 0
         for k in range(8):
             task = get_task(("put_two", "put_then_stack", "push_then_put", "put_three")[k % 4])
@@ -533,75 +422,6 @@ def test_planners_are_compared_with_the_oracle_plan_on_the_same_states(tmp_path,
     assert Image.open(tmp_path / "quits_0.png").size == (2 * 256 + 4, 256)  # start, outcome
 
 
-def test_an_executor_cloned_on_another_task_is_refused_at_load(tmp_path):
-    """A put-sized policy (4 entity poses) given as the stack executor (3 blocks): a clear
-    error when the recipe loads, not a shape error in the middle of a rollout."""
-    put = gym.make(sim.env_id("put"), obs_mode="state")
-    spaces = {"action": put.action_space, "observation": put.observation_space}
-    vla = dataclasses.replace(VLAConfig(), encoder="state", hidden=32)
-    build_compact(spec_from_config(vla, spaces, 1, 64)).save(tmp_path / "put")
-    with pytest.raises(ValueError, match="reads 4 entity poses, but the stack task's scene has 3"):
-        load_executor("policy", {"stack": str(tmp_path / "put")})
-    with pytest.raises(ValueError, match="not a subgoal family"):
-        load_executor("policy", {"pick": str(tmp_path / "put")})
-    cfg = load_config("configs/plan_grpo.yaml", [*TINY, "plan.executor=policy",
-                                                 f"plan.policies.stack={tmp_path / 'put'}"])  # fmt: skip
-    with pytest.raises(ConfigError, match="trained on another task"):
-        side(cfg).build_trainer(cfg, tmp_path / "run")
-
-
-def test_a_round_s_subgoals_run_side_by_side_as_they_would_one_by_one(tmp_path):
-    """`PlanEnv.prepare` (the rollout hands it a round's turns) executes the subgoals in one
-    simulator each with one policy forward per scene size and step: `respond` then answers
-    exactly what executing them one at a time gives, without simulating again; turns that
-    name nothing executable and group members that agree are left to `respond`."""
-    put = gym.make(sim.env_id("put"), obs_mode="state")
-    spaces = {"action": put.action_space, "observation": put.observation_space}
-    vla = dataclasses.replace(VLAConfig(), encoder="state", hidden=32)
-    build_compact(spec_from_config(vla, spaces, 1, 64)).save(tmp_path / "put")
-    executor = load_executor("policy", {"put": str(tmp_path / "put")})
-    policy = executor.policies["put"]
-    calls = {"n": 0}
-    act = policy.act
-
-    def counted(obs, **kw):
-        calls["n"] += 1
-        return act(obs, **kw)
-
-    policy.act = counted
-    three, two = _sample("put_three", 2), _sample("put_two", 5)
-    samples = [three, two, three, three, two]
-
-    def turns(env):
-        a, b = _plan(env, 0)[:2], _plan(env, 1)[0]
-        return [f"<subgoal>{a[0]}</subgoal>", f"<subgoal>{b}</subgoal>",
-                f"<subgoal>{a[1]}</subgoal>", f"<subgoal>{a[0]}</subgoal>",
-                "<subgoal>put the magenta block in the red bowl</subgoal>"]  # fmt: skip
-
-    answers, counts = {}, {}
-    for mode in ("one_by_one", "side_by_side"):
-        env = PlanEnv(PlanSettings(executor, subgoal_steps=12))
-        env.reset(samples)
-        texts = turns(env)
-        calls["n"] = 0
-        if mode == "side_by_side":
-            env.prepare(list(range(5)), texts)
-            counts["prepare"] = calls["n"]
-        answers[mode] = [env.respond(row, t) for row, t in enumerate(texts)]
-        counts[mode] = calls["n"]
-        states = [env.rows[r].state["physics"] for r in range(5)]
-    for a, b in zip(answers["one_by_one"], answers["side_by_side"], strict=True):
-        assert a.text == b.text and a.info == b.info and a.error == b.error
-        if a.images:
-            np.testing.assert_array_equal(np.asarray(a.images[0]), np.asarray(b.images[0]))
-    assert answers["side_by_side"][4].error == INVALID
-    assert answers["side_by_side"][3].info["planner/env_steps"] == 12
-    # three distinct subgoals, 12 steps each: put_three's two share a forward per step
-    assert counts["one_by_one"] == 36 and counts["prepare"] == 24
-    assert counts["side_by_side"] == 24  # respond simulated nothing more
-    np.testing.assert_array_equal(states[0], states[3])  # the duplicate replayed the first
-
-
 def test_plan_turns_scores_each_turn_where_it_ends():
     """The per-turn process reward: progress made and invalid turns, at each turn's end in the
     joined policy text; the turn that ends the episode gets no step."""
@@ -649,9 +469,9 @@ def test_per_turn_rewards_sit_on_each_turn_s_last_policy_token(tmp_path):
     from perceptrl.vlm.episode import forced_batch
     from perceptrl.vlm.process import RuleSteps
 
-    cfg = load_config("configs/plan_grpo.yaml", TINY)
-    data = load_data(cfg, tmp_path)
-    policy = build_policy(cfg, tmp_path)
+    plan = resolve(load_config("configs/plan_grpo.yaml", TINY))
+    data = load_data(plan.data, tmp_path)
+    policy = build_policy(plan, tmp_path)
     samples = [s for s in data.train if len(s["meta"]["plan"]) == 2][:2]
     batch = forced_batch(policy, samples, [reasoning_trace(s) for s in samples])
     steps, stats = RuleSteps("plan_turns", policy.processor.tokenizer)(
