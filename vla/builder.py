@@ -128,9 +128,8 @@ def build_source(plan: CollectPlan, runner: VecEnv):
 
 
 def build_evaluator(env: EnvConfig):
-    """Deterministic success on ``env.eval_episodes`` held-out seeds, or None when 0."""
-    if env.eval_episodes <= 0:
-        return None
+    """Deterministic success on ``env.eval_episodes`` held-out seeds (a run evaluates when its
+    plan says so: `VLARunPlan.evaluate`)."""
     return functools.partial(evaluate_policy, env_cfg=env)
 
 
