@@ -377,13 +377,16 @@ def rollout_worker(cfg, run_dir: str, model: str, train: list[dict], index: int)
     from ..rewards import build_reward
     from .source import VLMRolloutSource
 
-    plan = resolve(cfg)
-    r = plan.rollout
-    plan = dataclasses.replace(
-        plan, model=dataclasses.replace(plan.model, path=model),
-        device="cuda" if r.worker_gpus else "cpu",
-        sampling=dataclasses.replace(plan.sampling, return_logprobs=True),
+    device = "cuda" if cfg.rollout.worker_gpus else "cpu"
+    cfg = dataclasses.replace(  # this worker's recipe (its episode environment reads it too)
+        cfg, model=dataclasses.replace(cfg.model, path=model),
+        train=dataclasses.replace(cfg.train, device=device),
     )  # fmt: skip
+    plan = resolve(cfg)
+    plan = dataclasses.replace(
+        plan, sampling=dataclasses.replace(plan.sampling, return_logprobs=True)
+    )
+    r = plan.rollout
     worker_dir = Path(run_dir) / f"worker_{index}"
     policy = build_policy(plan, worker_dir)
     if plan.engine.name == "vllm":
