@@ -85,11 +85,13 @@ def score(model: Path, samples: list[dict], out: Path, extra: list[str]) -> tupl
     )
     side(cfg)  # registers the planner's environment
     from perceptrl.vlm.builder import build_evaluator, build_policy
+    from perceptrl.vlm.run_plan import resolve
 
-    policy = build_policy(cfg, out)
+    plan = resolve(cfg)
+    policy = build_policy(plan, out)
     per_sample: dict[str, float] = {}
     records: dict[str, dict] = {}
-    metrics = build_evaluator(cfg, samples)(policy, scores=per_sample, records=records)
+    metrics = build_evaluator(plan.evaluation, samples)(policy, scores=per_sample, records=records)
     return metrics, per_sample, records
 
 
@@ -101,9 +103,10 @@ def oracle(samples: list[dict], extra: list[str], retries: int = 0) -> tuple[dic
     from perceptrl.cli import CONFIGS
     from perceptrl.vla.plan_env import plan_settings
     from perceptrl.vla.plan_eval import oracle_plan
+    from perceptrl.vla.run_plan import resolve_executor
     from perceptrl.wiring import load_config
 
-    settings = plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra))
+    settings = plan_settings(resolve_executor(load_config(CONFIGS / "plan_grpo.yaml", extra)))
     scores, records = oracle_plan(settings, samples, retries)
     families = [k.split("/", 1)[1] for k in scores if k.startswith("executor/")]
     tallies = {f: [round(scores[f"executor/{f}"] * scores[f"count/executor/{f}"]),
@@ -133,9 +136,10 @@ def alone(samples: list[dict], extra: list[str]) -> tuple[dict, dict]:
     from perceptrl.cli import CONFIGS
     from perceptrl.vla.plan_env import plan_settings
     from perceptrl.vla.plan_eval import executor_alone
+    from perceptrl.vla.run_plan import resolve_executor
     from perceptrl.wiring import load_config
 
-    settings = plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra))
+    settings = plan_settings(resolve_executor(load_config(CONFIGS / "plan_grpo.yaml", extra)))
     scores, records = executor_alone(settings, samples)
     scores["planner/progress"] = scores["progress"]
     return scores, {k: r["info"]["success"] for k, r in records.items()}
@@ -146,12 +150,13 @@ def episode_strip(samples: list[dict], records: dict, extra: list[str], out: Pat
     its task (the first episode when none did), replayed from its turns with the executor."""
     from perceptrl.cli import CONFIGS
     from perceptrl.vla.plan_env import plan_settings, replay_video
+    from perceptrl.vla.run_plan import resolve_executor
     from perceptrl.wiring import load_config
 
     done = [s for s in samples if (records.get(str(s["id"])) or {}).get("info", {})
             .get("planner/success")]  # fmt: skip
     sample = (done or samples)[0]
-    settings = plan_settings(load_config(CONFIGS / "plan_grpo.yaml", extra))
+    settings = plan_settings(resolve_executor(load_config(CONFIGS / "plan_grpo.yaml", extra)))
     texts = records[str(sample["id"])]["texts"]
     out.mkdir(parents=True, exist_ok=True)
     png = out / "episode.png"
@@ -178,7 +183,7 @@ def executor_model(run_dir: Path, last: Path) -> Path:
     return best if best.is_dir() else last
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sft-steps", type=int, default=100)
     ap.add_argument("--grpo-minutes", type=float, default=10.0)
@@ -212,25 +217,13 @@ def main() -> None:
         "training the sft arm (say how it was trained with --sft-note)",
     )
     ap.add_argument("--sft-note", default="")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    from perceptrl.datasets.loader import load_samples
-    from perceptrl.datasets.plan_tasks import generate
-    from perceptrl.trainer.runtime import resolve_path
-    from perceptrl.vla.plan_eval import bar_chart
-    from perceptrl.vlm.report import paired_gain
 
-    out, base = Path(args.out), resolve_path(args.base)
-    name = "plan" if args.executor == "oracle" else f"plan_{args.executor}"
-    result = RESULTS / f"{name}.json"
-    previous = json.loads(result.read_text()) if args.reuse and result.exists() else {}
-    train, test_path = out / "data" / "train.jsonl", out / "eval_data" / "test.jsonl"
-    if not (args.reuse and train.exists() and test_path.exists()):
-        generate(out / "data", splits={"train": args.n_train}, seed=args.seed)
-        generate(out / "eval_data", splits={"test": args.n_test}, seed=1000 + args.seed)
-    test = load_samples(test_path)[0]
-    wall: dict[str, float] = {}
-    arm = arm_runner(out, args.reuse, previous, wall)
+def train_executors(args, out: Path, arm, wall: dict) -> tuple[dict, dict, dict]:
+    """The executors of ``--executor`` (none for the oracle): each family's runs, one per
+    ``--exec-seeds`` seed. Returns (family -> the chosen run's model, family -> {seed: its
+    own-task success}, family -> the chosen seed)."""
     executors: dict[str, Path] = {}
     candidates: dict[str, dict[int, float | None]] = {}  # family: {seed: own-task success}
     chosen: dict[str, int] = {}
@@ -243,12 +236,13 @@ def main() -> None:
         candidates[family] = {s: own_success(out / f"exec_{family}_s{s}") for s in models}
         chosen[family] = max(models, key=lambda s: candidates[family][s] or 0.0)
         executors[family] = models[chosen[family]]
-    kind = "oracle" if args.executor == "oracle" else "policy"
-    executor_args = [f"plan.executor={kind}", *args.executor_args]
-    executor_args += [f"plan.policies.{f}={p}" for f, p in executors.items()]
-    common = [f"train.seed={args.seed}", "log.progress=false", "train.eval_every=0",
-              "train.eval_samples=0", f"data.train={train.resolve()}", "data.val=",
-              *executor_args]  # fmt: skip
+    return executors, candidates, chosen
+
+
+def planner_arms(args, base: Path, common: list[str], arm) -> dict[str, Path]:
+    """The planner arms' models: base, sft (or ``--sft-model``), grpo and, with
+    ``--sft-control``, sft_more."""
+    from perceptrl.trainer.runtime import resolve_path
 
     if args.sft_model:
         sft = resolve_path(args.sft_model)
@@ -264,6 +258,73 @@ def main() -> None:
             "sft", "plan_grpo", "train.steps=100000", *common, *SFT_ARGS,
             f"train.time_limit_min={args.grpo_minutes}", f"model.path={sft}",
             "checkpoint.every=0"])  # fmt: skip
+    return arms
+
+
+def executor_rows(per_family: dict, candidates: dict, chosen: dict) -> dict:
+    """The executor per subgoal family: on the oracle plan's subgoals, and (trained executors)
+    on its own primitive task per seed."""
+    rows = {}
+    for f, (ok, tried) in sorted(per_family.items()):
+        row: dict = {"in_composites": ok / tried, "subgoals": tried}
+        trained = f if f in candidates else "all"  # the reader is one run for every family
+        if trained in candidates:
+            row.update(seed=chosen[trained], own_task=candidates[trained][chosen[trained]],
+                       own_task_per_seed={str(s): v for s, v in candidates[trained].items()})  # fmt: skip
+        rows[f] = row
+    return rows
+
+
+def write_report(args, name: str, data: dict, results: dict, test: list, records: dict,
+                 executor_args: list[str], out: Path) -> None:  # fmt: skip
+    """The episode picture of the best planner arm, the chart and the result files."""
+    from perceptrl.vla.plan_eval import bar_chart
+
+    shown = max(
+        ("grpo", "sft", "sft_more"), key=lambda a: results[a]["accuracy"] if a in results else -1
+    )
+    # the README's picture of the loop: the best planner arm's first completed episode
+    strip = episode_strip(test, records[shown], executor_args, out / "episode")
+    strip["planner"] = shown
+    shutil.copy(strip.pop("png"), RESULTS / f"{name}_episode.png")
+    data["episode_picture"] = strip
+    tasks = [t for t in data["success"]["oracle_plan"] if t != "all"]
+    bar_chart(results, tasks, RESULTS / f"{name}.png",
+              title=f"held-out task success ({len(test)} states)")  # fmt: skip
+    seeds = {"planner": [args.seed]}  # training; the data's are seed and 1000 + seed
+    if args.executor != "oracle":
+        seeds["executors"] = args.exec_seeds
+    js, mdp = write_results(name, data, markdown(data), seeds=seeds)
+    print(markdown(data))
+    print(f"\nwrote {js}, {mdp}, {name}.png and {name}_episode.png")
+
+
+def main() -> None:
+    args = parse_args()
+    from perceptrl.datasets.loader import load_samples
+    from perceptrl.datasets.plan_tasks import generate
+    from perceptrl.trainer.runtime import resolve_path
+    from perceptrl.vlm.report import paired_gain
+
+    out, base = Path(args.out), resolve_path(args.base)
+    name = "plan" if args.executor == "oracle" else f"plan_{args.executor}"
+    result = RESULTS / f"{name}.json"
+    previous = json.loads(result.read_text()) if args.reuse and result.exists() else {}
+    train, test_path = out / "data" / "train.jsonl", out / "eval_data" / "test.jsonl"
+    if not (args.reuse and train.exists() and test_path.exists()):
+        generate(out / "data", splits={"train": args.n_train}, seed=args.seed)
+        generate(out / "eval_data", splits={"test": args.n_test}, seed=1000 + args.seed)
+    test = load_samples(test_path)[0]
+    wall: dict[str, float] = {}
+    arm = arm_runner(out, args.reuse, previous, wall)
+    executors, candidates, chosen = train_executors(args, out, arm, wall)
+    kind = "oracle" if args.executor == "oracle" else "policy"
+    executor_args = [f"plan.executor={kind}", *args.executor_args]
+    executor_args += [f"plan.policies.{f}={p}" for f, p in executors.items()]
+    common = [f"train.seed={args.seed}", "log.progress=false", "train.eval_every=0",
+              "train.eval_samples=0", f"data.train={train.resolve()}", "data.val=",
+              *executor_args]  # fmt: skip
+    arms = planner_arms(args, base, common, arm)
     results, per_sample, records = {}, {}, {}
     for a, p in arms.items():
         results[a], per_sample[a], records[a] = score(p, test, out / "eval" / a, executor_args)
@@ -282,31 +343,8 @@ def main() -> None:
     }
     data["settings"].update(executor=args.executor, exec_steps=args.exec_steps,
                             exec_seeds=args.exec_seeds, executor_args=executor_args)  # fmt: skip
-    data["executor"] = {}
-    for f, (ok, tried) in sorted(per_family.items()):
-        row: dict = {"in_composites": ok / tried, "subgoals": tried}
-        trained = f if f in candidates else "all"  # the reader is one run for every family
-        if trained in candidates:
-            row.update(seed=chosen[trained], own_task=candidates[trained][chosen[trained]],
-                       own_task_per_seed={str(s): v for s, v in candidates[trained].items()})  # fmt: skip
-        data["executor"][f] = row
-    shown = max(
-        ("grpo", "sft", "sft_more"), key=lambda a: results[a]["accuracy"] if a in results else -1
-    )
-    # the README's picture of the loop: the best planner arm's first completed episode
-    strip = episode_strip(test, records[shown], executor_args, out / "episode")
-    strip["planner"] = shown
-    shutil.copy(strip.pop("png"), RESULTS / f"{name}_episode.png")
-    data["episode_picture"] = strip
-    tasks = [t for t in data["success"]["oracle_plan"] if t != "all"]
-    bar_chart(results, tasks, RESULTS / f"{name}.png",
-              title=f"held-out task success ({len(test)} states)")  # fmt: skip
-    seeds = {"planner": [args.seed]}  # training; the data's are seed and 1000 + seed
-    if args.executor != "oracle":
-        seeds["executors"] = args.exec_seeds
-    js, mdp = write_results(name, data, markdown(data), seeds=seeds)
-    print(markdown(data))
-    print(f"\nwrote {js}, {mdp}, {name}.png and {name}_episode.png")
+    data["executor"] = executor_rows(per_family, candidates, chosen)
+    write_report(args, name, data, results, test, records, executor_args, out)
 
 
 def grpo_summary(rows: list[dict]) -> dict:
@@ -425,9 +463,14 @@ def markdown(d: dict) -> str:
             + " | ".join(f"{row[k]:.3f}" if row[k] is not None else "-" for k in KEYS)
             + " |"
         )
+    lines += ["", gaps_line(d), *paired_lines(d), *picture_lines(d), *executor_lines(d)]
+    return "\n".join(lines) + "\n"
+
+
+def gaps_line(d: dict) -> str:
+    """The gaps between the arms against the goals, and the wall time."""
     g = d["gaps"]
-    lines += [
-        "",
+    return (
         f"GRPO minus SFT: {g['grpo_minus_sft']:+.3f} (goal +{GOALS['grpo_minus_sft']:.2f}: "
         f"{'met' if d['goals']['grpo_minus_sft']['met'] else 'not met'}); oracle plan minus GRPO: "
         f"{g['oracle_minus_grpo']:+.3f}"
@@ -445,41 +488,54 @@ def markdown(d: dict) -> str:
         )
         + ". Wall time: "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in d["wall_s"].items())
-        + ".",
+        + "."
+    )
+
+
+def paired_lines(d: dict) -> list[str]:
+    if not d.get("paired"):
+        return []
+    lines = ["", "Paired on the same held-out states (difference, standard error, states "
+             "only the second arm / only the first completed):", ""]  # fmt: skip
+    for k, g in d["paired"].items():
+        lines.append(f"- {k}: {g['gain']:+.3f} ± {g['se']:.3f} (z {g['z']:.1f}; "
+                     f"{int(g['improved'])} / {int(g['regressed'])})")  # fmt: skip
+    return lines
+
+
+def picture_lines(d: dict) -> list[str]:
+    if not d.get("episode_picture"):
+        return []
+    e = d["episode_picture"]
+    which = "first held-out episode that completed the task" if e["first_success"] else (
+        "first held-out episode (none completed the task)")  # fmt: skip
+    return ["", f"The {e.get('planner', 'grpo')} planner's (the best arm's) {which} "
+            f"({e['task']}, `{e['id']}`): the picture beside this file (`*_episode.png`); "
+            "the chart of the table above: `*.png`."]  # fmt: skip
+
+
+def executor_lines(d: dict) -> list[str]:
+    if not d.get("executor"):
+        return []
+    lines = [
+        "",
+        "The executor on the oracle plan's subgoals (finished / tried, composite scenes), and "
+        "on its own primitive task (its training run's kept evaluation, per BC seed; the "
+        "planner arms use the best seed's run, chosen by that evaluation):",
+        "",
+        "| subgoal family | in composites | subgoals | seed used | own task, per seed |",
+        "|---|---|---|---|---|",
     ]
-    if d.get("paired"):
-        lines += ["", "Paired on the same held-out states (difference, standard error, states "
-                  "only the second arm / only the first completed):", ""]  # fmt: skip
-        for k, g in d["paired"].items():
-            lines.append(f"- {k}: {g['gain']:+.3f} ± {g['se']:.3f} (z {g['z']:.1f}; "
-                         f"{int(g['improved'])} / {int(g['regressed'])})")  # fmt: skip
-    if d.get("episode_picture"):
-        e = d["episode_picture"]
-        which = "first held-out episode that completed the task" if e["first_success"] else (
-            "first held-out episode (none completed the task)")  # fmt: skip
-        lines += ["", f"The {e.get('planner', 'grpo')} planner's (the best arm's) {which} "
-                  f"({e['task']}, `{e['id']}`): the picture beside this file (`*_episode.png`); "
-                  "the chart of the table above: `*.png`."]  # fmt: skip
-    if d.get("executor"):
-        lines += [
-            "",
-            "The executor on the oracle plan's subgoals (finished / tried, composite scenes), and "
-            "on its own primitive task (its training run's kept evaluation, per BC seed; the "
-            "planner arms use the best seed's run, chosen by that evaluation):",
-            "",
-            "| subgoal family | in composites | subgoals | seed used | own task, per seed |",
-            "|---|---|---|---|---|",
-        ]
-        for f, e in d["executor"].items():
-            per_seed = ", ".join(
-                f"s{k}: " + ("-" if v is None else f"{v:.3f}")
-                for k, v in e.get("own_task_per_seed", {}).items()
-            )
-            lines.append(
-                f"| {f} | {e['in_composites']:.3f} | {e['subgoals']} | {e.get('seed', '-')} | "
-                f"{per_seed or '-'} |"
-            )
-    return "\n".join(lines) + "\n"
+    for f, e in d["executor"].items():
+        per_seed = ", ".join(
+            f"s{k}: " + ("-" if v is None else f"{v:.3f}")
+            for k, v in e.get("own_task_per_seed", {}).items()
+        )
+        lines.append(
+            f"| {f} | {e['in_composites']:.3f} | {e['subgoals']} | {e.get('seed', '-')} | "
+            f"{per_seed or '-'} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":
