@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -219,6 +219,25 @@ def _import_spec(spec: str, kind: str) -> Callable:
     if not callable(obj):
         raise ValueError(f"{kind} spec {spec!r} names a {type(obj).__name__}, not a function")
     return obj
+
+
+def import_modules(names: Sequence[str]) -> None:
+    """Import the modules a recipe lists in ``imports``: the user's own registrations, for the
+    ``perceptrl`` command, a resume and a pipeline's worker processes alike.
+
+    Raises:
+        ValueError: a name that is not text, or a module that does not import (with why).
+    """
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"imports: {name!r} is not a module name (e.g. mypkg.rewards)")
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ValueError(
+                f"imports: cannot import {name!r} ({e}); put the folder that holds it on "
+                "PYTHONPATH or install its package"
+            ) from e
 
 
 # ---------------------------------------------------------------------------------- the kinds

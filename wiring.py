@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .registry import SIDES, Side
+from .registry import SIDES, Side, import_modules
 from .trainer import config as trainer_config
 from .trainer.config import (
     AlgoConfig,
@@ -26,8 +26,9 @@ from .trainer.config import (
     LogConfig,
     Registry,
     TrainConfig,
+    build,
     choice,
-    load,
+    read_recipe,
 )
 from .vla.config import EnvConfig, PlanConfig, VLAConfig
 from .vlm.config import DataConfig, ModelConfig, RolloutConfig, VideoConfig
@@ -50,6 +51,10 @@ def _sides() -> list[str]:
 
 @dataclass
 class Config:
+    imports: list[str] = field(default_factory=list)
+    """Python modules imported before the recipe's names are checked: your own registrations
+    (estimators, losses, rewards, tools, tasks, generators, sides ...), so the ``perceptrl``
+    command can run them; saved with the run, so a resume imports them too"""
     side: str = choice("vlm", _sides)
     """which policy side the recipe trains, an entry of ``SIDES`` (plan: a VLM planner whose
     subgoals a VLA executes)"""
@@ -72,7 +77,15 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     are `ConfigError`s that name the nearest valid key or the valid values. Every rule across
     keys is checked here too (each section's ``check``, then the side's), so a recipe that loads
     is one a run accepts."""
-    cfg = load(Config, path, overrides)
+    raw = read_recipe(path, overrides)
+    imports = raw.get("imports") or []
+    if not isinstance(imports, list):
+        raise ConfigError(f"imports={imports!r}: a list of module names, e.g. [mypkg.rewards]")
+    try:
+        import_modules(imports)  # the user's registrations, before their names are checked
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    cfg = build(Config, raw)
     rules = side(cfg).check
     if rules is not None:
         rules(cfg)

@@ -62,3 +62,47 @@ def test_a_command_the_side_does_not_support_names_the_sides_that_do(tmp_path, c
         assert "--pass-k evaluates recipes of side plan | vlm" in capsys.readouterr().err
     finally:
         SIDES.unregister("mine")
+
+
+USER_MODULE = """
+import torch
+
+from perceptrl.registry import ADVANTAGES
+
+
+@ADVANTAGES.register("median_baseline")
+def median_baseline(inp, cfg):
+    r = inp.rewards.float()
+    adv = torch.zeros_like(r)
+    for g in inp.group_id.unique():
+        rows = inp.group_id == g
+        adv[rows] = r[rows] - r[rows].median()
+    adv = adv[:, None] * inp.mask
+    return adv, adv, {}
+"""
+
+
+def test_a_recipe_imports_the_users_registrations_for_the_command(tmp_path):
+    """``imports`` names modules the ``perceptrl`` command imports before it checks the recipe's
+    names, so a user's registered estimator runs from the command line, and its run resumes."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_estimators.py").write_text(USER_MODULE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    tiny = ["data.n_train=4", "data.n_val=2", "rollout.prompts_per_step=2", "rollout.group_size=2",
+            "rollout.max_new_tokens=8", "train.eval_every=0", "train.eval_samples=2",
+            "algo.dynamic_sampling=false", "log.progress=false", "log.tensorboard=false",
+            "algo.adv_estimator=median_baseline"]  # fmt: skip
+
+    def perceptrl(*args):
+        cmd = [sys.executable, "-m", "perceptrl.cli", *args]
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    without = perceptrl("config", "vlm_clevr", *tiny)
+    assert without.returncode == 2 and "median_baseline" in without.stderr
+    out = perceptrl("train", "vlm_clevr", *tiny, "imports=[my_estimators]", "train.steps=1",
+                    "--run-dir", "run")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "my_estimators" in (tmp_path / "run" / "config.yaml").read_text()

@@ -258,7 +258,12 @@ REGISTRIES = (
 
 def load(root: type, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
     """Build a ``root`` dataclass from a YAML recipe and ``key.sub=value`` overrides (applied
-    in order).
+    in order): `read_recipe`, then `build`."""
+    return build(root, read_recipe(path, overrides))
+
+
+def read_recipe(path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The raw mapping of a YAML recipe with ``key.sub=value`` overrides applied in order.
 
     Override values are parsed as YAML scalars/lists/maps (``algo.kl_coef=0.01``,
     ``data.families=[count_all]``, ``rollout.reward={format: 0.5}``).
@@ -277,6 +282,12 @@ def load(root: type, path: str | Path | None = None, overrides: Sequence[str] = 
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         _set_dotted(raw, key.strip(), yaml.safe_load(value) if value.strip() else "")
+    return raw
+
+
+def build(root: type, raw: dict[str, Any]) -> Any:
+    """The ``root`` dataclass from a raw recipe mapping: every key, type and name checked
+    (`schema.from_dict`), then every section's rules across keys (`schema.check_sections`)."""
     cfg = from_dict(root, raw, where="", root=root)
     check_sections(cfg)
     return cfg
