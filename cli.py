@@ -5,10 +5,11 @@ whose functions build and evaluate the runs (what a side supports is what its re
 and `demo.py` runs ``perceptrl demo``. `trainer/` never imports `vlm/`, `vla/`, `sim/` or
 `datasets/`.
 
-Exit status: 0 done; 2 a recipe error (`ConfigError`: unknown key, bad value, missing file); 3 a
-data error (`DataError`: a bad record, image or video, an empty file, a prompt longer than
-``rollout.max_prompt_length``). Both end with a one-paragraph message that says what to change,
-never a traceback.
+The error boundary is `main`: every anticipated failure ends the command with one paragraph
+(what is wrong, where, the fix) and the exit status of its class (``errors.py``): 2 config, 3
+data, 4 model, 5 machine (GPU, disk, permissions, EGL, memory), 6 run (damaged checkpoints,
+divergence, failing workers), 130 interrupted. Anything else is a bug: its traceback, then one
+line saying so, status 1.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
-from . import demo, wiring
-from .datasets.loader import DataError
-from .registry import GENERATORS
-from .trainer.config import ConfigError, describe, format_valid, save_config, valid_values
+from . import demo, errors, wiring
+from .errors import ConfigError, ModelError, PerceptrlError, RunError, read_yaml
+from .registry import GENERATORS, UnknownName
+from .trainer.config import describe, format_valid, save_config, valid_values
+from .trainer.files import replace_file
 from .wiring import CONFIGS, Config, load_config, new_run_dir
 
-EXIT_CONFIG_ERROR = 2
-EXIT_DATA_ERROR = 3
+EXIT_CONFIG_ERROR = errors.ConfigError.exit_status
+EXIT_DATA_ERROR = errors.DataError.exit_status
+EXIT_BUG = 1
+EXIT_INTERRUPTED = 130
 
 
 def resolve_recipe(name: str | None) -> Path | None:
@@ -34,11 +39,13 @@ def resolve_recipe(name: str | None) -> Path | None:
     if name is None:
         return None
     path = Path(name)
+    if path.is_dir():
+        raise ConfigError(f"recipe {name!r} is a directory; give a YAML file or a shipped recipe")
+    if not path.exists():
+        path = CONFIGS / (name if name.endswith(".yaml") else f"{name}.yaml")
     if path.exists():
+        read_yaml(path)  # not UTF-8, or a YAML syntax error: a ConfigError naming file and line
         return path
-    shipped = CONFIGS / (name if name.endswith(".yaml") else f"{name}.yaml")
-    if shipped.exists():
-        return shipped
     names = ", ".join(sorted(p.stem for p in CONFIGS.glob("*.yaml")))
     raise ConfigError(f"recipe {name!r} not found (neither a file nor a shipped recipe: {names})")
 
@@ -52,7 +59,10 @@ def make_run_dir(cfg: Config, recipe: Path | None, run_dir: str | None) -> Path:
             or f"{recipe.stem if recipe else cfg.side}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
         path = Path(cfg.log.dir) / name
-    return new_run_dir(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run directory {path} is a file; give another --run-dir or log.dir")
+    with errors.creating(path):
+        return new_run_dir(path)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -90,16 +100,23 @@ def prepare_run(args: argparse.Namespace) -> tuple[Config, Path]:
     if getattr(args, "resume", None):
         run_dir = Path(args.resume)
         saved = run_dir / "config.yaml"
-        if not saved.exists():
+        if not saved.is_file():
             raise ConfigError(
                 f"--resume {run_dir}: no config.yaml there; is it a perceptrl run directory?"
+            )
+        if not isinstance(read_yaml(saved), dict):
+            raise RunError(
+                f"--resume {run_dir}: its config.yaml is empty or not a recipe (the run was "
+                "killed while writing it, before any step); start the run again in a new "
+                "--run-dir"
             )
         overrides = [args.recipe, *args.overrides] if args.recipe else list(args.overrides)
         return load_config(saved, overrides), run_dir
     recipe, overrides = split_recipe(args.recipe, args.overrides)
     cfg = load_config(recipe, overrides)
     run_dir = make_run_dir(cfg, recipe, args.run_dir)
-    save_config(cfg, run_dir / "config.yaml")
+    save_config(cfg, run_dir / ".tmp-config.yaml")  # renamed into place: never half a config
+    replace_file(run_dir / ".tmp-config.yaml", run_dir / "config.yaml")
     return cfg, run_dir
 
 
@@ -133,10 +150,10 @@ def prepare_distributed_run(args: argparse.Namespace) -> tuple[Config, Path, boo
     if rank == 0:
         try:
             result = prepare_run(args)
-        except ConfigError as e:
+        except PerceptrlError as e:
             result = e
     result = broadcast_object(result)
-    if isinstance(result, ConfigError):
+    if isinstance(result, PerceptrlError):
         raise result
     cfg, run_dir = result
     if cfg.train.backend != "deepspeed":
@@ -207,9 +224,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _named_models(values: list[str]) -> dict[str, str]:
     """``--model`` values (``path`` or ``name=path``) as name -> path (name: the folder's, or
     its parent's when the folder is a checkpoint's ``model``)."""
+    from .trainer.runtime import resolve_path
+
     out: dict[str, str] = {}
     for v in values:
         name, _, path = v.rpartition("=") if "=" in v else ("", "", v)
+        if not path.strip():
+            raise ConfigError(f"--model {v!r} names no directory; give --model PATH or NAME=PATH")
+        if not resolve_path(path).exists():
+            raise ModelError(
+                f"--model {v!r}: no directory {path!r}; give a saved model folder (a "
+                "checkpoint's model/, or an HF model folder for vlm and plan recipes)"
+            )
         if not name:
             p = Path(path)
             name = p.parent.parent.parent.name if p.name == "model" else p.name
@@ -221,9 +247,12 @@ def _named_models(values: list[str]) -> dict[str, str]:
 
 def _int_list(text: str, flag: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as e:
         raise ConfigError(f"{flag} takes integers separated by commas, e.g. 1,2,4,8") from e
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} {text}: takes positive integers separated by commas, e.g. 1,2,4")
+    return values
 
 
 def cmd_data_generate(args: argparse.Namespace) -> int:
@@ -258,7 +287,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+    with errors.creating(path):
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -476,20 +506,62 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
-    except ConfigError as e:
-        print(f"perceptrl: config error: {_paragraph(e)}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    except DataError as e:
-        print(f"perceptrl: data error: {_paragraph(e)}", file=sys.stderr)
-        return EXIT_DATA_ERROR
     except BrokenPipeError:  # the reader went away (`perceptrl config x | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print(
+            "\nperceptrl: interrupted. A training run continues from its last checkpoint with "
+            "`perceptrl train --resume <run dir>`.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    except Exception as e:  # the error boundary: a known class, or a bug
+        return report(e, args)
     finally:
         if "torch.distributed" in sys.modules:  # a rank leaves its group on every exit path
             from .trainer.distributed import shutdown_distributed
 
             shutdown_distributed(barrier=False)
+
+
+def report(e: Exception, args: argparse.Namespace | None = None) -> int:
+    """Print ``e`` as the command's last word and return its exit status: an anticipated failure
+    (`explain`) as one paragraph ``perceptrl: <kind> error: ...``; anything else with its
+    traceback and a line saying it is a bug to report."""
+    known = explain(e, args)
+    if known is not None:
+        print(f"perceptrl: {known.kind} error: {_paragraph(known)}", file=sys.stderr)
+        return known.exit_status
+    traceback.print_exception(e)
+    print(
+        f"perceptrl: unexpected error ({type(e).__name__}). This is a bug in perceptrl: please "
+        "report it with the command you ran and the traceback above.",
+        file=sys.stderr,
+    )
+    return EXIT_BUG
+
+
+def explain(e: BaseException, args: argparse.Namespace | None = None) -> PerceptrlError | None:
+    """The anticipated failure ``e`` is, as an error class of ``errors.py``, None for a bug: a
+    YAML syntax error located in the recipe or override that holds it, an unregistered name, and
+    what `errors.explain` translates (disk, permissions, memory)."""
+    import yaml
+
+    if isinstance(e, yaml.YAMLError):
+        return _locate_yaml(e, args)
+    if isinstance(e, UnknownName):
+        return ConfigError(str(e))
+    return errors.explain(e)
+
+
+def _locate_yaml(e: BaseException, args: argparse.Namespace | None) -> ConfigError:
+    """The `ConfigError` for YAML error ``e``, naming the recipe file (and line) or the override
+    of this command that holds it."""
+    given = [a for a in [getattr(args, "recipe", None), *getattr(args, "overrides", [])] if a]
+    files = [Path(args.resume) / "config.yaml"] if getattr(args, "resume", None) else []
+    files += [Path(a) for a in given if "=" not in a and Path(a).is_file()]
+    return errors.locate_yaml_error(e, files, [a for a in given if "=" in a])
 
 
 def _paragraph(e: BaseException) -> str:

@@ -7,10 +7,10 @@ the nearest valid key, values must fit their annotation (ints are taken for floa
 tuple), and a `choice` field's value must be one of its valid values (a tuple, or a function
 returning a registry's names, read when the options load). Errors are `ConfigError`.
 
-This module is the bottom of the import graph with ``registry.py``: it imports nothing of the
-package, so the simulator (`sim.env.ManipEnvConfig`) uses it as the recipe loader does
-(``trainer/config.py`` builds YAML loading, overrides and the reference on top and re-exports
-these names).
+This module sits at the bottom of the import graph with ``registry.py``: it imports only
+``errors.py`` (where `ConfigError` and the other error classes live), so the simulator
+(`sim.env.ManipEnvConfig`) uses it as the recipe loader does (``trainer/config.py`` builds YAML
+loading, overrides and the reference on top and re-exports these names).
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import field, fields, is_dataclass
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A recipe, override or option that does not fit the option dataclasses."""
+from .errors import ConfigError
 
 
 def choice(default: Any, valid: Sequence | Callable[[], Iterable]) -> Any:

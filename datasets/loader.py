@@ -28,9 +28,12 @@ Input files:
 
 Errors (:class:`DataError`, one paragraph each): with ``strict=True`` (the default) a malformed
 line names the file, line and problem (an invalid JSON line the column), a missing or undecodable
-image or video names the file, sample index and path, and each names the recipe key that skips
-such samples (``data.strict=false``). With ``strict=False`` they are skipped and counted in
-``stats``. A file without any usable sample is an error in both modes.
+image or video, or one of an aspect ratio no vision processor takes, names the file, sample index
+and path; a question or answer holding a model's special token (``<|image_pad|>``) names the
+token; each names the recipe key that skips such samples (``data.strict=false``). With
+``strict=False`` they are skipped and counted in ``stats`` by reason. A file without any usable
+sample is an error in both modes. Images are read as ``datasets/images.py`` reads them (upright,
+so sizes are the upright ones).
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image
+
+from ..errors import DataError  # ``vlm/`` errors about samples subclass it
+from .images import shape_problem, upright_size
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +67,13 @@ _LETTER = re.compile(r"^\(?[A-Z]\)?\.?$")
 _NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
 _SPAN = re.compile(r"^\[\s*[\d.]+\s*,\s*[\d.]+\s*\]$")
 
+SPECIAL_TOKEN = re.compile(r"<\|[A-Za-z0-9_]{1,40}\|>")
+"""a model's special token as the Qwen / ChatML / Llama families write them (``<|image_pad|>``)"""
+IMAGE_MARK = "<image>"
+"""where a question writes it, the next image goes (``vlm/prompts.py``)"""
+
 LENIENT = "set data.strict=false to skip and count such samples"
 """The fix every strict data error names: the recipe key (``strict=False`` in Python)."""
-
-
-class DataError(ValueError):
-    """A data file, sample, image or video that cannot be used; the message names the file and
-    the place and says what to do. The command ends with it as one paragraph and its own exit
-    status (``vlm/`` errors about samples subclass it; ``datasets/`` imports nothing above it)."""
 
 
 def infer_reward(answer: str, video: bool = False) -> str | None:
@@ -246,14 +251,13 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def check_image(path: str) -> tuple[int, int]:
-    """(width, height) of a decodable image; raises OSError/ValueError otherwise."""
+    """(width, height) of a decodable image, upright (its EXIF orientation applied); raises
+    OSError/ValueError otherwise."""
     with Image.open(path) as im:
         im.verify()
-    with Image.open(
-        path
-    ) as im:  # verify() leaves the file unusable; decode fully to catch truncation
+    with Image.open(path) as im:  # verify() leaves the file unusable; decode to catch truncation
         im.load()
-        return im.size
+        return upright_size(im)
 
 
 def load_samples(
@@ -274,8 +278,10 @@ def load_samples(
         media: filled with what the checks found, per path: ``(width, height)`` of an image,
             ``(width, height, frames, fps)`` of a video (prompt lengths need no second look).
     Returns:
-        (samples, stats) with stats ``{"loaded", "skipped_malformed", "skipped_images"}`` (and
-        ``"skipped_videos"`` once a video sample was skipped).
+        (samples, stats) with stats ``{"loaded", "skipped_malformed", "skipped_images"}`` and,
+        once a sample was skipped for them, ``"skipped_videos"``, ``"skipped_aspect_ratio"``
+        (an image or video frame beyond ``images.MAX_ASPECT_RATIO``) and
+        ``"skipped_special_tokens"`` (a model's special token in the question or answer).
     Raises:
         DataError: strict and a bad record or file, or the file holds no usable sample.
     """
@@ -292,7 +298,10 @@ def load_samples(
         sample = _normalised(rec, path, where, base, strict, stats)
         if sample is None:
             continue
-        if check_images and not _media_ok(sample, path, idx, where, sizes, strict, stats):
+        bad = _special_tokens(sample) or (_check_media(sample, sizes) if check_images else None)
+        if bad is not None:
+            _refuse(bad, sample, f"{path}, sample {idx} ({where}, id {sample['id']!r})", strict)
+            stats[f"skipped_{bad[0]}"] = stats.get(f"skipped_{bad[0]}", 0) + 1
             continue
         samples.append(sample)
     stats["loaded"] = len(samples)
@@ -324,25 +333,14 @@ def _normalised(
         return None
 
 
-def _media_ok(
-    sample: dict, path: Path, idx: int, where: str, sizes: dict, strict: bool, stats: dict
-) -> bool:
-    """True when the sample's images and videos decode; else a DataError naming the file,
-    sample index and path when ``strict``, or a warning and a count in
-    ``stats["skipped_images"]`` / ``stats["skipped_videos"]`` and False."""
-    bad = _check_media(sample, sizes)
-    if bad is None:
-        return True
-    kind, err = bad
-    msg = (
-        f"{path}, sample {idx} ({where}, id {sample['id']!r}): {kind} {err}. "
-        f"Fix or remove the {kind}, or {LENIENT}."
-    )
+def _refuse(bad: tuple[str, str], sample: dict, where: str, strict: bool) -> None:
+    """A sample refused for reason ``bad`` = (reason, what is wrong and the fix): a DataError
+    naming ``where`` (file, sample index, line, id) when ``strict``, else a warning (the caller
+    counts it as ``skipped_<reason>``)."""
+    msg = f"{where}: {bad[1]}, or {LENIENT}."
     if strict:
         raise DataError(msg)
     log.warning("skipping: %s", msg)
-    stats[f"skipped_{kind}s"] = stats.get(f"skipped_{kind}s", 0) + 1
-    return False
 
 
 def _no_samples_error(path: Path, records: int, stats: dict) -> DataError:
@@ -357,49 +355,52 @@ def _no_samples_error(path: Path, records: int, stats: dict) -> DataError:
     )
 
 
-def _check_media(sample: dict, sizes: dict) -> tuple[str, str] | None:
-    """None when the sample's images and videos decode, else ("image" | "video", problem)."""
-    err = _check_sample_images(sample, sizes)
-    if err is not None:
-        return "image", err
-    if sample.get("videos"):
-        err = _check_sample_videos(sample, sizes)
-        if err is not None:
-            return "video", err
+def _special_tokens(sample: dict) -> tuple[str, str] | None:
+    """("special_tokens", problem) when the question or answer holds a model's special token
+    (``<|image_pad|>``, ``<|im_start|>`` ...): the processor would count it as a vision
+    placeholder or a turn marker, and the first prompt with it breaks the model."""
+    for field_ in ("question", "answer"):
+        found = SPECIAL_TOKEN.search(str(sample.get(field_, "")))
+        if found:
+            return "special_tokens", (
+                f"the {field_} holds {found.group()!r}, a model's special token (the chat "
+                "template and the processor write those); remove it from the text (write "
+                f"{IMAGE_MARK} where an image goes)"
+            )
     return None
 
 
-def _check_sample_images(sample: dict, sizes: dict) -> str | None:
-    """None when all images decode (fills meta image_size for iou samples), else a description."""
-    for p in sample["images"]:
-        if p not in sizes:
-            try:
-                sizes[p] = check_image(p)
-            except FileNotFoundError:
-                sizes[p] = FileNotFoundError("file not found")
-            except Exception as e:  # PIL raises many types for bad files
-                sizes[p] = e
-        got = sizes[p]
-        if isinstance(got, Exception):
-            return f"{p} cannot be read ({type(got).__name__}: {got})"
+def _check_media(sample: dict, sizes: dict) -> tuple[str, str] | None:
+    """None when the sample's images and videos decode and have a shape the vision processors
+    take, else (reason: "images" | "videos" | "aspect_ratio", problem and fix)."""
+    for kind, paths in (("image", sample["images"]), ("video", sample.get("videos") or [])):
+        for p in paths:
+            if p not in sizes:
+                sizes[p] = _media_size(kind, p)
+            got = sizes[p]
+            if isinstance(got, Exception):
+                why = f"{type(got).__name__}: {got}" if kind == "image" else str(got)
+                return f"{kind}s", f"{kind} {p} cannot be read ({why}). Fix or remove the {kind}"
+            problem = shape_problem(got)
+            if problem is not None:
+                return "aspect_ratio", f"{kind} {p} {problem}"
     if sample["reward"] == "iou" and sample["images"] and "image_size" not in sample["meta"]:
         sample["meta"]["image_size"] = list(sizes[sample["images"][0]])
     return None
 
 
-def _check_sample_videos(sample: dict, checked: dict) -> str | None:
-    """None when every video opens and its first and last frames decode, else a description."""
-    from .video import check_video
+def _media_size(kind: str, p: str) -> tuple | Exception:
+    """The size `check_image` / `check_video` finds, or the exception that says why not."""
+    try:
+        if kind == "image":
+            return check_image(p)
+        from .video import check_video
 
-    for p in sample["videos"]:
-        if p not in checked:
-            try:
-                checked[p] = check_video(p)
-            except ValueError as e:
-                checked[p] = e
-        if isinstance(checked[p], Exception):
-            return f"{p} cannot be read ({checked[p]})"
-    return None
+        return check_video(p)
+    except FileNotFoundError:
+        return FileNotFoundError("file not found")
+    except Exception as e:  # PIL raises many types for bad files (check_video: ValueError)
+        return e
 
 
 def save_samples(samples: list[dict], path: str | Path) -> Path:

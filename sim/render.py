@@ -15,6 +15,8 @@ import importlib.util
 
 import mujoco
 
+from ..errors import render_error
+
 
 def import_triton_first() -> None:
     """Import triton, when installed, before this process's first EGL context (see the module
@@ -27,4 +29,7 @@ def make_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Rend
     """``mujoco.Renderer(model, height, width)`` after the import-order guard. Create it lazily,
     in the process that renders (an EGL context must not cross a fork)."""
     import_triton_first()
-    return mujoco.Renderer(model, height, width)
+    try:
+        return mujoco.Renderer(model, height, width)
+    except (mujoco.FatalError, RuntimeError, ImportError, AttributeError, OSError) as e:
+        raise render_error(e) from e

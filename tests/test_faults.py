@@ -267,3 +267,89 @@ def test_random_sigkills_every_resumed_run_matches(recipe, root):
     print(f"{recipe}: {len(kills)} kills", *kills, sep="\n  ")
     where = [w for *_, w in kills]
     assert len(kills) >= 4 and "in a checkpoint write" in where and "between checkpoints" in where
+
+
+# ---- damaged checkpoints and the resume's metrics rewrite -------------------------------------
+
+
+def _cut(path: Path) -> None:
+    """Keep the first half of the file (a copy or a disk that failed part way)."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+DAMAGE = {
+    "truncated weights": lambda ckpt: _cut(ckpt / "model" / "model.safetensors"),
+    "truncated trainer state": lambda ckpt: _cut(ckpt / "trainer_state.pt"),
+    "empty state.json": lambda ckpt: (ckpt / "state.json").write_text(""),
+}
+
+
+def _latest(run: Path) -> Path:
+    return sorted((run / "checkpoints").glob("step_*"))[-1]
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.parametrize("recipe", ["vla_ppo_reach_state", "vlm_clevr"])
+def test_a_damaged_latest_checkpoint_resumes_from_the_one_before(recipe, damage, root, caplog):
+    """The latest checkpoint is damaged (as by a bad copy): the resume says so, sets it aside
+    as ``damaged-step_*`` (never deleted), resumes from the previous one, counts it in the
+    resume's row, and logs the uninterrupted run's metrics."""
+    import shutil
+
+    ref = reference(recipe, root)
+    run = root / f"damaged-{recipe}-{damage.replace(' ', '_')}"
+    shutil.copytree(ref, run)
+    latest = _latest(run)
+    DAMAGE[damage](latest)
+    with caplog.at_level("WARNING", logger="perceptrl.trainer.checkpoint"):
+        _resume(run, root)
+    assert f"damaged checkpoint: {latest}" in caplog.text and "Resuming from step_" in caplog.text
+    assert (latest.parent / f"damaged-{latest.name}").is_dir()  # kept, beside the others
+    marker = next(r for r in read_metrics(run / "metrics.jsonl") if "resumed_from_step" in r)
+    assert marker["resume/damaged_checkpoints"] == 1.0
+    assert marker["resumed_from_step"] == int(latest.name[5:]) - 1
+    assert_same_run(ref, run)
+
+
+def test_every_checkpoint_damaged_is_a_run_error_that_keeps_everything(root, capsys):
+    import shutil
+
+    ref = reference("vla_ppo_reach_state", root)
+    run = root / "all-damaged"
+    shutil.copytree(ref, run)
+    for ckpt in (run / "checkpoints").glob("step_*"):
+        DAMAGE["empty state.json"](ckpt)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main(["train", "--resume", str(run)]) == 6
+    err = capsys.readouterr().err
+    assert "perceptrl: run error: every checkpoint of" in err and "state.json" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+REWRITE_PAUSE = "PERCEPTRL_TEST_REWRITE_PAUSE_S"
+"""trainer/files.py sleeps this long between writing a rewrite's new file and renaming it"""
+
+
+def test_a_kill_during_the_resumes_metrics_rewrite_loses_no_line(root):
+    """A resume rewrites metrics.jsonl without the rows logged after its checkpoint; killed
+    inside that rewrite, the file is as it was (the old code truncated it first and a kill
+    there emptied it), and the next resume logs the uninterrupted run's metrics."""
+    import shutil
+
+    ref = reference("vla_ppo_reach_state", root)
+    run = root / "killed-in-rewrite"
+    shutil.copytree(ref, run)
+    shutil.rmtree(_latest(run))  # as killed after logging the last step, before its checkpoint
+    before = (run / "metrics.jsonl").read_bytes()
+    with (root / "stderr.log").open("a") as err:
+        proc = subprocess.Popen(
+            _cmd(["train", "--resume", str(run)]), cwd=root, env=_env({REWRITE_PAUSE: "60"}),
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+    _wait_for(lambda: any(run.glob(".tmp-metrics.jsonl-*")), proc)
+    assert _kill(proc), "the resume ended before it was killed"
+    assert (run / "metrics.jsonl").read_bytes() == before
+    _resume(run, root)
+    assert_same_run(ref, run)
+    assert not any(run.glob(".tmp-metrics.jsonl-*"))

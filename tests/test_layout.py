@@ -16,19 +16,21 @@ OUTSIDE = {"tests", "bench", "assets", "build", "docs", "configs"}
 """folders that are not part of the package's code"""
 
 ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
     "registry": set(),
-    "schema": set(),
-    "rewards": {"registry"},
-    "sim": {"registry", "schema"},
-    "datasets": {"registry", "sim"},
-    "trainer": {"registry", "schema"},
-    "vlm": {"registry", "trainer", "rewards", "datasets"},
-    "vla": {"registry", "trainer", "rewards", "datasets", "sim", "vlm"},
+    "schema": {"errors"},
+    "rewards": {"errors", "registry"},
+    "sim": {"errors", "registry", "schema"},
+    "datasets": {"errors", "registry", "sim"},
+    "trainer": {"errors", "registry", "schema"},
+    "vlm": {"errors", "registry", "trainer", "rewards", "datasets"},
+    "vla": {"errors", "registry", "trainer", "rewards", "datasets", "sim", "vlm"},
 }
-"""room -> the rooms it may import. The trainer knows no side, no simulator and no data;
-rewards and datasets know no model code; the simulator knows no trainer; the VLM side knows no
-VLA side; the VLA side (and the planner in it) builds on both. Rooms above these (the wiring,
-the demo, the command line) may import any room below them but no room imports them."""
+"""room -> the rooms it may import. The error classes (``errors.py``) are below everything, so
+every layer may raise them. The trainer knows no side, no simulator and no data; rewards and
+datasets know no model code; the simulator knows no trainer; the VLM side knows no VLA side; the
+VLA side (and the planner in it) builds on both. Rooms above these (the wiring, the demo, the
+command line) may import any room below them but no room imports them."""
 TOP = ("wiring", "demo", "cli")
 """the composition rooms, from lowest to highest: each may import the rooms before it"""
 

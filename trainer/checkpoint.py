@@ -25,6 +25,7 @@ directory on a file system every node sees.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -34,6 +35,11 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ..errors import RunError
+from .files import fsync_dir, fsync_file
+
+log = logging.getLogger(__name__)
 
 STEP_PREFIX = "step_"
 BEST = "best"
@@ -121,7 +127,7 @@ def save_checkpoint(
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     if distributed:
@@ -156,7 +162,7 @@ def save_best(run_dir: Path, step: int, policy, record: dict, engine=None) -> Pa
             os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(run_dir)
+        fsync_dir(run_dir)
     if engine is not None:
         engine.barrier()
     return final
@@ -202,17 +208,136 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
 
+class DamagedCheckpoint(RunError):
+    """A checkpoint whose files cannot be what ``save_checkpoint`` wrote (truncated weights or
+    trainer state, an empty or unparsable state.json, missing files)."""
+
+
 def load_trainer_state(ckpt: Path, rank: int = 0) -> tuple[dict[str, Any], dict]:
-    """(trainer state of ``rank``, counters) of checkpoint ``ckpt``."""
+    """(trainer state of ``rank``, counters) of checkpoint ``ckpt``, after checking its other
+    files (`checkpoint_problem`); `DamagedCheckpoint` says what is wrong with it."""
     path = ckpt / trainer_state_name(rank)
-    if not path.is_file():
-        raise FileNotFoundError(
+    if rank > 0 and not path.is_file() and (ckpt / trainer_state_name(0)).is_file():
+        raise RunError(
             f"{path} is missing: checkpoint {ckpt.name} was written by fewer ranks than this "
             "launch has; resume with the same number of processes"
         )
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    counters = json.loads((ckpt / "state.json").read_text())
-    return state, counters
+    problem = checkpoint_problem(ckpt) or _file_problem(path)
+    if problem is None:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError ...
+            problem = f"{path.name} does not load ({type(e).__name__}: {_first_line(e)})"
+    if problem is not None:
+        raise DamagedCheckpoint(f"{ckpt}: {problem}")
+    return state, json.loads((ckpt / "state.json").read_text())
+
+
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """What is wrong with checkpoint ``ckpt``'s state.json and weights, None when they are
+    whole: state.json must parse with its step, and every safetensors file under ``model/``
+    must be as long as its header says (a truncated copy is not). Reads headers, not weights."""
+    try:
+        counters = json.loads((ckpt / "state.json").read_text())
+        if not isinstance(counters.get("step"), int):
+            return "state.json holds no step"
+    except (OSError, ValueError, AttributeError) as e:
+        return f"state.json is unreadable ({type(e).__name__}: {_first_line(e)})"
+    model = ckpt / "model"
+    weights = sorted(model.rglob("*.safetensors")) if model.is_dir() else []
+    if not weights:
+        return "model/ holds no safetensors weights"
+    for f in weights:
+        problem = _safetensors_problem(f)
+        if problem is not None:
+            return f"{f.relative_to(ckpt)} {problem}"
+    return None
+
+
+def _file_problem(path: Path) -> str | None:
+    if not path.is_file():
+        return f"{path.name} is missing"
+    return f"{path.name} is empty" if path.stat().st_size == 0 else None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """None when ``path`` is a whole safetensors file: an 8-byte header length, a JSON header,
+    and exactly as many data bytes as its tensors' offsets cover."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > size - 8:
+                return f"is cut short ({size} bytes, shorter than its header)"
+            header = json.loads(f.read(n))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        return f"has a damaged header ({type(e).__name__})"
+    want = 8 + n + max(ends, default=0)
+    return None if size == want else f"is {size} bytes, its header says {want} (cut short?)"
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
+
+
+def load_latest(root: Path, engine=None):
+    """The newest intact checkpoint under ``root`` for a resume, falling back past damaged ones.
+
+    Each damaged checkpoint newer than the one taken is named in a warning and set aside as
+    ``damaged-step_*`` beside the others (never deleted; later pruning and saves leave it
+    alone). With ``engine`` (the loop's), every rank takes the same checkpoint and rank 0
+    writes (the warnings, the renames).
+
+    Returns:
+        None when ``root`` holds no checkpoint; else (checkpoint dir, trainer state, counters,
+        metrics for the resume's row: ``resume/damaged_checkpoints`` when some were set aside).
+    Raises:
+        RunError: every checkpoint is damaged (they stay where they are).
+    """
+    rank = engine.rank if engine is not None else 0
+    damaged: list[tuple[Path, str]] = []
+    for ckpt in reversed(list_checkpoints(root)):
+        try:
+            state, counters = load_trainer_state(ckpt, rank)
+            problem = None
+        except DamagedCheckpoint as e:
+            problem = str(e)
+        if problem is None if engine is None else engine.all_true(problem is None):
+            main = engine is None or engine.is_main
+            aside = _set_aside(damaged, ckpt, main)
+            metrics = {"resume/damaged_checkpoints": float(len(aside))} if aside else {}
+            return ckpt, state, counters, metrics
+        damaged.append((ckpt, problem or f"{ckpt}: damaged on another rank"))
+    if damaged:
+        raise RunError(
+            f"every checkpoint of {root.parent} is damaged, so it cannot resume: "
+            + "; ".join(why for _, why in damaged)
+            + ". Start the run again in a new --run-dir (or move checkpoints/ and "
+            "metrics.jsonl away); the damaged checkpoints are left as they are"
+        )
+    return None
+
+
+def _set_aside(damaged: list[tuple[Path, str]], taken: Path, main: bool) -> list[Path]:
+    """Rename each damaged checkpoint to ``damaged-<name>`` (rank 0) with a warning that names
+    it, what is wrong and the checkpoint resumed instead. Returns the new paths."""
+    out = []
+    for ckpt, why in damaged:
+        aside = ckpt.with_name(f"damaged-{ckpt.name}")
+        k = 1
+        while aside.exists():
+            aside, k = ckpt.with_name(f"damaged-{ckpt.name}.{k}"), k + 1
+        if main:
+            log.warning(
+                "damaged checkpoint: %s. Resuming from %s instead; the damaged one is kept as %s",
+                why, taken.name, aside,
+            )  # fmt: skip
+            os.replace(ckpt, aside)
+        out.append(aside)
+    if main and out:
+        fsync_dir(taken.parent)
+    return out
 
 
 def _fsync_tree(root: Path) -> None:
@@ -222,21 +347,6 @@ def _fsync_tree(root: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         dirs += [Path(dirpath) / d for d in dirnames]
         for name in filenames:
-            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(Path(dirpath) / name)
     for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-        _fsync_dir(d)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(d)

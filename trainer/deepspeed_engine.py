@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..errors import RunError
 from ..registry import ENGINES
 from .config import TrainConfig
 from .distributed import init_distributed, rank_and_world
@@ -52,7 +53,7 @@ deepspeed 0.19.8, ZeRO-2 and ZeRO-3, fp32 on the CPU; everything else in the fil
 OrderedDicts, containers, numbers and strings."""
 
 
-class UnsafeCheckpointError(ValueError):
+class UnsafeCheckpointError(RunError, ValueError):
     """A checkpoint file holds a pickled object that resuming refuses to load (loading it could
     run arbitrary code)."""
 

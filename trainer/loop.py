@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..errors import RunError
 from ..registry import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES
 from . import algos
 from .advantages import AdvantageInputs, declared_needs
@@ -33,7 +34,7 @@ from .batch import RolloutBatch
 from .checkpoint import (
     best_record,
     list_checkpoints,
-    load_trainer_state,
+    load_latest,
     remove_stale_temporaries,
     rng_state,
     save_best,
@@ -49,7 +50,7 @@ from .policy import Policy, RolloutSource, SFTSource
 from .runtime import peak_rss_mb, progress_bar, resolve_device, seed_everything
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(RunError):
     """Raised after ``train.max_bad_steps`` consecutive steps with a non-finite loss/gradient."""
 
 
@@ -97,6 +98,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.device = resolve_device(cfg.train.device)
         self.engine = engine
+        # the number of ranks comes from the launch, not the recipe: checked here, not at load
         if self.engine.world_size > 1 and cfg.algo.dynamic_sampling:
             raise ValueError(
                 "algo.dynamic_sampling with several ranks would give the ranks different batch "
@@ -120,6 +122,7 @@ class Trainer:
         best = cfg.checkpoint.best
         self.best_key = best if not best or best.startswith("eval/") else f"eval/{best}"
         self.best_value: float | None = None
+        # a side knows whether its runs evaluate (its check refuses the recipe at load): any side
         if best and evaluator is None:
             raise ValueError(
                 f"checkpoint.best={best} keeps the weights of the best evaluation, but this run "
@@ -553,11 +556,10 @@ class Trainer:
         )
 
     def _resume(self) -> bool:
-        ckpts = list_checkpoints(self.run_dir / "checkpoints")
-        if not ckpts:
+        found = load_latest(self.run_dir / "checkpoints", self.engine)  # newest intact one
+        if found is None:
             return False
-        last = ckpts[-1]
-        state, counters = load_trainer_state(last, rank=self.engine.rank)
+        last, state, counters, damage = found  # damage: metrics of checkpoints set aside
         self.engine.restore(last, state["engine"], self.policy)  # weights + optimizer
         if hasattr(self.source, "load_state_dict"):
             self.source.load_state_dict(state["source"])
@@ -569,7 +571,7 @@ class Trainer:
             self.best_value = kept["value"]
         self.counters.update(counters.get("counters", {}))
         self.logger.truncate_after(self.step)
-        self.logger.log(self.step, {"resumed_from_step": float(self.step)})
+        self.logger.log(self.step, {"resumed_from_step": float(self.step), **damage})
         return True
 
 

@@ -1,10 +1,21 @@
-"""Metrics sink: one JSON line per step in ``metrics.jsonl`` plus TensorBoard scalars."""
+"""Metrics sink: one JSON line per step in ``metrics.jsonl`` plus TensorBoard scalars.
+
+The file survives a kill at any moment (``trainer/files.py``): each row is appended as one
+whole line, and a resume's rewrite (`MetricsLogger.truncate_after`) replaces the file in one
+rename, so it never empties the history. A line that is not JSON (a write cut short by a full
+disk, a failing machine) is dropped with a warning by every reader, never a crash.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
+
+from .files import append_line, atomic_write_text
+
+log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
@@ -20,19 +31,16 @@ class MetricsLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop lines logged after ``step`` (a killed run may have logged past its checkpoint)."""
+        for stale in self.path.parent.glob(f".tmp-{self.path.name}-*"):  # a rewrite killed
+            stale.unlink(missing_ok=True)
         if not self.path.exists():
             return
-        keep = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", -1) <= step
-        ]
-        self.path.write_text("".join(line + "\n" for line in keep))
+        keep = [line for line, row in _rows(self.path) if row.get("step", -1) <= step]
+        atomic_write_text(self.path, "".join(line + "\n" for line in keep))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: _jsonable(v) for k, v in metrics.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **clean}) + "\n")
+        append_line(self.path, json.dumps({"step": step, **clean}))
         if self.tb is not None:
             for k, v in clean.items():
                 if isinstance(v, (int, float)) and v is not None:
@@ -44,7 +52,30 @@ class MetricsLogger:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of a ``metrics.jsonl``, in order; a line that is not a JSON object is dropped
+    with a warning naming it."""
+    return [row for _, row in _rows(Path(path))]
+
+
+def _rows(path: Path) -> list[tuple[str, dict]]:
+    """(line, parsed row) of every line of ``path`` that holds a JSON object; a line cut short
+    (the last one, by a kill during a write on a failing disk) or otherwise damaged is logged as
+    a warning and skipped."""
+    out = []
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            last = "its last line, cut short" if n == len(lines) else f"line {n}"
+            log.warning("%s: dropping %s (not a JSON object): %.80r", path, last, line)
+            continue
+        out.append((line, row))
+    return out
 
 
 def _jsonable(v):

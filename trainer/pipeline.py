@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import RunError
 from .batch import RolloutBatch
 
 PIPELINES = ("sync", "one_step_off", "async")
@@ -58,7 +59,7 @@ LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
 """what torchrun sets for its ranks (a worker started from rank 0 inherits it)"""
 
 
-class PipelineError(RuntimeError):
+class PipelineError(RunError):
     """The rollout workers produced nothing usable in time, or one fails every time it runs."""
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import MachineError
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 """the ``perceptrl`` package directory (configs/, assets/ ...)"""
 
@@ -44,7 +46,27 @@ def resolve_device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    if device.type == "cuda":
+        check_gpu(device)
     return device
+
+
+def check_gpu(device: torch.device) -> None:
+    """`MachineError` (what torch sees, and the setting to change) unless ``device`` is a
+    GPU this process can use."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count and (device.index is None or device.index < count):
+        return
+    if count:
+        seen = f"torch sees {count} GPU(s), cuda:0..cuda:{count - 1}"
+    elif torch.version.cuda is None:
+        seen = f"this torch ({torch.__version__}) is built without CUDA"
+    else:
+        seen = f"torch ({torch.__version__}, CUDA {torch.version.cuda}) sees no GPU: no driver, or CUDA_VISIBLE_DEVICES hides them"
+    raise MachineError(
+        f"the run asks for device {str(device)!r} but {seen}. Set train.device=cpu (or auto, "
+        "which takes a GPU only where there is one), or run on a machine with a GPU"
+    )
 
 
 def progress_bar(total: int, initial: int, enabled: bool, desc: str = "train"):

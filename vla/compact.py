@@ -40,10 +40,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from ..errors import ModelError
 from ..registry import VLA_HEADS
 from ..sim.composite import ENTITY_SIZE, POSE_SIZE
 from ..trainer.batch import RolloutBatch
@@ -468,16 +470,33 @@ class CompactVLA(nn.Module):
         (path / CONFIG).write_text(json.dumps(cfg, indent=1))
 
     def load(self, path: str | Path) -> None:
-        """Restore in place the weights ``save(path)`` wrote (same tensors: optimizers stay valid)."""
-        state = load_file(str(_checked(path) / WEIGHTS), device=str(self.device))
-        with torch.no_grad():
-            self.load_state_dict(state, strict=True)
+        """Restore in place the weights ``save(path)`` wrote (same tensors: optimizers stay valid);
+        damaged or mismatched weights are a `ModelError` naming the file."""
+        weights = _checked(path) / WEIGHTS
+        try:
+            state = load_file(str(weights), device=str(self.device))
+            with torch.no_grad():
+                self.load_state_dict(state, strict=True)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ModelError(
+                f"cannot load the VLA weights {weights} ({type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:300]}): the file is damaged or was written "
+                "for another config.json; copy the folder again or use another checkpoint"
+            ) from e
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> CompactVLA:
         """Build the policy ``save(path)`` wrote and load its weights."""
-        policy = build_compact(spec_from_json(json.loads((_checked(path) / CONFIG).read_text())))
-        policy = policy.to(device)
+        config = _checked(path) / CONFIG
+        try:
+            spec = spec_from_json(json.loads(config.read_text()))
+        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+            raise ModelError(
+                f"{config} does not describe a CompactVLA ({type(e).__name__}: {e}); is it "
+                "another kind of model (an HF VLM folder)? Pass the `model` folder of a VLA "
+                "checkpoint written by policy.save"
+            ) from e
+        policy = build_compact(spec).to(device)
         policy.load(path)
         return policy
 
@@ -495,7 +514,7 @@ def _checked(path: str | Path) -> Path:
     path = Path(path)
     missing = [n for n in (WEIGHTS, CONFIG) if not (path / n).exists()]
     if missing:
-        raise FileNotFoundError(
+        raise ModelError(
             f"{path} is not a CompactVLA checkpoint (missing {', '.join(missing)}); pass the "
             "`model` folder of a checkpoint written by policy.save"
         )

@@ -6,9 +6,14 @@ only safetensors weights. ``trust_remote_code`` stays off unless asked for.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+
+from ..errors import ModelError
+from ..trainer import runtime
 
 DTYPES = {
     "float32": torch.float32,
@@ -20,8 +25,9 @@ DTYPES = {
 }
 
 
-class ModelLoadError(ValueError):
-    """A model directory that is missing, incomplete or not an image-text-to-text model."""
+class ModelLoadError(ModelError):
+    """A model directory that is missing, incomplete, damaged or not an image-text-to-text
+    model (a `ModelError`, so a ValueError too)."""
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
@@ -34,10 +40,9 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` picks CUDA when available, else the CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    """``"auto"`` picks CUDA when available, else the CPU; a GPU that is not there is a
+    `MachineError` (``trainer.runtime.resolve_device``)."""
+    return runtime.resolve_device(str(device))
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -60,6 +65,33 @@ def check_model_dir(path: str | Path) -> Path:
             "(convert .bin weights with save_pretrained(..., safe_serialization=True))"
         )
     return p
+
+
+@contextlib.contextmanager
+def _load_errors(path: Path, what: str):
+    """Turn what ``from_pretrained`` raises for a damaged or foreign directory (a truncated or
+    corrupt safetensors file, a config.json that is not JSON, weights that do not fit their
+    config, missing processor files) into a `ModelLoadError` that names the folder and the fix."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:300]
+        cause = f"{type(e).__name__}: {first}"
+        if "Unrecognized configuration class" in str(e):
+            raise ModelLoadError(
+                f"{str(path)!r} is not an image-text-to-text model ({cause})"
+            ) from e
+        fix = (
+            "its processor files (processor_config.json or preprocessor_config.json, the "
+            "tokenizer) are missing or damaged: save the processor beside the weights "
+            "(processor.save_pretrained) or copy them from the base model"
+            if what == "the processor"
+            else "its weights or config.json are damaged or do not match (a copy cut short?): "
+            "copy the folder again, or point model.path at another checkpoint's model folder"
+        )
+        raise ModelLoadError(f"cannot load {what} from {str(path)!r} ({cause}); {fix}") from e
 
 
 def set_pixel_bounds(processor, min_pixels: int | None = None, max_pixels: int | None = None):
@@ -136,18 +168,15 @@ def load_vlm(
     )
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    try:
+    with _load_errors(p, "the model"):
         model = AutoModelForImageTextToText.from_pretrained(p, **kwargs)
-    except ValueError as e:
-        if "Unrecognized configuration class" not in str(e):
-            raise
-        raise ModelLoadError(
-            f"{str(p)!r} is not an image-text-to-text model ({e.__class__.__name__}: "
-            f"{str(e).splitlines()[0]})"
-        ) from e
-    processor = AutoProcessor.from_pretrained(p, trust_remote_code=trust_remote_code)
+    with _load_errors(p, "the processor"):
+        processor = AutoProcessor.from_pretrained(p, trust_remote_code=trust_remote_code)
     if not hasattr(processor, "image_processor"):
-        raise ModelLoadError(f"the processor in {str(p)!r} has no image processor")
+        raise ModelLoadError(
+            f"the processor in {str(p)!r} has no image processor (a text-only tokenizer?); "
+            "save the image-text-to-text model's processor there (processor.save_pretrained)"
+        )
     set_pixel_bounds(processor, min_pixels, max_pixels)
     model.to(resolve_device(device))
     if gradient_checkpointing:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from ..datasets.images import image_size, open_image, shape_problem
 from ..datasets.loader import LENIENT, DataError
 from .config import RolloutConfig, VideoConfig
 from .video import Video, VideoLoadError, load_video, shuffle_frames, spatial_factor
@@ -57,6 +57,11 @@ class ImageLoadError(DataError, RuntimeError):
             f"the file, or {LENIENT}."
         )
         self.path, self.sample_id, self.index = path, sample_id, index
+
+
+class SpecialTokenError(DataError):
+    """A question that holds one of the model's special tokens (``<|image_pad|>``,
+    ``<|im_start|>`` ...), which would pass for a vision placeholder or a turn marker."""
 
 
 class PromptTooLongError(DataError):
@@ -97,18 +102,50 @@ class EncodedPrompt:
 
 
 def load_images(sample: dict, index: int | None = None) -> list[Image.Image]:
-    """Open the sample's images as RGB; ImageLoadError names the file and the sample."""
+    """Open the sample's images as a person sees them (``datasets/images.py``: upright,
+    transparency over mid-grey, 16-bit scaled) in RGB; ImageLoadError names the file and the
+    sample (also for an aspect ratio the processor refuses)."""
     out = []
     for img in sample.get("images") or []:
-        if isinstance(img, Image.Image):
-            out.append(img.convert("RGB"))
-            continue
         try:
-            with Image.open(Path(img)) as im:
-                out.append(im.convert("RGB"))
+            rgb = open_image(img)
+            problem = shape_problem(rgb.size)
+            if problem is not None:
+                raise ValueError(f"the image {problem}")
         except (OSError, ValueError, Image.DecompressionBombError) as e:
             raise ImageLoadError(str(img), sample.get("id"), index, e) from e
+        out.append(rgb)
     return out
+
+
+_SPECIALS: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def special_tokens(processor) -> frozenset[str]:
+    """The special tokens of ``processor``'s tokenizer (chat markers, vision placeholders)."""
+    tok = getattr(processor, "tokenizer", processor)
+    if id(tok) not in _SPECIALS or _SPECIALS[id(tok)][0] is not tok:
+        names = set(getattr(tok, "all_special_tokens", ()) or ())
+        added = getattr(tok, "added_tokens_decoder", None) or {}
+        names |= {t.content for t in added.values() if getattr(t, "special", False)}
+        names |= {getattr(processor, a, None) for a in ("image_token", "video_token")}
+        _SPECIALS[id(tok)] = (tok, frozenset(n for n in names if isinstance(n, str) and n))
+    return _SPECIALS[id(tok)][1]
+
+
+def check_text(processor, sample: dict, index: int | None = None) -> None:
+    """`SpecialTokenError` when the sample's question holds one of the model's special tokens
+    (the loader refuses the ``<|...|>`` ones when the data loads; this catches any model's).
+    ``<image>`` and ``<video>`` are this project's placeholders, whatever the model calls them."""
+    question = str(sample.get("question", ""))
+    ours = (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER)
+    found = sorted(t for t in special_tokens(processor) if t in question and t not in ours)
+    if found:
+        raise SpecialTokenError(
+            f"the question of {_name(sample, index)} holds {found[0]!r}, one of the model's "
+            "special tokens (the chat template and the processor write those); remove it from "
+            f"the text (write {IMAGE_PLACEHOLDER} where an image goes), or {LENIENT}."
+        )
 
 
 def load_videos(
@@ -283,6 +320,7 @@ def encode_prompt(
         PromptTooLongError: the prompt exceeds ``cfg.max_prompt_length`` (says whether its text
             or its vision tokens make it too long, and which setting helps).
     """
+    check_text(processor, sample, index)
     images = load_images(sample, index)
     videos = []
     if sample.get("videos"):
@@ -332,7 +370,7 @@ def encode_prompts(
         idx = indices[j] if indices is not None else j
         try:
             encoded.append(encode_prompt(processor, s, cfg, index=idx))
-        except (ImageLoadError, VideoLoadError) as e:
+        except (ImageLoadError, VideoLoadError, SpecialTokenError) as e:
             if strict:
                 raise
             skipped.append({"index": idx, "id": s.get("id"), "error": str(e)})
@@ -376,6 +414,7 @@ class PromptLengths:
         Raises:
             ImageLoadError, VideoLoadError: a file that cannot be read (names it and the sample).
         """
+        check_text(self.processor, sample, index)
         key = self._shapes(sample, index)
         text = self._text_tokens(sample)
         if key not in self._added:
@@ -397,12 +436,13 @@ class PromptLengths:
         images = []
         for img in sample.get("images") or []:
             size = img.size if isinstance(img, Image.Image) else self.media.get(str(img))
-            if size is None:
-                try:
-                    with Image.open(Path(img)) as im:
-                        size = im.size
-                except (OSError, ValueError, Image.DecompressionBombError) as e:
-                    raise ImageLoadError(str(img), sample.get("id"), index, e) from e
+            try:
+                size = size or image_size(img)
+                problem = shape_problem(size)
+                if problem is not None:
+                    raise ValueError(f"the image {problem}")
+            except (OSError, ValueError, Image.DecompressionBombError) as e:
+                raise ImageLoadError(str(img), sample.get("id"), index, e) from e
             images.append(tuple(size))
         videos = []
         for path in sample.get("videos") or []:

@@ -279,9 +279,11 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_load_names_missing_files(tmp_path):
+    from perceptrl.errors import ModelError
+
     try:
         CompactVLA.from_pretrained(tmp_path)
-    except FileNotFoundError as e:
+    except ModelError as e:
         assert "config.json" in str(e) and "model.safetensors" in str(e)
     else:
-        raise AssertionError("expected FileNotFoundError")
+        raise AssertionError("expected ModelError")
