@@ -17,12 +17,13 @@ EGL) and ``run`` (run directories to resume).
 
 Run it as a script to write every case into a folder with the command that reproduces it::
 
-    python tests/faults/corpus.py /tmp/corpus     # then: cd /tmp/corpus/<case> && perceptrl ...
+    python tests/faults/corpus.py fault_corpus   # then run a printed command from the same folder
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 from collections.abc import Callable
@@ -477,7 +478,7 @@ def main(out: str) -> None:
         env = " ".join(f"{k}={v}" for k, v in case.env)
         want = f"skips {case.skipped}" if case.skipped else f"exit {case.status}"
         want += f" (pending: {case.pending})" if case.pending else ""
-        print(f"{case.name}: {want}\n    {env + ' ' if env else ''}perceptrl {' '.join(args)}")
+        print(f"{case.name}: {want}\n    {env + ' ' if env else ''}perceptrl {shlex.join(args)}")
 
 
 if __name__ == "__main__":
