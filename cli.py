@@ -197,6 +197,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"--pass-k evaluates recipes of side {' | '.join(wiring.sides_with('run_pass_k'))},"
                 " one task set per command"
             )
+        _check_found(models)
         result = run_pass_k(cfgs, out, ks, args.pass_n or max(ks))
     elif len(models) > 1:
         cfgs = {name: load_config(recipe, [*overrides, f"model.path={path}"])
@@ -209,11 +210,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{' | '.join(wiring.sides_with('run_compare'))} (success table, chart and "
                 f"videos) or, with --pass-k, on side {' | '.join(wiring.sides_with('run_pass_k'))}"
             )
+        _check_found(models)
         result = run_compare(cfgs, out)
     else:
         path = next(iter(models.values()))
         cfg = load_config(recipe, [*overrides, f"model.path={path}"])
         sets = [load_config(resolve_recipe(r), [*overrides, f"model.path={path}"]) for r in more]
+        _check_found(models)
         result = wiring.side(cfg).run_eval(cfg, out, more=sets)
     print(result["table"])
     for path in result["files"]:
@@ -224,18 +227,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _named_models(values: list[str]) -> dict[str, str]:
     """``--model`` values (``path`` or ``name=path``) as name -> path (name: the folder's, or
     its parent's when the folder is a checkpoint's ``model``)."""
-    from .trainer.runtime import resolve_path
-
     out: dict[str, str] = {}
     for v in values:
         name, _, path = v.rpartition("=") if "=" in v else ("", "", v)
         if not path.strip():
             raise ConfigError(f"--model {v!r} names no directory; give --model PATH or NAME=PATH")
-        if not resolve_path(path).exists():
-            raise ModelError(
-                f"--model {v!r}: no directory {path!r}; give a saved model folder (a "
-                "checkpoint's model/, or an HF model folder for vlm and plan recipes)"
-            )
         if not name:
             p = Path(path)
             name = p.parent.parent.parent.name if p.name == "model" else p.name
@@ -243,6 +239,19 @@ def _named_models(values: list[str]) -> dict[str, str]:
             name = f"{name}_{len(out)}"
         out[name] = path
     return out
+
+
+def _check_found(models: dict[str, str]) -> None:
+    """A `ModelError` naming the first ``--model`` folder that does not exist (all are checked
+    before any is evaluated)."""
+    from .trainer.runtime import resolve_path
+
+    for name, path in models.items():
+        if not resolve_path(path).exists():
+            raise ModelError(
+                f"--model {name}={path}: no directory {path!r}; give a saved model folder (a "
+                "checkpoint's model/, or an HF model folder for vlm and plan recipes)"
+            )
 
 
 def _int_list(text: str, flag: str) -> list[int]:
