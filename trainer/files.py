@@ -65,10 +65,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def append_line(path: str | Path, line: str) -> None:
     """Append ``line`` (a newline is added) to ``path`` with one ``write`` of the whole line,
-    repeated for what a short write left."""
+    repeated for what a short write left. A kill can still cut a long write short (the kernel
+    stops a write between pages for a fatal signal): a line the file ends in without its
+    newline is closed first, so the cut line stays one damaged line that readers drop and the
+    new one stays whole."""
     data = (line.rstrip("\n") + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
