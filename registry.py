@@ -274,7 +274,7 @@ CORRECTIONS: Registry[Callable] = Registry(
 bool)`` (trainer/corrections.py)"""
 REWARDS: Registry[Callable] = Registry(
     "reward", "rollout.reward", ("perceptrl.rewards",),
-    declares={"prepare": None, "counters": None, "self_timed": False},
+    declares={"prepare": None, "counters": None, "self_timed": False, "check_answer": None},
 )  # fmt: skip
 """``fn(completions, samples, ctx: RewardContext, **params) -> scores [B]`` (rewards/registry.py).
 Declares ``prepare(**params)`` (called once when the reward is built), ``counters(**params)``

@@ -39,6 +39,11 @@ def choices(f) -> list | None:
     return list(valid() if callable(valid) else valid)
 
 
+def at_least(default: Any, low: float) -> Any:
+    """A number field whose value must be at least ``low`` (e.g. a group size of at least 1)."""
+    return field(default=default, metadata={"low": low})
+
+
 def from_dict(cls: type, raw: dict[str, Any], where: str, root: type | None = None) -> Any:
     """Instantiate dataclass ``cls`` from ``raw``, recursing into nested dataclasses; keys,
     types and `choice` values are checked here (see the module docstring). ``where``: the
@@ -56,7 +61,10 @@ def from_dict(cls: type, raw: dict[str, Any], where: str, root: type | None = No
         if is_dataclass(kind):
             kwargs[key] = from_dict(kind, value or {}, dotted, root)
         else:
-            kwargs[key] = _check_choice(_check_type(value, kind, dotted), by_name[key], dotted)
+            value = _check_type(value, kind, dotted)
+            kwargs[key] = _check_low(
+                _check_choice(value, by_name[key], dotted), by_name[key], dotted
+            )
     return cls(**kwargs)
 
 
@@ -105,6 +113,13 @@ def type_name(kind: Any) -> str:
     if typing.get_origin(kind) is not None:
         return str(kind).replace("typing.", "")
     return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
+
+
+def _check_low(value: Any, f, dotted: str) -> Any:
+    low = f.metadata.get("low")
+    if low is None or value >= low:
+        return value
+    raise ConfigError(f"{dotted}={value!r} is out of range: it must be at least {low}")
 
 
 def _check_choice(value: Any, f, dotted: str) -> Any:

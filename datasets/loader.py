@@ -49,6 +49,7 @@ from typing import Any
 from PIL import Image
 
 from ..errors import DataError  # ``vlm/`` errors about samples subclass it
+from ..registry import REWARDS
 from .images import shape_problem, upright_size
 
 log = logging.getLogger(__name__)
@@ -298,7 +299,8 @@ def load_samples(
         sample = _normalised(rec, path, where, base, strict, stats)
         if sample is None:
             continue
-        bad = _special_tokens(sample) or (_check_media(sample, sizes) if check_images else None)
+        bad = _special_tokens(sample) or _unscoreable(sample)
+        bad = bad or (_check_media(sample, sizes) if check_images else None)
         if bad is not None:
             _refuse(bad, sample, f"{path}, sample {idx} ({where}, id {sample['id']!r})", strict)
             stats[f"skipped_{bad[0]}"] = stats.get(f"skipped_{bad[0]}", 0) + 1
@@ -367,6 +369,29 @@ def _special_tokens(sample: dict) -> tuple[str, str] | None:
                 "template and the processor write those); remove it from the text (write "
                 f"{IMAGE_MARK} where an image goes)"
             )
+    return None
+
+
+def _unscoreable(sample: dict) -> tuple[str, str] | None:
+    """("unscoreable", problem) when no completion can ever score on the sample: its reward is
+    no registered reward, or the reward's declared ``check_answer`` finds the answer one it
+    cannot score (an ``mcq`` answer that is not an option, a ``numeric`` answer without a
+    number, an inverted box ...). Such a sample would train at 0 forever."""
+    name = sample["reward"]
+    if ":" in name:  # a module:function the run imports; it declares nothing to check here
+        return None
+    if name not in REWARDS:
+        return "unscoreable", (
+            f'its "reward" is {name!r}, which no registered reward is (valid: '
+            f"{', '.join(REWARDS.names())}); name one of them"
+        )
+    check = REWARDS.meta(name).get("check_answer")
+    why = check(sample) if check is not None else None
+    if why:
+        return "unscoreable", (
+            f"its answer {sample['answer']!r} can never score under reward {name!r}: {why}; "
+            'fix the answer or name another "reward"'
+        )
     return None
 
 

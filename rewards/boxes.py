@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..registry import REWARDS
-from .builtin import _check, _sid, answer_box, to_original
+from .builtin import _box_answer, _check, _sid, answer_box, to_original
 from .parse import answer_or_text, box_iou, parse_box
 from .registry import RewardContext
 
@@ -72,7 +72,7 @@ def giou_value(a: Sequence[float], b: Sequence[float]) -> float | None:
     return _gbox(a, b)
 
 
-@REWARDS.register("giou")
+@REWARDS.register("giou", check_answer=_box_answer)
 def giou(
     completions: list[str], samples: list[dict], ctx: RewardContext, rescale: bool = True
 ) -> list[float]:

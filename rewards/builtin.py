@@ -55,7 +55,28 @@ def format_reward(
     return [1.0 if checks[style](c) else 0.0 for c in completions]
 
 
-@REWARDS.register("mcq")
+def _mcq_answer(sample: dict) -> str | None:
+    """Why ``sample``'s answer can never score under ``mcq`` (None: it can)."""
+    options = (sample.get("meta") or {}).get("options")
+    if extract_letter(str(sample["answer"]), options) is None:
+        return "it is not an option letter (A, B, ...) of the sample's options"
+    return None
+
+
+def _number_answer(sample: dict) -> str | None:
+    """Why ``sample``'s answer can never score under ``numeric`` (None: it can)."""
+    return None if parse_number(str(sample["answer"])) is not None else "it holds no one number"
+
+
+def _box_answer(sample: dict) -> str | None:
+    """Why ``sample``'s answer can never score under ``iou``/``giou`` (None: it can)."""
+    gt = parse_box(str(sample["answer"]))
+    if gt is None or gt[2] <= gt[0] or gt[3] <= gt[1]:
+        return "it is no box [x1, y1, x2, y2] with x1 < x2 and y1 < y2"
+    return None
+
+
+@REWARDS.register("mcq", check_answer=_mcq_answer)
 def mcq(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """1 if the option letter in the answer tag (or the text) equals the sample's letter, else 0.
 
@@ -73,7 +94,7 @@ def mcq(completions: list[str], samples: list[dict], ctx: RewardContext) -> list
     return out
 
 
-@REWARDS.register("numeric")
+@REWARDS.register("numeric", check_answer=_number_answer)
 def numeric(
     completions: list[str],
     samples: list[dict],
@@ -124,7 +145,7 @@ def to_original(box: list[float], meta: dict) -> list[float]:
     return [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy]
 
 
-@REWARDS.register("iou")
+@REWARDS.register("iou", check_answer=_box_answer)
 def iou(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """IoU in [0, 1] of the first box in the answer with the sample's box ``"[x1, y1, x2, y2]"``.
 

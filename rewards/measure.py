@@ -32,7 +32,27 @@ def mra_score(pred: float, gt: float, thresholds: Sequence[float] = MRA_THRESHOL
     return sum(rel <= 1.0 - t + _EPS for t in thresholds) / len(thresholds)
 
 
-@REWARDS.register("mra")
+def _mra_answer(sample: dict) -> str | None:
+    """Why ``sample``'s answer can never score under ``mra`` (None: it can)."""
+    gt = parse_number(str(sample["answer"]))
+    return None if gt is not None and gt != 0 else "it holds no one non-zero number"
+
+
+def _span_answer(sample: dict) -> str | None:
+    """Why ``sample``'s answer can never score under ``tiou`` (None: it can)."""
+    ans = sample["answer"]
+    if parse_span(ans if isinstance(ans, (list, tuple)) else str(ans)) is None:
+        return "it is no time span [start, end] in seconds with start <= end"
+    return None
+
+
+def _count_answer(sample: dict) -> str | None:
+    """Why ``sample``'s answer can never score under ``count`` (None: it can)."""
+    gt = parse_number(str(sample["answer"]))
+    return None if gt is not None and gt >= 0 and gt == int(gt) else "it is no count (0, 1, 2, ...)"
+
+
+@REWARDS.register("mra", check_answer=_mra_answer)
 def mra(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """VSI-Bench mean relative accuracy of the one number in the answer, in {0, 0.1, …, 1}.
 
@@ -98,7 +118,7 @@ def span_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
     return inter / union if union > 0 else (1.0 if a == b else 0.0)
 
 
-@REWARDS.register("tiou")
+@REWARDS.register("tiou", check_answer=_span_answer)
 def tiou(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """Temporal IoU in [0, 1] of the answered span with the sample's span, both in seconds.
 
@@ -120,7 +140,7 @@ def tiou(completions: list[str], samples: list[dict], ctx: RewardContext) -> lis
     return out
 
 
-@REWARDS.register("count")
+@REWARDS.register("count", check_answer=_count_answer)
 def count(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """1 if the answer's one number is a non-negative integer equal to the count, else 0.
 

@@ -89,6 +89,10 @@ class RewardNeeds:
     self_timed: bool = False
     """the reward enforces ``ctx.timeout_s`` itself (raising `RewardTimeout`) instead of being
     timed by the composite (the judge kills its worker, which no timer here could stop)"""
+    check_answer: Callable[[dict], str | None] | None = None
+    """``check_answer(sample) -> why`` (None: scoreable): asked of every sample that names
+    this reward when the data loads, so an answer no completion can ever score (an ``mcq``
+    answer that is not an option, an inverted box) is a data error, not a run at 0"""
 
     @classmethod
     def of(cls, entry: Entry) -> RewardNeeds:

@@ -150,6 +150,23 @@ def test_eval_vlm_writes_a_per_family_table(tmp_path):
     assert metrics["count"] == 6 and 0.0 <= metrics["accuracy"] <= 1.0
 
 
+def test_eval_scores_exactly_the_validation_file_it_names(tmp_path):
+    """``data.val`` alone (no ``data.train``) is the evaluated set: its samples, its name in the
+    report, and the count read said on stdout."""
+    import cv2
+    import numpy as np
+
+    cv2.imwrite(str(tmp_path / "a.png"), np.full((56, 56, 3), 128, np.uint8))
+    rows = [{"id": f"q{i}", "images": ["a.png"], "question": "How many?", "answer": str(i),
+             "reward": "count"} for i in range(3)]  # fmt: skip
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = perceptrl("eval", "vlm_clevr", "--model", "assets/vlm_base", "--out", "ev",
+                    "data.val=val.jsonl", cwd=tmp_path)  # fmt: skip
+    assert "3 of the 3 samples of data.val=val.jsonl" in out.stdout
+    report = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert report["metrics"]["count"] == 3 and report["task_sets"][0]["data"] == "val.jsonl"
+
+
 def test_eval_pass_k_puts_two_models_on_one_chart(tmp_path):
     out = perceptrl("eval", "vlm_clevr", "--model", "base=assets/vlm_base", "--model", "again=assets/vlm_base",
                     "--pass-k", "1,2", "--pass-n", "3", "--out", "pk", "train.eval_samples=3", "data.n_val=3",

@@ -80,7 +80,7 @@ INVALID: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
         ("rollout.workers", "env.num_envs"),
     ),
     "GRPO groups are not empty": (
-        "vla_grpo", ["rollout.group_size=0"], ("rollout.prompts_per_step", "rollout.group_size"),
+        "vla_grpo", ["rollout.group_size=0"], ("rollout.group_size",),
     ),
     "a tree's leaves are the group": (
         "vla_grpo", ["rollout.tree.branches=[2,3]"], ("rollout.tree.branches", "rollout.group_size"),

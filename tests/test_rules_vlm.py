@@ -227,11 +227,11 @@ def test_the_run_plan_is_resolved_once_and_shares_nothing_with_the_recipe():
 
 
 def test_an_evaluation_leaves_the_recipe_alone(tmp_path: Path):
-    """``perceptrl eval`` writes only the validation split of a synthetic set, from the plan's
-    data source (the recipe's ``data.n_train`` is not touched)."""
+    """``perceptrl eval`` writes only the validation split of a synthetic set (no training
+    split), from the plan's data source (the recipe's ``data.n_train`` is not touched)."""
     from perceptrl.vlm.builder import eval_data
 
     cfg = load_config(CONFIGS / "vlm_clevr.yaml", ["data.n_val=2"])
     before = dataclasses.asdict(cfg)
     data = eval_data(resolve(cfg), tmp_path)
-    assert (len(data.train), len(data.val)) == (1, 2) and dataclasses.asdict(cfg) == before
+    assert (len(data.train), len(data.val)) == (0, 2) and dataclasses.asdict(cfg) == before

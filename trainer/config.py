@@ -21,10 +21,12 @@ from typing import Any, NamedTuple, Protocol
 
 import yaml
 
+from ..errors import parse_yaml, read_yaml
 from ..registry import ADVANTAGES, AGG_MODES, CORRECTIONS, ENGINES, KL_ESTIMATORS, POLICY_LOSSES
 from ..schema import (  # noqa: F401  (re-exported: the loader's names live there)
     ConfigError,
     all_keys,
+    at_least,
     check_sections,
     choice,
     choices,
@@ -32,6 +34,7 @@ from ..schema import (  # noqa: F401  (re-exported: the loader's names live ther
     leaf_fields,
     type_name,
 )
+from .files import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ class AlgoConfig:
     """clip range of the value update around values_old; 0 disables clipping"""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal (no learning signal) and collect more"""
-    max_collects: int = 3
+    max_collects: int = at_least(3, 1)
     """dynamic sampling: collections per step at most while refilling the batch with signal"""
     tis_cap: float = 0.0
     """upper bound of the rollout correction (a weight cap, or the ratio pi_prox / pi_behav past
@@ -144,7 +147,7 @@ class AlgoConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 100
+    steps: int = at_least(100, 0)
     """training steps (one rollout batch and its update each)"""
     lr: float = 1e-5
     """AdamW learning rate"""
@@ -159,11 +162,11 @@ class TrainConfig:
     """the cosine schedule's final learning rate as a fraction of ``train.lr``"""
     grad_clip: float = 1.0
     """max global gradient norm (0 disables clipping)"""
-    ppo_epochs: int = 1
+    ppo_epochs: int = at_least(1, 1)
     """passes over each rollout batch"""
-    minibatch_size: int = 0
+    minibatch_size: int = at_least(0, 0)
     """samples per optimizer step (0: the whole rollout batch is one minibatch)"""
-    micro_batch_size: int = 8
+    micro_batch_size: int = at_least(8, 1)
     """samples per forward/backward (gradient accumulation inside a minibatch)"""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N (auto picks cuda when available)"""
@@ -171,11 +174,11 @@ class TrainConfig:
     """seed of everything (torch, numpy, python, data order)"""
     time_limit_min: float = 0.0
     """stop after this many minutes of training (evaluation and checkpoint still run); 0: no limit"""
-    max_bad_steps: int = 3
+    max_bad_steps: int = at_least(3, 1)
     """stop after this many consecutive steps with a non-finite loss or gradient"""
-    eval_every: int = 0
+    eval_every: int = at_least(0, 0)
     """evaluate on held-out data every N steps (0: only before and after training)"""
-    eval_samples: int = 200
+    eval_samples: int = at_least(200, 0)
     """held-out questions per evaluation"""
     backend: str = choice("torch", ENGINES.names)
     """optimisation engine, a name registered in ENGINES (trainer/engine.py): torch trains in one
@@ -188,9 +191,9 @@ class TrainConfig:
     """sync: rollout then update in this process (exact, the default) | one_step_off: the next
     step's rollout runs on Ray workers while this step trains (one version old) | async: workers
     produce continuously into a bounded buffer (see trainer/pipeline.py; rollout.workers)"""
-    max_staleness: int = 1
+    max_staleness: int = at_least(1, 0)
     """async: samples produced more than this many weight versions ago are dropped and counted"""
-    pipeline_buffer: int = 2
+    pipeline_buffer: int = at_least(2, 1)
     """async: finished rollout chunks held at most (workers wait when it is full)"""
     pipeline_timeout_s: float = 1800.0
     """longest wait for rollout data from the workers before the run stops with their states"""
@@ -212,9 +215,9 @@ class LogConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0
+    every: int = at_least(0, 0)
     """write a checkpoint every N steps (0: only at the end)"""
-    keep_last: int = 2
+    keep_last: int = at_least(2, 1)
     """checkpoints kept on disk (older ones are deleted)"""
     best: str = ""
     """an evaluation metric (``eval/success_rate``, ``eval/accuracy``): after every evaluation
@@ -270,8 +273,7 @@ def read_recipe(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     """
     raw: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
+        loaded = read_yaml(path) or {}  # a syntax error names the file, line and fix
         if not isinstance(loaded, dict):
             raise ConfigError(
                 f"{path}: a recipe must be a YAML mapping, got {type(loaded).__name__}"
@@ -281,7 +283,8 @@ def read_recipe(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        _set_dotted(raw, key.strip(), yaml.safe_load(value) if value.strip() else "")
+        parsed = parse_yaml(value, f"override {item!r}") if value.strip() else ""
+        _set_dotted(raw, key.strip(), parsed)
     return raw
 
 
@@ -294,8 +297,9 @@ def build(root: type, raw: dict[str, Any]) -> Any:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config (every field, defaults included) as YAML."""
-    Path(path).write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    """Write the resolved config (every field, defaults included) as YAML, atomically (a kill
+    during the write leaves the old file or none, never a cut one)."""
+    atomic_write_text(path, yaml.safe_dump(asdict(cfg), sort_keys=False))
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..registry import ADVANTAGES, EXECUTORS, VLA_HEADS
-from ..trainer.config import ConfigError, choice
+from ..trainer.config import ConfigError, at_least, choice
 
 OBS_MODES = ("rgb", "state")
 CONTROLS = ("ee", "joint")
@@ -37,7 +37,7 @@ FLOW_LOGP = ("step", "chain")
 class EnvConfig:
     id: str = "perceptrl/Reach-v0"
     """gymnasium id of the task the VLA side trains on (perceptrl/<Task>-v0)"""
-    num_envs: int = 8
+    num_envs: int = at_least(8, 1)
     """envs stepped in parallel by the collector (rows of a PPO batch, groups fill them for GRPO)"""
     async_envs: bool = False
     """one subprocess per env (AsyncVectorEnv) instead of stepping them in a loop (mujoco backend)"""
@@ -72,19 +72,19 @@ class EnvConfig:
     terminate_on_success: bool = True
     """end an episode on its first success (with dense rewards, false avoids teaching the policy
     to hover next to the goal for the shaping reward instead of finishing)"""
-    max_episode_steps: int = 0
+    max_episode_steps: int = at_least(0, 0)
     """env steps per episode (0 keeps the task's registered time limit)"""
-    steps_per_rollout: int = 64
+    steps_per_rollout: int = at_least(64, 1)
     """PPO: policy steps collected per env per training step"""
-    action_chunk: int = 1
+    action_chunk: int = at_least(1, 1)
     """K: env steps executed open-loop per policy step (the policy outputs K actions)"""
-    eval_episodes: int = 50
+    eval_episodes: int = at_least(50, 0)
     """evaluation episodes per task (deterministic actions, fixed seeds)"""
     eval_seed: int = 1_000_000
     """seed of the first evaluation episode (episode i uses eval_seed + i; held out from training)"""
     eval_tasks: list[str] = field(default_factory=list)
     """gymnasium ids evaluated (empty: env.id)"""
-    eval_videos: int = 1
+    eval_videos: int = at_least(1, 0)
     """episodes per task written to mp4 by `perceptrl eval` (0: none)"""
 
     def check(self, root) -> None:
@@ -125,7 +125,7 @@ class VLAConfig:
     """compact policy observation encoder: cnn (camera images) | keypoint (CNN + spatial softmax) | state (entity poses, MLP) | entities (attention over entity tokens of pose, kind and colour, queried by the instruction; needs env.entity_features=true)"""
     channels: list[int] = field(default_factory=lambda: [32, 64, 64])
     """CNN channels of the three conv layers (8x8/4, 4x4/2, 3x3/1), each FiLM-conditioned"""
-    hidden: int = 256
+    hidden: int = at_least(256, 1)
     """width of the fused trunk (and of the state MLP)"""
     embed_dim: int = 64
     """instruction word-embedding size"""
@@ -219,7 +219,7 @@ class PlanConfig:
     memo: int = 4096
     """subgoal outcomes a run remembers and replays instead of simulating again (0: none); exact
     for the deterministic executors (see `vla.plan_env.PlanSettings.memo`)"""
-    eval_videos: int = 2
+    eval_videos: int = at_least(2, 0)
     """held-out episodes per planner that ``perceptrl eval`` with several planners writes as mp4
     (the executor's view with the current subgoal drawn on it)"""
 

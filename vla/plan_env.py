@@ -516,6 +516,7 @@ PLAN_EVAL = {"plan_success": 1.0}
 def plan_settings(plan: ExecutorPlan) -> PlanSettings:
     """`PlanSettings` of a resolved ``plan`` section (`vla.run_plan.resolve_executor`): the
     executor it names, its policies loaded here."""
+    from ..errors import ModelError
     from ..trainer.config import ConfigError
     from ..trainer.runtime import resolve_device
 
@@ -523,6 +524,8 @@ def plan_settings(plan: ExecutorPlan) -> PlanSettings:
         executor = load_executor(
             plan.executor, dict(plan.policies), str(resolve_device(plan.device))
         )
+    except ModelError:  # a damaged or foreign policy folder: the model's error, not the recipe's
+        raise
     except (ValueError, OSError) as e:
         raise ConfigError(f"plan.executor: {e}") from e
     return PlanSettings(

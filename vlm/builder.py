@@ -31,7 +31,7 @@ from ..trainer.engine import build_engine
 from ..trainer.loop import Trainer
 from ..trainer.runtime import resolve_device, resolve_path
 from .config import RolloutConfig
-from .prompts import PromptConfig, PromptLengths, too_long_error
+from .prompts import PromptConfig, PromptLengths, SpecialTokenError, too_long_error
 from .rules import check_vlm
 from .run_plan import DataSource, EnginePlan, EvalPlan, ProcessPlan, VLMRunPlan, resolve
 from .tool_env import check_sample_tools
@@ -63,26 +63,28 @@ class Data:
 
 
 def load_data(source: DataSource, run_dir: Path) -> Data:
-    """The user's ``data.train``/``data.val`` files (strict or lenient: ``data.strict``), or the
-    ``data.generator`` set generated into ``run_dir/data`` (deterministic in ``data.seed``)."""
+    """Each split from the user's file (``data.train``, ``data.val``: strict or lenient, as
+    ``data.strict`` says) or, when the recipe names none for it, from the ``data.generator``
+    set generated into ``run_dir/data`` (deterministic in ``data.seed``). The two splits are
+    independent: a user's validation file beside synthetic training questions is fine."""
     from ..datasets.loader import load_samples
 
     data = Data(strict=source.strict)
-    if source.train:
-        files = {"train": source.train, "val": source.val}
-        data.where = {k: f"data.{k}={v}" for k, v in files.items()}
-    else:
-        files = _generate(source, run_dir)
-        data.where = {
-            k: f"the synthetic {k} set ({source.generator}: {v})" for k, v in files.items()
-        }
+    given = {"train": source.train, "val": source.val}
+    wanted = {"train": source.n_train, "val": source.n_val}
+    wanted = {k: n for k, n in wanted.items() if not given[k]}
+    made = _generate(source, run_dir, wanted) if any(wanted.values()) else {}
+    files = {k: given[k] or made.get(k) for k in given}
     for split, file in files.items():
+        data.where[split] = (
+            f"data.{split}={file}" if given[split]
+            else f"the synthetic {split} set ({source.generator}: {file})"
+        )  # fmt: skip
         if not file:
             continue
+        strict = source.strict or not given[split]  # our own generator's files must be right
         try:
-            got, stats = load_samples(
-                resolve_path(file), strict=source.strict or not source.train, media=data.media
-            )
+            got, stats = load_samples(resolve_path(file), strict=strict, media=data.media)
         except FileNotFoundError as e:  # the run's files: known only where it runs
             raise ConfigError(
                 f"data.{split}={file}: {e}; give the path of a JSONL/Parquet file"
@@ -101,7 +103,7 @@ def _generate(
 ) -> dict[str, Path | None]:
     """split -> file of the generated synthetic set (None for a split of no samples); by
     default the ``data.n_train``/``data.n_val`` splits at ``data.seed``."""
-    sizes = sizes or {"train": source.n_train, "val": source.n_val}
+    sizes = {"train": source.n_train, "val": source.n_val} if sizes is None else sizes
     try:
         paths = GENERATORS.get(source.generator).generate(
             run_dir / "data", sizes, source.families,
@@ -155,10 +157,15 @@ def _measure(items: list[dict], lengths: PromptLengths, limit: int, data: Data):
     for i, s in enumerate(items):
         try:
             n, v = lengths(s, index=i)
-        except DataError as e:  # a file that changed since the loader checked it
-            if data.strict:
+        except DataError as e:  # a file changed since the loader checked it, or the model's own
+            if data.strict:  # special tokens (only its processor knows them) in the text
                 raise
-            bad["videos" if isinstance(e, VideoLoadError) else "images"] += 1
+            reason = getattr(e, "reason", "images")
+            if isinstance(e, VideoLoadError):
+                reason = "videos"
+            elif isinstance(e, SpecialTokenError):
+                reason = "special_tokens"
+            bad[reason] = bad.get(reason, 0) + 1
             continue
         if n > limit:
             rows.append((s, i, n, v))
@@ -500,6 +507,8 @@ def eval_data(plan: VLMRunPlan, out_dir: Path) -> Data:
             "nothing to evaluate: set data.val (or leave it empty for synthetic) and "
             "train.eval_samples > 0"
         )
+    n = min(len(data.val), plan.evaluation.samples)
+    print(f"perceptrl eval: {n} of the {len(data.val)} samples of {data.where['val']}")
     return data
 
 

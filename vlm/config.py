@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..trainer.config import ConfigError, choice
+from ..trainer.config import ConfigError, at_least, choice
 
 IMPLICIT = "implicit_prm"
 """``rollout.process_reward`` naming PRIME's implicit PRM (``vlm/process.py``)"""
@@ -93,9 +93,9 @@ class DataConfig:
     families: list[str] = field(default_factory=list)
     """synthetic question families to generate, of data.generator's (empty: its default
     families, all of them unless the generator names a subset)"""
-    n_train: int = 2000
+    n_train: int = at_least(2000, 0)
     """synthetic training questions"""
-    n_val: int = 200
+    n_val: int = at_least(200, 0)
     """synthetic validation questions"""
     image_size: int = 112
     """side of the synthetic images in pixels"""
@@ -181,9 +181,9 @@ class EpisodeConfig:
     """tools the policy may call in multi-turn episodes (registered names of vlm/tools.py, or
     package.module:function); empty: one completion per rollout. A sample may list the subset it
     allows (its "tools" key)"""
-    max_turns: int = 4
+    max_turns: int = at_least(4, 1)
     """policy turns per episode (each turn is at most rollout.max_new_tokens)"""
-    max_tokens: int = 512
+    max_tokens: int = at_least(512, 1)
     """tokens after the prompt per episode, policy turns and observations together"""
     max_images: int = 4
     """images tools may return per episode"""
@@ -265,11 +265,11 @@ class RolloutConfig:
     tree: TreeConfig = field(default_factory=TreeConfig)
     """tree rollouts (rollout.tree.branches non-empty turns them on; needs rollout.sampler=fork);
     episodes fork after a turn's observation"""
-    prompts_per_step: int = 8
+    prompts_per_step: int = at_least(8, 1)
     """prompts (groups) sampled per training step"""
-    group_size: int = 4
+    group_size: int = at_least(4, 1)
     """completions per prompt (G)"""
-    guide: int = 0
+    guide: int = at_least(0, 0)
     """off-policy guidance (as LUFFY): this many of each group's G members are the generator's
     reference trace of the sample (`perceptrl sft`'s target; an episode's turns run for real)
     instead of samples; rewarded and given advantages within the group like the others, so a
@@ -278,11 +278,11 @@ class RolloutConfig:
     """sampling temperature"""
     top_p: float = 1.0
     """nucleus sampling threshold"""
-    max_new_tokens: int = 64
+    max_new_tokens: int = at_least(64, 1)
     """completion length limit"""
-    max_prompt_length: int = 512
+    max_prompt_length: int = at_least(512, 0)
     """prompt length limit in tokens, vision tokens included (never truncated: too long is an error)"""
-    token_budget: int = 16384
+    token_budget: int = at_least(16384, 0)
     """prompt + completion tokens per generation call (sets the generation micro-batch)"""
     system_prompt: str = (
         "First think about the question step by step inside <think> </think>, "
@@ -310,7 +310,7 @@ class RolloutConfig:
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     """multi-turn episodes (rollout.episode.tools non-empty, or an env other than tools, turns
     them on)"""
-    workers: int = 1
+    workers: int = at_least(1, 1)
     """rollout workers (Ray actors) when train.pipeline is one_step_off or async"""
     worker_cpus: float = 1.0
     """CPUs each rollout worker reserves (and its torch threads)"""

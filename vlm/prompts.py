@@ -50,13 +50,18 @@ class ImageLoadError(DataError, RuntimeError):
     """An image of a sample is missing or does not decode (a `DataError`; also a RuntimeError,
     as it was before)."""
 
-    def __init__(self, path: str, sample_id: Any, index: int | None, cause: BaseException):
+    def __init__(
+        self, path: str, sample_id: Any, index: int | None, cause: BaseException,
+        reason: str = "images",
+    ):  # fmt: skip
         where = f"sample {sample_id!r}" + (f" (index {index})" if index is not None else "")
         super().__init__(
             f"cannot load image {path!r} of {where}: {type(cause).__name__}: {cause}. Fix or remove "
             f"the file, or {LENIENT}."
         )
         self.path, self.sample_id, self.index = path, sample_id, index
+        self.reason = reason
+        """what a lenient run counts it as: ``data/skipped_<reason>`` (images, aspect_ratio)"""
 
 
 class SpecialTokenError(DataError):
@@ -109,11 +114,12 @@ def load_images(sample: dict, index: int | None = None) -> list[Image.Image]:
     for img in sample.get("images") or []:
         try:
             rgb = open_image(img)
-            problem = shape_problem(rgb.size)
-            if problem is not None:
-                raise ValueError(f"the image {problem}")
         except (OSError, ValueError, Image.DecompressionBombError) as e:
             raise ImageLoadError(str(img), sample.get("id"), index, e) from e
+        problem = shape_problem(rgb.size)
+        if problem is not None:
+            cause = ValueError(f"the image {problem}")
+            raise ImageLoadError(str(img), sample.get("id"), index, cause, "aspect_ratio")
         out.append(rgb)
     return out
 

@@ -52,9 +52,9 @@ class DataSource:
     """the recipe's tools, which a sample's own ``tools`` list must stay within"""
 
     def for_evaluation(self) -> DataSource:
-        """This source for an evaluation: of a synthetic set, only the validation split is
-        written (the training split shrinks to one question)."""
-        return self if self.train else dataclasses.replace(self, n_train=1)
+        """This source for an evaluation: the validation split alone (no training split is
+        read or written)."""
+        return dataclasses.replace(self, train="", n_train=0)
 
 
 @dataclass(frozen=True)
