@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import RunError
+from ..registry import import_modules
 from .batch import RolloutBatch
 
 PIPELINES = ("sync", "one_step_off", "async")
@@ -71,14 +72,19 @@ class RolloutWorker:
             side (picklable), e.g. the VLM side's ``run.rollout_worker``.
         index: this worker's number (the factory seeds its data order and envs with it).
         threads: torch threads of the worker.
+        imports: the recipe's ``imports`` (the user's registrations), imported first: a worker
+            is a process of its own.
     """
 
-    def __init__(self, factory: Callable, args: tuple, index: int, threads: int):
+    def __init__(
+        self, factory: Callable, args: tuple, index: int, threads: int, imports: tuple = ()
+    ):
         import os
 
         torch.set_num_threads(max(1, threads))
         for key in LAUNCHER_ENV:  # inherited from a torchrun rank 0; a worker is no rank
             os.environ.pop(key, None)
+        import_modules(imports)
         self.policy, self.source = factory(*args, index)
         self.version: int | None = None
 
@@ -128,7 +134,7 @@ class PipelineSource:
         self, mode: str, factory: Callable, args: tuple, *, chunks_per_step: int = 0,
         workers: int = 1, cpus: float = 1.0, gpus: float = 0.0, max_staleness: int = 1,
         buffer_chunks: int = 2, worker_timeout_s: float = 600.0, timeout_s: float = 1800.0,
-        address: str = "",
+        address: str = "", imports: tuple = (),
     ):  # fmt: skip
         if mode not in ("one_step_off", "async"):
             raise ValueError(f"train.pipeline={mode!r}: the pipeline runs one_step_off | async")
@@ -143,7 +149,9 @@ class PipelineSource:
             num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_concurrency=1
         )
         threads = max(1, int(cpus))
-        self.workers = [actor.remote(factory, args, i, threads) for i in range(workers)]
+        self.workers = [
+            actor.remote(factory, args, i, threads, tuple(imports)) for i in range(workers)
+        ]
         self.version, self.weights = -1, None
         self.pending: dict = {}  # ObjectRef -> (worker index, launch time)
         self.buffer: deque[Chunk] = deque()

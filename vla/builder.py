@@ -163,6 +163,7 @@ def pipeline_source(plan: VLARunPlan, run_dir: Path):
         p.mode, rollout_worker, (plan, str(run_dir)), workers=p.workers, cpus=p.cpus,
         gpus=p.gpus, max_staleness=p.max_staleness, buffer_chunks=p.buffer_chunks,
         worker_timeout_s=p.worker_timeout_s, timeout_s=p.timeout_s, address=p.address,
+        imports=p.imports,
     )  # fmt: skip
 
 

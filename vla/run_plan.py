@@ -103,6 +103,8 @@ class PipelinePlan:
     worker_timeout_s: float
     timeout_s: float
     address: str
+    imports: tuple[str, ...] = ()
+    """the recipe's ``imports``, which each worker process imports first"""
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def resolve(cfg) -> VLARunPlan:
             t.pipeline, workers=r.workers, cpus=r.worker_cpus, gpus=r.worker_gpus,
             max_staleness=t.max_staleness, buffer_chunks=t.pipeline_buffer,
             worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,
-            address=t.ray_address,
+            address=t.ray_address, imports=tuple(cfg.imports),
         )  # fmt: skip
     return VLARunPlan(
         seed=t.seed, env=env, policy=policy, collect=collect, evaluate=env.eval_episodes > 0,

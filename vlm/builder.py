@@ -372,7 +372,7 @@ def pipeline_source(
         workers=r.workers, cpus=r.worker_cpus,
         gpus=r.worker_gpus, max_staleness=t.max_staleness, buffer_chunks=t.pipeline_buffer,
         worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,
-        address=t.ray_address,
+        address=t.ray_address, imports=tuple(cfg.imports),
     )  # fmt: skip
     return source if world_size == 1 else RankShards(source, rank, world_size)
 

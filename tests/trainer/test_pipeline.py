@@ -176,3 +176,22 @@ def test_a_worker_that_fails_every_time_stops_the_run_with_its_error(make, mode)
     with pytest.raises(PipelineError, match=r"(?s)failed 3 times in a row.*lacks"):
         trainer.train_step()
     assert time.monotonic() - t0 < 120 and source.counters["worker_restarts"] == 3
+
+
+def test_a_worker_imports_the_recipes_modules_before_it_builds(tmp_path, monkeypatch):
+    """A pipeline worker is a process of its own: it imports the recipe's ``imports`` (the
+    user's registrations) before its factory builds the policy and source."""
+    import sys
+
+    from perceptrl.trainer.pipeline import RolloutWorker
+
+    (tmp_path / "user_regs_for_worker.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def factory(index):
+        seen.append("user_regs_for_worker" in sys.modules)
+        return None, None
+
+    RolloutWorker(factory, (), 0, 1, ("user_regs_for_worker",))
+    assert seen == [True]
