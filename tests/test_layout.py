@@ -141,3 +141,23 @@ def test_every_arrow_points_the_allowed_way():
     assert not bad, "imports against the architecture's direction: " + "; ".join(
         f"{m} -> {d}" for m, d in sorted(bad)
     )
+
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 60
+"""the house style's readable sizes, held for the package's code"""
+
+
+def test_files_and_functions_stay_readable():
+    long = []
+    for module, path in _modules().items():
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_FILE_LINES:
+            long.append(f"{module}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{module}.{node.name}: {n} lines")
+    assert not long, (
+        f"over {MAX_FILE_LINES} lines a file or {MAX_FUNCTION_LINES} a function: {long}"
+    )
