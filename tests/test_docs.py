@@ -46,3 +46,16 @@ def test_every_docs_page_is_reachable_from_the_readme():
             linked.add(path)
     orphans = [p.name for p in PAGES[1:] if p.resolve() not in linked]
     assert not orphans, f"docs pages no page links to: {orphans}"
+
+
+FOLDERS = ("trainer", "vlm", "vla", "sim", "rewards", "datasets", "bench", "assets", "configs",
+           "tests", "docs")  # fmt: skip
+PATH = re.compile(rf"`((?:{'|'.join(FOLDERS)})/[\w./-]+\.(?:py|yaml|md|json))`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_files_named_in_code_spans_exist(page):
+    """A page that names ``vlm/builder.py`` or ``configs/vlm_clevr.yaml`` names a file that is
+    there (a rename that forgot a page fails here)."""
+    missing = sorted({p for p in PATH.findall(page.read_text()) if not (ROOT / p).exists()})
+    assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {missing}"
