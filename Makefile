@@ -73,7 +73,7 @@ bench: setup
 	$(BIN)/python bench/bench_plan.py
 	$(BIN)/python bench/bench_plan.py --executor policy --exec-seeds 0 1 --out runs/bench_plan_policy
 	$(BIN)/python bench/bench_plan_home.py --runs runs/bench_plan_policy
-	$(BIN)/pip install -q -e '.[bench]'  # TRL, the baseline of the next script
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[bench]'  # TRL, the baseline of the next script
 	$(BIN)/python bench/bench_trl_grpo.py
 
 # The VLM studies outside `make bench` (each minutes to an hour on 2 cores): tree rollouts,
@@ -130,7 +130,7 @@ bench-pipeline: setup
 
 # Our GRPO step against TRL's, without and with a KL reference model.
 bench-trl: setup
-	$(BIN)/pip install -q -e '.[bench]'
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/bench_trl_grpo.py
 	$(BIN)/python bench/bench_trl_grpo.py --kl 0.04
 
