@@ -243,11 +243,12 @@ def import_modules(names: Sequence[str]) -> None:
 # ---------------------------------------------------------------------------------- the kinds
 
 ADVANTAGES: Registry[Callable] = Registry(
-    "advantage estimator", "algo.adv_estimator", ("perceptrl.trainer.advantages",),
+    "advantage estimator", "algo.adv_estimator",
+    ("perceptrl.trainer.advantages", "perceptrl.trainer.tree_advantages"),
     declares={"needs": (), "per_step": False},
 )  # fmt: skip
 """``fn(inp: AdvantageInputs, cfg: AlgoConfig) -> (advantages [B, T], returns [B, T], metrics)``
-(trainer/advantages.py). Declares ``needs``: the optional inputs it reads (``values``,
+(trainer/advantages.py, trainer/tree_advantages.py). Declares ``needs``: the optional inputs it reads (``values``,
 ``bootstrap_value``, ``segments``, ``step_rewards``; the trainer gives it no other, and folds
 process rewards into ``rewards`` for one that does not read ``step_rewards``), and ``per_step``:
 it credits each step from per-step rewards and a critic (GAE), so a VLA run collects PPO
@@ -268,10 +269,11 @@ AGG_MODES: Registry[Callable] = Registry(
 0 on the positions ``valid`` (bool) leaves out; called through ``agg_loss`` (trainer/algos.py)"""
 CORRECTIONS: Registry[Callable] = Registry(
     "rollout correction", "algo.rollout_correction", ("perceptrl.trainer.corrections",),
-    declares={},
+    declares={"low": 0.0},
 )  # fmt: skip
 """``fn(logp_old [B, T], logp_rollout [B, T], mask [B, T], cfg) -> (weight [B, T], keep [B, T]
-bool)`` (trainer/corrections.py)"""
+bool)`` (trainer/corrections.py). Declares ``low``: its lower bound on ``pi_prox / pi_behav``
+when ``algo.correction_low`` is 0 (0: none)."""
 REWARDS: Registry[Callable] = Registry(
     "reward", "rollout.reward", ("perceptrl.rewards",),
     declares={"prepare": None, "counters": None, "self_timed": False, "check_answer": None},

@@ -145,7 +145,14 @@ INVALID: dict[str, tuple[str, list[str]]] = {
         "algo.correction_low",
         ["algo.tis_cap=2.0", "algo.correction_low=3.0"],
     ),
-    "correction floor at 0": ("algo.correction_low", ["algo.tis_cap=2.0", "algo.correction_low=0"]),
+    "correction floor below 0": (
+        "algo.correction_low",
+        ["algo.tis_cap=2.0", "algo.correction_low=-0.5"],
+    ),
+    "two-sided floor above its cap": (
+        "algo.correction_low",
+        ["algo.tis_cap=0.4", "algo.rollout_correction=icepop"],
+    ),
 }
 
 CLI_SAMPLE = [

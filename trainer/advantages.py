@@ -120,7 +120,7 @@ def masked_whiten(
     return dev * torch.rsqrt(var + eps)
 
 
-def _as_float(x: Tensor) -> Tensor:
+def as_float(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
@@ -131,7 +131,7 @@ def token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
         [B, T] rewards, zero on masked positions (a row without valid tokens gets nothing).
     """
     valid = mask > 0
-    r = _as_float(rewards.detach())
+    r = as_float(rewards.detach())
     if r.dim() == 2:
         if r.shape != mask.shape:
             raise ValueError(f"rewards {tuple(r.shape)} must match mask {tuple(mask.shape)}")
@@ -145,9 +145,9 @@ def token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     return torch.where(pos[None, :] == last[:, None], r[:, None], 0.0)
 
 
-def _seq_rewards(rewards: Tensor, mask: Tensor | None) -> Tensor:
+def seq_rewards(rewards: Tensor, mask: Tensor | None) -> Tensor:
     """[B] sequence rewards: as given, or the sum of valid per-token rewards."""
-    r = _as_float(rewards.detach())
+    r = as_float(rewards.detach())
     if r.dim() == 1:
         return r
     if mask is None:
@@ -155,7 +155,7 @@ def _seq_rewards(rewards: Tensor, mask: Tensor | None) -> Tensor:
     return torch.where(mask > 0, r, 0.0).sum(dim=-1)
 
 
-def _group_index(group_id: Tensor) -> tuple[Tensor, int]:
+def group_index(group_id: Tensor) -> tuple[Tensor, int]:
     """group_id [B] (any ids) -> (dense index [B] in [0, G), G)."""
     uniq, inv = torch.unique(group_id, return_inverse=True)
     return inv, int(uniq.numel())
@@ -171,13 +171,13 @@ def _group_stats(r: Tensor, inv: Tensor, n_groups: int) -> tuple[Tensor, Tensor,
     return count, mean, var.sqrt()
 
 
-def _group_baseline(r: Tensor, group_id: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def group_baseline(r: Tensor, group_id: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-row group size, baseline mean and std, each [B], plus the per-group std [G].
 
     A group of one has no baseline: mean 0 and std 1 (verl's convention), so its row keeps its
     raw reward (plain REINFORCE) rather than losing its signal.
     """
-    inv, n_groups = _group_index(group_id)
+    inv, n_groups = group_index(group_id)
     count, mean, std = _group_stats(r, inv, n_groups)
     single = count < 2
     mean_b = torch.where(single, 0.0, mean)[inv]
@@ -185,12 +185,12 @@ def _group_baseline(r: Tensor, group_id: Tensor) -> tuple[Tensor, Tensor, Tensor
     return count[inv], mean_b, std_b, torch.where(single, 0.0, std)
 
 
-def _broadcast(score: Tensor, mask: Tensor) -> Tensor:
+def broadcast_rows(score: Tensor, mask: Tensor) -> Tensor:
     """[B] score -> [B, T] on valid tokens, 0 on masked positions."""
     return torch.where(mask > 0, score[:, None], 0.0)
 
 
-def _adv_metrics(adv: Tensor, mask: Tensor, **extra: Tensor | float) -> dict[str, float]:
+def adv_metrics(adv: Tensor, mask: Tensor, **extra: Tensor | float) -> dict[str, float]:
     mean = masked_mean(adv, mask)
     std = masked_mean((adv - mean).square(), mask).sqrt()
     return _floats({"mean": mean, "std": std, **extra})
@@ -215,14 +215,14 @@ def grpo(inp: AdvantageInputs, cfg: AlgoConfig):
         group-relative signal, singletons included).
     """
     mask = inp.mask
-    r = _seq_rewards(inp.rewards, mask)
-    _, mean, std, group_std = _group_baseline(r, inp.group_id)
+    r = seq_rewards(inp.rewards, mask)
+    _, mean, std, group_std = group_baseline(r, inp.group_id)
     score = r - mean
     if cfg.norm_by_std:
         score = score / (std + cfg.eps)
-    adv = _broadcast(score, mask)
+    adv = broadcast_rows(score, mask)
     zero = (group_std <= cfg.eps).float().mean()
-    return adv, adv, _adv_metrics(adv, mask, group_zero_std_frac=zero)
+    return adv, adv, adv_metrics(adv, mask, group_zero_std_frac=zero)
 
 
 @ADVANTAGES.register("rloo")
@@ -233,14 +233,14 @@ def rloo(inp: AdvantageInputs, cfg: AlgoConfig):
     (its ``rloo_vectorized`` gives 0 instead; we follow the estimator named ``rloo``).
     Args/Returns as :func:`grpo` (returns are the advantages).
     """
-    r = _seq_rewards(inp.rewards, inp.mask)
-    g, mean, _, _ = _group_baseline(r, inp.group_id)
+    r = seq_rewards(inp.rewards, inp.mask)
+    g, mean, _, _ = group_baseline(r, inp.group_id)
     score = torch.where(g > 1, g / (g - 1).clamp(min=1) * (r - mean), r)
-    adv = _broadcast(score, inp.mask)
-    return adv, adv, _adv_metrics(adv, inp.mask)
+    adv = broadcast_rows(score, inp.mask)
+    return adv, adv, adv_metrics(adv, inp.mask)
 
 
-def _discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
+def discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
     """Returns-to-go ``G_t = r_t + gamma * G_{t'}`` where t' is the next valid position. [B, T].
 
     Masked positions are skipped, not reset: a hole in the mask (e.g. a tool response inside a
@@ -268,9 +268,9 @@ def reinforce_pp(inp: AdvantageInputs, cfg: AlgoConfig):
     the last valid token. ``returns`` are the un-whitened returns-to-go (0 on masked positions).
     """
     mask = inp.mask
-    ret = _discounted_returns(token_rewards(inp.rewards, mask), mask, cfg.gamma)
+    ret = discounted_returns(token_rewards(inp.rewards, mask), mask, cfg.gamma)
     adv = masked_whiten(ret, mask)
-    return adv, ret, _adv_metrics(adv, mask, returns_mean=masked_mean(ret, mask))
+    return adv, ret, adv_metrics(adv, mask, returns_mean=masked_mean(ret, mask))
 
 
 @ADVANTAGES.register("reinforce_pp_baseline")
@@ -281,10 +281,10 @@ def reinforce_pp_baseline(inp: AdvantageInputs, cfg: AlgoConfig):
     whitening. Returns are the advantages.
     """
     mask = inp.mask
-    r = _seq_rewards(inp.rewards, mask)
-    _, mean, _, _ = _group_baseline(r, inp.group_id)
-    adv = masked_whiten(_broadcast(r - mean, mask), mask)
-    return adv, adv, _adv_metrics(adv, mask)
+    r = seq_rewards(inp.rewards, mask)
+    _, mean, _, _ = group_baseline(r, inp.group_id)
+    adv = masked_whiten(broadcast_rows(r - mean, mask), mask)
+    return adv, adv, adv_metrics(adv, mask)
 
 
 @ADVANTAGES.register("gae", needs=("values", "bootstrap_value"), per_step=True)
@@ -333,7 +333,7 @@ def gae(inp: AdvantageInputs, cfg: AlgoConfig):
         out.append(torch.where(ok, last, 0.0))
     adv = torch.stack(out[::-1], dim=1) if out else r
     ret = torch.where(valid, adv + v, 0.0)
-    return adv, ret, _adv_metrics(adv, mask, returns_mean=masked_mean(ret, mask))
+    return adv, ret, adv_metrics(adv, mask, returns_mean=masked_mean(ret, mask))
 
 
 def _log_comb(n: Tensor, k: Tensor) -> Tensor:
@@ -356,8 +356,8 @@ def grpo_passk(inp: AdvantageInputs, cfg: AlgoConfig):
     the population std, so k must be below the group size to give a learning signal to mixed
     groups. (Not verl's ``grpo_passk``, which credits only the best sample of a group.)
     """
-    r = _seq_rewards(inp.rewards, inp.mask)
-    inv, n_groups = _group_index(inp.group_id)
+    r = seq_rewards(inp.rewards, inp.mask)
+    inv, n_groups = group_index(inp.group_id)
     ok = (r >= 0.5).double()
     zeros = torch.zeros(n_groups, dtype=torch.float64, device=r.device)
     n = zeros.index_add(0, inv, torch.ones_like(ok))
@@ -374,158 +374,76 @@ def grpo_passk(inp: AdvantageInputs, cfg: AlgoConfig):
     a_pos, a_neg = (1.0 - mean) / safe, (1.0 - mean - neg_term) / safe
     score = torch.where(ok > 0, a_pos[inv], a_neg[inv])
     score = torch.where(std[inv] > 0, score, 0.0).to(r.dtype)
-    adv = _broadcast(score, inp.mask)
-    return adv, adv, _adv_metrics(adv, inp.mask, passk_mean=mean.mean())
-
-
-# ----------------------------------------------------------------------------- tree rollouts
-
-
-def _tree_nodes(segments: Tensor | None, mask: Tensor, inv: Tensor) -> list[list[tuple]]:
-    """Each row's path from its group's root: ``[(group,), (group, node_1), ...]`` in sampling
-    order (a flat row is one node below the root: its own row). Node keys are hashable."""
-    out = []
-    for b in range(mask.shape[0]):
-        g = int(inv[b])
-        if segments is None:
-            out.append([(g,), (g, "row", b)])
-            continue
-        seq = segments[b][(mask[b] > 0) & (segments[b] > 0)].tolist()
-        path = [(g,)]
-        for n in seq:
-            if path[-1] != (g, n):
-                path.append((g, n))
-        out.append(path if len(path) > 1 else [(g,), (g, "row", b)])
-    return out
-
-
-def _subtree_means(paths: list[list[tuple]], r: Tensor) -> tuple[dict, dict]:
-    """Mean reward and leaf count of every node's subtree (the rows whose path holds it)."""
-    total: dict[tuple, float] = {}
-    count: dict[tuple, int] = {}
-    for path, rb in zip(paths, r.tolist()):
-        for node in path:
-            total[node] = total.get(node, 0.0) + rb
-            count[node] = count.get(node, 0) + 1
-    return {k: total[k] / count[k] for k in total}, count
-
-
-@ADVANTAGES.register("treepo", needs=("segments",))
-def treepo(inp: AdvantageInputs, cfg: AlgoConfig):
-    """TreePO-style tree advantage: each leaf against the mean of every subtree it belongs to.
-
-    For leaf i with subtrees ``S`` on its path (the group's root and each segment node above it
-    with at least two leaves; a one-leaf subtree says nothing), the score is the mean over those
-    ``S`` of ``r_i - mean_S(r)``, then divided by the group's std + ``cfg.eps`` (unbiased, as
-    :func:`grpo`; ``cfg.norm_by_std=False`` skips it). Subtrees are weighted equally (TreePO
-    also weighs them by size; equal weights credit a leaf as much for beating its siblings as
-    for beating the whole group). A flat group (no ``segments``) is GRPO. Broadcast over the
-    row's valid tokens, so losses and aggregation are unchanged.
-
-    Args:
-        inp: ``rewards``, ``mask``, ``group_id`` as :func:`grpo`; ``segments`` [B, T]: tree
-            node per token (0 on padding), ``RolloutBatch.segments``.
-    Returns:
-        advantages [B, T], returns (= advantages), metrics (``tree_depth``: mean path length).
-    """
-    mask = inp.mask
-    r = _seq_rewards(inp.rewards, mask)
-    inv, _ = _group_index(inp.group_id)
-    paths = _tree_nodes(inp.segments, mask, inv)
-    mean, count = _subtree_means(paths, r)
-    _, _, std, group_std = _group_baseline(r, inp.group_id)
-    score = torch.zeros_like(r)
-    for b, path in enumerate(paths):
-        shared = [n for n in path if count[n] >= 2]
-        if shared:
-            score[b] = sum(float(r[b]) - mean[n] for n in shared) / len(shared)
-    if cfg.norm_by_std:
-        score = score / (std + cfg.eps)
-    adv = _broadcast(score, mask)
-    depth = sum(len(p) - 1 for p in paths) / max(len(paths), 1)
-    zero = (group_std <= cfg.eps).float().mean()
-    return adv, adv, _adv_metrics(adv, mask, tree_depth=depth, group_zero_std_frac=zero)
-
-
-@ADVANTAGES.register("treerl", needs=("segments",))
-def treerl(inp: AdvantageInputs, cfg: AlgoConfig):
-    """TreeRL-style segment credit: each segment's tokens get its node's value gain.
-
-    A node's value ``V(n)`` is the mean reward of the leaves below it; the root's is the group
-    mean. A token sampled in segment ``n`` with parent ``p`` gets
-    ``((V(n) - V(root)) + (V(n) - V(p))) / sqrt(L(n))`` (TreeRL's global plus local advantage,
-    divided by the root of the node's leaf count ``L(n)``, because the segment's tokens sit in
-    ``L(n)`` rows of the loss). A flat row is one node: ``2 (r - mean_g)``. Per-token advantages;
-    returns are the advantages. Groups of one get 0.
-
-    Args:
-        inp: ``rewards``, ``mask``, ``group_id`` as :func:`grpo`; ``segments`` [B, T]: tree
-            node per token (0 on padding), ``RolloutBatch.segments``.
-    Returns:
-        advantages [B, T], returns [B, T], metrics.
-    """
-    mask, segments = inp.mask, inp.segments
-    r = _seq_rewards(inp.rewards, mask)
-    inv, _ = _group_index(inp.group_id)
-    paths = _tree_nodes(segments, mask, inv)
-    value, count = _subtree_means(paths, r)
-    adv = torch.zeros_like(mask, dtype=r.dtype)
-    for b, path in enumerate(paths):
-        root = path[0]
-        if count[root] < 2:
-            continue
-        gain = {}
-        for parent, node in zip(path, path[1:]):
-            v = value[node]
-            gain[node] = ((v - value[root]) + (v - value[parent])) / count[node] ** 0.5
-        if path[1][1] == "row":  # a flat row: one node
-            adv[b] = gain[path[1]]
-        else:
-            for node, g in gain.items():
-                adv[b][segments[b] == node[1]] = g
-    adv = torch.where(mask > 0, adv, 0.0)
-    return adv, adv, _adv_metrics(adv, mask)
+    adv = broadcast_rows(score, inp.mask)
+    return adv, adv, adv_metrics(adv, inp.mask, passk_mean=mean.mean())
 
 
 # ----------------------------------------------------------------------------- process rewards
 
 
+def _masked_rloo(x: Tensor, mask: Tensor, group_id: Tensor) -> Tensor:
+    """PRIME's leave-one-out of a [B, T] reward: ``x_t - mean(m_j, j != i) + (x_t - m_i) / (n - 1)``
+    on the valid tokens, where ``m_i`` is row i's mean over its valid tokens and n its group's
+    size (``x_t n / (n - 1) - sum_j m_j / (n - 1)``); a group of one keeps its reward."""
+    valid = mask > 0
+    x = torch.where(valid, x, 0.0)
+    row_mean = x.sum(1) / valid.sum(1).clamp(min=1)
+    g, mean, _, _ = group_baseline(row_mean, group_id)
+    n = g[:, None]
+    out = torch.where(n > 1, (x * n - (g * mean)[:, None]) / (n - 1).clamp(min=1), x)
+    return torch.where(valid, out, 0.0)
+
+
 @ADVANTAGES.register("prime", needs=("step_rewards",))
 def prime(inp: AdvantageInputs, cfg: AlgoConfig):
-    """PRIME's combination of process and outcome rewards: an RLOO term on each, summed.
+    """PRIME's advantage (Cui et al. 2025), as ``compute_rloo_advantage_return`` in verl's
+    ``recipe/prime/prime_core_algos.py`` (volcengine/verl at 246cac4) with its released config
+    (``recipe/prime/config/prime_trainer.yaml``).
 
-    Outcome: RLOO of the sequence rewards (:func:`rloo`), broadcast over valid tokens. Process:
-    the returns-to-go of ``step_rewards`` (``cfg.gamma``; holes skipped as in
-    :func:`reinforce_pp`) minus the leave-one-out mean of the other rows' total process reward
-    (a baseline that does not depend on the row's own tokens, so the gradient stays unbiased).
-    Advantage = outcome + ``cfg.process_coef`` * process; returns are the advantages. Without
-    ``step_rewards`` this is :func:`rloo`. (PRIME subtracts the baseline per token from dense
-    implicit rewards; the per-row form here also fits sparse step rewards, one per step.)
+    Outcome and process rewards each go through PRIME's leave-one-out, per group: the outcome
+    (one reward per row, on its last valid token) becomes ``r_i - mean(r_j, j != i)``; every valid
+    token of the process rewards ``step_rewards`` becomes ``p_t - mean(m_j, j != i) +
+    (p_t - m_i) / (n - 1)``, with ``m_i`` the row's mean process reward per valid token. The sum
+    ``cfg.outcome_coef * outcome + cfg.process_coef * process`` (PRIME's ``reward_gt_coef`` and
+    ``reward_dpo_coef``, 5 and 5 released, the same as 1 and 1 after whitening) is summed into
+    returns-to-go (``cfg.gamma``, 1 in PRIME) and whitened over every valid token of the batch
+    (``cfg.prime_whiten``). Without ``step_rewards`` the process term is absent.
+
+    Differs from PRIME where this project's conventions differ: masked positions get 0 (PRIME
+    leaves ``-mean / std`` on padding, which its loss masks out); a group of one keeps its
+    rewards (PRIME divides by zero); interior holes are skipped by the returns as in
+    :func:`reinforce_pp`. PRIME's process reward is its implicit PRM's dense log-ratio scaled
+    by the batch's largest return; here it is whatever ``rollout.process_reward`` gives
+    (``implicit_prm`` is PRIME's, without that scaling).
 
     Args:
-        inp: ``rewards``, ``mask``, ``group_id`` as :func:`rloo`; ``step_rewards`` [B, T]:
-            process rewards on the tokens that end each step (0 elsewhere), or None.
+        inp: ``rewards``, ``mask``, ``group_id`` as ``rloo``; ``step_rewards`` [B, T]: process
+            rewards on the tokens that end each step (0 elsewhere), or None.
     Returns:
-        advantages [B, T], returns [B, T], metrics (``process_mean``, ``outcome_mean``).
+        advantages [B, T], returns [B, T] (the un-whitened returns-to-go), metrics
+        (``process_mean``, ``outcome_mean``: the two leave-one-out terms per valid token).
     """
     mask = inp.mask
-    outcome, _, _ = rloo(inp, cfg)
-    if inp.step_rewards is None:
-        return outcome, outcome, _adv_metrics(outcome, mask)
-    p = torch.where(mask > 0, _as_float(inp.step_rewards.detach()), 0.0)
-    ret = _discounted_returns(p, mask, cfg.gamma)
-    total = p.sum(1)
-    g, mean, _, _ = _group_baseline(total, inp.group_id)
-    loo = torch.where(g > 1, (g * mean - total) / (g - 1).clamp(min=1), 0.0)
-    process = torch.where(mask > 0, ret - loo[:, None], 0.0)
-    adv = outcome + cfg.process_coef * process
+    last = token_rewards(seq_rewards(inp.rewards, mask), mask)  # the outcome on the last token
+    outcome = _masked_rloo(last, _last_token(mask), inp.group_id)
+    process = torch.zeros_like(outcome)
+    if inp.step_rewards is not None:
+        process = _masked_rloo(as_float(inp.step_rewards.detach()), mask, inp.group_id)
+    final = cfg.outcome_coef * outcome + cfg.process_coef * process
+    ret = discounted_returns(final, mask, cfg.gamma)
+    adv = masked_whiten(ret, mask) if cfg.prime_whiten else ret
     return (
         adv,
-        adv,
-        _adv_metrics(
+        ret,
+        adv_metrics(
             adv,
             mask,
             process_mean=masked_mean(process, mask),
-            outcome_mean=masked_mean(outcome, mask),
+            outcome_mean=masked_mean(discounted_returns(outcome, mask, 1.0), mask),
         ),
     )
+
+
+def _last_token(mask: Tensor) -> Tensor:
+    """[B, T] mask of each row's last valid token."""
+    return (token_rewards(torch.ones(mask.shape[0], device=mask.device), mask) > 0).float()

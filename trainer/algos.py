@@ -36,10 +36,10 @@ from ..registry import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 from .advantages import (
     WHITEN_EPS,
     _floats,
-    _group_index,
-    _seq_rewards,
+    group_index,
     masked_mean,
     masked_whiten,
+    seq_rewards,
     token_rewards,
 )
 
@@ -183,11 +183,14 @@ def _pg_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor,
 def ppo_clip(
     logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=None, num_seqs=None
 ):
-    """PPO clipped surrogate with asymmetric clip and optional dual clip.
+    """PPO clipped surrogate with asymmetric clip and dual clip, as verl's vanilla policy loss
+    (``compute_policy_loss_vanilla``, volcengine/verl ``verl/trainer/ppo/core_algos.py`` at
+    b178a3c).
 
-    ``loss_t = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``; with ``dual_clip_c`` = c > 1,
-    tokens with A < 0 use ``min(loss_t, -A c)``. Multiplied by ``is_weight`` (detached), then
-    aggregated with ``cfg.loss_agg_mode``.
+    ``loss_t = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` with ``r`` from the log-ratio
+    clamped to +-20; with ``dual_clip_c`` = c > 1 (3 by default, as verl, which always applies
+    it), tokens with A < 0 use ``min(loss_t, -A c)``; 0 turns the dual clip off. Multiplied by
+    ``is_weight`` (detached) after the clips, then aggregated with ``cfg.loss_agg_mode``.
 
     Args:
         logp [B, T] (with grad), logp_old [B, T], advantages [B, T], mask [B, T],
@@ -219,14 +222,17 @@ def gspo(logp, logp_old, advantages, mask, cfg, *, is_weight=None, num_tokens=No
 
     Sequence ratio ``s_i = exp(mean_t (logp - logp_old))`` over valid tokens; token ratio
     ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])`` (value s_i, gradient s_i * d logp_t);
-    ``loss_t = max(-A s_it, -A clip(s_it, 1 - gspo_clip_low, 1 + gspo_clip_high))``.
-    Always aggregated ``seq-mean-token-mean`` as in the paper (``cfg.loss_agg_mode`` is ignored),
+    ``loss_t = max(-A s_it, -A clip(s_it, 1 - gspo_clip_low, 1 + gspo_clip_high))``. As verl's
+    ``compute_policy_loss_gspo`` (volcengine/verl ``verl/trainer/ppo/core_algos.py`` at b178a3c):
+    the token log-ratios are averaged unclamped, and only the combined log-ratio is clamped at
+    10 from above; no dual clip. Always aggregated ``seq-mean-token-mean`` as in the paper (``cfg.loss_agg_mode`` is ignored),
     so that with per-sequence advantages the gradient is the paper's sequence-level one;
     ``num_seqs`` (rows with a valid token) is the global normaliser (``num_tokens`` is unused).
     """
     valid = mask > 0
-    log_ratio = _log_ratio(logp, logp_old, valid)
-    seq_log = log_ratio.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)  # (B,)
+    log_ratio = _log_ratio(logp, logp_old, valid)  # clamped: for the metrics only
+    raw = torch.where(valid, logp - logp_old.detach(), 0.0)  # as verl: no clamp before the mean
+    seq_log = raw.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)  # (B,)
     lp = torch.where(valid, logp, 0.0)
     log_s = (seq_log.detach()[:, None] + lp - lp.detach()).clamp(max=10.0)  # (B, T)
     s = torch.exp(log_s)
@@ -372,8 +378,8 @@ def filter_groups(rewards: Tensor, group_id: Tensor, tol: float = 1e-6) -> Tenso
     equal within ``tol`` (max - min <= tol), which carries no group-relative signal. Single-member
     groups are dropped too. [B, T] rewards are summed over T first.
     """
-    r = _seq_rewards(rewards, None)
-    inv, n_groups = _group_index(group_id)
+    r = seq_rewards(rewards, None)
+    inv, n_groups = group_index(group_id)
     hi = r.new_full((n_groups,), -math.inf).scatter_reduce(0, inv, r, "amax")  # (G,)
     lo = r.new_full((n_groups,), math.inf).scatter_reduce(0, inv, r, "amin")  # (G,)
     return (hi - lo)[inv] > tol

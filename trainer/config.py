@@ -70,8 +70,9 @@ class AlgoConfig:
     """PPO lower clip range: ratio >= 1 - clip_low"""
     clip_high: float = 0.2
     """PPO upper clip range: ratio <= 1 + clip_high (DAPO clip-higher uses 0.28)"""
-    dual_clip_c: float = 0.0
-    """dual-clip constant c > 1 bounding the loss for negative advantages; 0 disables it"""
+    dual_clip_c: float = 3.0
+    """dual-clip constant c > 1 bounding the loss of negative advantages at c |A| (ppo_clip), as
+    verl, which always applies it with c = 3; 0 disables it"""
     gspo_clip_low: float = 3e-4
     """GSPO lower clip on the sequence-level ratio"""
     gspo_clip_high: float = 4e-4
@@ -112,16 +113,37 @@ class AlgoConfig:
     """how the rollout log-probs correct the loss when the behaviour policy (an inference
     engine, or older weights in an asynchronous pipeline) differs from the proximal one (the
     weights at the start of the update), a name registered in CORRECTIONS
-    (trainer/corrections.py): tis is token truncated IS (AReaL's decoupled PPO), the mask forms
-    reject tokens or rows, icepop masks tokens on both sides, none leaves the loss uncorrected"""
-    correction_low: float = 0.5
-    """lower threshold of the two-sided corrections (geo_mask, icepop) on pi_prox / pi_behav"""
+    (trainer/corrections.py): decoupled is AReaL's decoupled PPO (a token past the bounds weighs
+    0 and still counts; decoupled_seq per row), tis truncates the weight into the bounds, the mask
+    forms remove tokens or rows, icepop masks tokens on both sides, none leaves the loss
+    uncorrected"""
+    correction_low: float = 0.0
+    """lower bound on pi_prox / pi_behav of the rollout correction; 0 takes the correction's own
+    (0.5 for the two-sided geo_mask and icepop, none for the others)"""
     passk_k: int = 0
     """grpo_passk: k of pass@k (0 uses half the group size; k must be below the group size to learn)"""
+    treepo_weighting: str = choice("average", ("average", "group_size"))
+    """treepo: how a leaf's subgroup entries combine, their plain mean (TreePO's released script)
+    or their mean weighted by subgroup size (TreePO's code default)"""
+    treepo_drop_uniform_subgroups: bool = False
+    """treepo: skip the subgroups below the root whose rewards are all equal (TreePO's
+    remove_no_std_subgroup; off in its released script)"""
+    treerl_credit: str = choice("state_value", ("state_value", "local", "value", "ancestors"))
+    """treerl: a segment's credit, its local value gain plus its value (TreeRL's released
+    use_state_value_reward), the local gain alone, the value alone, or the mean gain over every
+    ancestor (advantage_mix_allancestor)"""
+    treerl_value_scale: str = choice("sqrt", ("sqrt", "count", "none"))
+    """treerl: a node's mean leave-one-out reward is divided by the square root of its leaf
+    count (TreeRL's released weighted_value_style), by the count, or by nothing"""
+    outcome_coef: float = 1.0
+    """prime: weight of the outcome RLOO term (PRIME's reward_gt_coef; its released 5 and 5
+    equal 1 and 1 once the advantages are whitened)"""
+    prime_whiten: bool = True
+    """prime: whiten the returns over the batch's valid tokens, as PRIME"""
     process_coef: float = 1.0
     """weight of the process rewards (RolloutBatch.step_rewards) next to the outcome reward: prime
-    (which reads them) sums its two RLOO terms with it; an estimator that does not read them gets
-    outcome + process_coef * process per token"""
+    (which reads them) weighs its process RLOO term with it (PRIME's reward_dpo_coef); an
+    estimator that does not read them gets outcome + process_coef * process per token"""
     whiten_advantages: bool = False
     """normalise advantages to zero mean / unit std over the batch's valid tokens (PPO's norm_adv)"""
     eps: float = 1e-6
@@ -137,11 +159,13 @@ class AlgoConfig:
                 "advantages at c * |A| and needs c > 1; set algo.dual_clip_c > 1, or 0 to turn "
                 "it off"
             )
-        if self.tis_cap > 0 and not 0 < self.correction_low < self.tis_cap:
+        low = self.correction_low or CORRECTIONS.meta(self.rollout_correction)["low"]
+        if self.tis_cap > 0 and not (self.correction_low >= 0 and low < self.tis_cap):
             raise ConfigError(
-                f"algo.correction_low={self.correction_low} must be in (0, algo.tis_cap="
-                f"{self.tis_cap}); set algo.correction_low between them, or algo.tis_cap=0 to "
-                "turn the rollout correction off"
+                f"algo.correction_low={self.correction_low} (lower bound {low} of "
+                f"{self.rollout_correction}) must be in [0, algo.tis_cap={self.tis_cap}); set "
+                "algo.correction_low between them, or algo.tis_cap=0 to turn the rollout "
+                "correction off"
             )
 
 

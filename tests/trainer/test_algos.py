@@ -196,7 +196,7 @@ def ref_kl(lp, lr, name):
 
 def _cfgs():
     return {
-        "ppo_clip": [AlgoConfig(), AlgoConfig(clip_high=0.28, dual_clip_c=3.0)],
+        "ppo_clip": [AlgoConfig(dual_clip_c=0.0), AlgoConfig(clip_high=0.28, dual_clip_c=3.0)],
         "gspo": [AlgoConfig(), AlgoConfig(gspo_clip_low=0.05, gspo_clip_high=0.1)],
         "cispo": [
             AlgoConfig(cispo_clip_high=0.3),
@@ -299,7 +299,8 @@ def test_ppo_dual_clip():
         assert lp.grad.item() == pytest.approx(want_grad, rel=1e-6)
         assert metrics["clipfrac_dual"] == (1.0 if ratio > 3 else 0.0)
     lp = lp0.clone().requires_grad_(True)
-    loss, _ = algos.ppo_clip(lp, torch.full((1, 1), -math.log(5.0)), A, mask, AlgoConfig())
+    off = AlgoConfig(dual_clip_c=0.0)
+    loss, _ = algos.ppo_clip(lp, torch.full((1, 1), -math.log(5.0)), A, mask, off)
     loss.backward()  # without dual clip the loss is unbounded
     assert loss.item() == pytest.approx(5.0) and lp.grad.item() == pytest.approx(5.0)
     # dual clip never touches positive advantages
@@ -307,6 +308,37 @@ def test_ppo_dual_clip():
     assert loss.item() == pytest.approx(-1.2)
     with pytest.raises(ConfigError, match="algo.dual_clip_c=0.5.*> 1"):  # refused at load
         load_config(None, ["algo.dual_clip_c=0.5"])
+
+
+def test_dual_clip_is_on_by_default_as_verl():
+    # verl's vanilla loss, clip_ratio_c 3: ratios [4, 4, 0.5], advantages [-1, 1, -1] give
+    # [3 (dual-clipped from 4), -1.2, 0.8]
+    ratio = torch.tensor([[4.0, 4.0, 0.5]])
+    adv = torch.tensor([[-1.0, 1.0, -1.0]])
+    loss, m = algos.ppo_clip(ratio.log(), torch.zeros(1, 3), adv, torch.ones(1, 3), AlgoConfig())
+    assert loss.item() == pytest.approx(2.6 / 3, abs=1e-6)
+    assert m["clipfrac_dual"] == pytest.approx(1 / 3)
+    # masked: ratios [[5, 0.7], [1, pad]], advantages [[-2, 0.5], [-2, pad]]
+    ratio, mask = torch.tensor([[5.0, 0.7], [1.0, 9.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([[-2.0, 0.5], [-2.0, 7.0]])
+    for c, want in ((3.0, 2.55), (10.0, 3.883333)):
+        cfg = AlgoConfig(dual_clip_c=c)
+        loss, _ = algos.ppo_clip(ratio.log(), torch.zeros(2, 2), adv, mask, cfg)
+        assert loss.item() == pytest.approx(want, abs=1e-5)
+
+
+def test_gspo_averages_unclamped_log_ratios_as_verl():
+    # token log-ratios [30, -10]: verl averages them as they are (20, clamped to 10 after the
+    # mean: ratio e^10); clamping each to +-20 first would give a mean of 5
+    lp = torch.tensor([[30.0, -10.0]], dtype=DT)
+    loss, _ = algos.gspo(lp, torch.zeros(1, 2, dtype=DT), -torch.ones(1, 2, dtype=DT),
+                         torch.ones(1, 2, dtype=DT), AlgoConfig())  # fmt: skip
+    assert loss.item() == pytest.approx(math.exp(10.0), rel=1e-9)
+    # the paper's clip range around a clipped ratio: A = +1, log-ratios [0.3, -0.1, 0.1]
+    lp = torch.tensor([[0.3, -0.1, 0.1]], dtype=DT)
+    loss, m = algos.gspo(lp, torch.zeros(1, 3, dtype=DT), torch.ones(1, 3, dtype=DT),
+                         torch.ones(1, 3, dtype=DT), AlgoConfig())  # fmt: skip
+    assert loss.item() == pytest.approx(-1.0004, abs=1e-7) and m["clipfrac"] == 1.0
 
 
 def _away_from_boundaries(B, T, seed, bounds, gap=0.05):

@@ -32,7 +32,7 @@ def run(name, cap=2.0, low=0.5):
 
 
 def test_token_tis_caps_each_ratio():
-    w, keep = run("tis")
+    w, keep = run("tis", low=0.0)
     torch.testing.assert_close(w, torch.tensor([[1.0, 2.0, 0.25], [1.5, 0.8, 1.0]]))
     assert keep.tolist() == [[True, True, True], [True, True, False]]
 
@@ -50,6 +50,62 @@ def test_masks_drop_tokens_or_rows_past_the_threshold():
     assert keep.tolist() == [[True, False, True], [True, True, False]]
     _, keep = run("seq_mask", cap=1.0)  # row 1's product 1.2 > 1
     assert keep.tolist() == [[True, True, True], [False, False, False]]
+
+
+def test_decoupled_silences_what_lies_past_the_bounds():
+    w, keep = run("decoupled", low=0.0)  # ratio 3 > 2 weighs 0 and stays in the count
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 0.25], [1.5, 0.8, 1.0]]))
+    assert keep.tolist() == [[True, True, True], [True, True, False]]
+    w, _ = run("decoupled", low=0.5)  # and 0.25 < 0.5 too
+    torch.testing.assert_close(w[0], torch.tensor([1.0, 0.0, 0.0]))
+    # geometric means: row 0 0.75^(1/3), row 1 1.2^(1/2); a cap of 1.05 silences row 1
+    w, keep = run("decoupled_seq", cap=1.05, low=0.0)
+    torch.testing.assert_close(w, torch.tensor([[0.75 ** (1 / 3)] * 3, [0.0, 0.0, 1.0]]))
+    assert keep.tolist() == [[True, True, True], [True, True, False]]
+
+
+def test_tis_truncates_into_a_lower_bound_when_one_is_set():
+    w, _ = run("tis", low=0.5)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 2.0, 0.5], [1.5, 0.8, 1.0]]))
+
+
+# AReaL's decoupled PPO loss on one row of 4 tokens (the last masked): behaviour, proximal and
+# current log-probs, advantages; eps_clip 0.2, no dual clip (AReaL's c_clip is None by default)
+AREAL = dict(
+    beh=[[-1.0, -2.0, -0.5, -1.0]], prox=[[-1.0, -0.2, -0.7, -1.0]],
+    new=[[-0.9, -0.2, -1.0, -0.5]], adv=[[1.0, 1.0, -1.0, 1.0]], mask=[[1.0, 1.0, 1.0, 0.0]],
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, low, want",
+    [  # AReaL token_mask (its default) at cap 5: the token with weight e^1.8 > 5 weighs 0 and
+        # still counts in the mean of 3; token_truncate (tis): it weighs 5
+        ("decoupled", 0.0, -0.150062),
+        ("tis", 0.0, -1.816729),
+        ("decoupled", 0.9, -0.368390),  # AReaL's lower bound rejects e^-0.2 as well
+        ("tis", 0.9, -1.795057),  # clamp: e^-0.2 weighs 0.9
+    ],
+)
+def test_areal_decoupled_ppo_loss(name, low, want):
+    t = {k: torch.tensor(v) for k, v in AREAL.items()}
+    cfg = AlgoConfig(tis_cap=5.0, correction_low=low, dual_clip_c=0.0)
+    w, mask, _ = apply_correction(name, t["prox"], t["beh"], t["mask"], cfg)
+    loss, _ = POLICY_LOSSES.get("ppo_clip")(t["new"], t["prox"], t["adv"], mask, cfg, is_weight=w)
+    assert loss.item() == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("cap, want", [(5.0, -0.325479), (2.0, 1.009846)])
+def test_areal_sequence_weight(cap, want):
+    # two rows of two tokens; behaviour weights e^0.8 (row 0) and e^-0.1 (row 1) per row
+    beh = torch.full((2, 2), -1.0)
+    prox = torch.tensor([[0.0, -0.4], [-1.2, -1.0]])
+    new = torch.tensor([[0.2, -0.4], [-1.5, -0.8]])
+    adv = torch.tensor([[2.0, 0.0], [-1.0, -3.0]])
+    cfg = AlgoConfig(tis_cap=cap, dual_clip_c=0.0)
+    w, mask, _ = apply_correction("decoupled_seq", prox, beh, torch.ones(2, 2), cfg)
+    loss, _ = POLICY_LOSSES.get("ppo_clip")(new, prox, adv, mask, cfg, is_weight=w)
+    assert loss.item() == pytest.approx(want, abs=1e-5)
 
 
 def test_two_sided_masks():
@@ -75,9 +131,11 @@ def test_apply_checks_its_thresholds_and_reports():
     lo, lr = logps()
     with pytest.raises(ValueError, match="tis_cap > 0"):
         apply_correction("tis", lo, lr, MASK, AlgoConfig(tis_cap=0.0))
-    with pytest.raises(ConfigError, match=r"algo.correction_low=3.0 must be in \(0, algo.tis_cap"):
+    with pytest.raises(ConfigError, match=r"algo.correction_low=3.0 \(lower bound 3.0 of tis\)"):
         load_config(None, ["algo.tis_cap=2.0", "algo.correction_low=3.0"])  # refused at load
-    with pytest.raises(UnknownName, match="valid: geo_mask"):
+    with pytest.raises(ConfigError, match=r"lower bound 0.5 of icepop\) must be in \[0, algo"):
+        load_config(None, ["algo.tis_cap=0.4", "algo.rollout_correction=icepop"])
+    with pytest.raises(UnknownName, match="valid: decoupled, decoupled_seq, geo_mask"):
         CORRECTIONS.get("is")
     _, new_mask, m = apply_correction("icepop", lo, lr, MASK, AlgoConfig(tis_cap=2.0))
     assert new_mask.tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
