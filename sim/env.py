@@ -41,6 +41,7 @@ from .robot import ControlConfig, Robot
 from .scene import COLOURS, SceneSpec, build_model
 from .spaces import InstructionText
 from .tasks import Layout, Task, World, get_task, layout, task_counts
+from .wording import WORDINGS
 
 CHARSET = " abcdefghijklmnopqrstuvwxyz"
 """characters an instruction may contain"""
@@ -94,6 +95,9 @@ class ManipEnvConfig:
     """"clip": NaN -> 0 then clip to [-1, 1]; "raise": ValueError on NaN or out of range"""
     frame_skip: int = 25
     """physics steps (2 ms each) per env step: 25 -> 20 Hz control"""
+    wording: str = choice("train", WORDINGS)
+    """instructions from the task's training templates, or in a held-out wording
+    (`sim.wording`: paraphrase, synonym, distractor) for the same scenes"""
     terminate_on_success: bool = True
     """end the episode (terminated=True) on the first success"""
     max_qvel: float = 1e3
@@ -208,7 +212,7 @@ class ManipEnv(gym.Env):
             pos_rng = np.random.default_rng([tid, trial])
         else:
             colour_rng = pos_rng = self.np_random
-        self.layout = layout(self.task, colour_rng, pos_rng)
+        self.layout = layout(self.task, colour_rng, pos_rng, self.cfg.wording)
         self.layout_rng = pos_rng
         self._apply_layout(self.layout)
         self._warnings = self._warning_count()

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..registry import TASKS
 from .scene import BLOCK_HALF, BOWL_RADIUS, COLOURS, ZONE_RADIUS
+from .wording import PARAPHRASES, reword
 
 WORKSPACE_X = (0.36, 0.64)
 """x range (metres) where entities are placed on the table"""
@@ -160,8 +161,15 @@ def task_counts(task: Task) -> dict[str, int]:
     }  # fmt: skip
 
 
-def layout(task: Task, colour_rng: np.random.Generator, pos_rng: np.random.Generator) -> Layout:
-    """Sample a full initial state for ``task``: positions, distinct colours, an instruction."""
+def layout(
+    task: Task,
+    colour_rng: np.random.Generator,
+    pos_rng: np.random.Generator,
+    wording: str = "train",
+) -> Layout:
+    """Sample a full initial state for ``task``: positions, distinct colours, an instruction
+    (from the training templates, or in a held-out ``wording``: `sim.wording.reword`, drawn
+    after the training instruction so the scene is the same)."""
     lay = task.place(pos_rng, task)
     counts = task_counts(task)
     names = list(COLOURS)
@@ -172,11 +180,28 @@ def layout(task: Task, colour_rng: np.random.Generator, pos_rng: np.random.Gener
         k += n
     if task.instruct is not None:
         lay.instruction = task.instruct(task, lay.colours, colour_rng)
-        return lay
-    template = task.templates[colour_rng.integers(len(task.templates))]
-    goal = lay.colours[task.goal[0]][task.goal[1]] if task.goal else ""
-    lay.instruction = template.format(obj=lay.colours[task.subject][0], goal=goal)
+    else:
+        template = task.templates[colour_rng.integers(len(task.templates))]
+        goal = lay.colours[task.goal[0]][task.goal[1]] if task.goal else ""
+        lay.instruction = template.format(obj=lay.colours[task.subject][0], goal=goal)
+    if wording != "train":
+        if not has_held_out(task):
+            raise ValueError(
+                f"env wording={wording!r}: task {task.name!r} has no held-out wording (the "
+                f"families {', '.join(PARAPHRASES)} have); use wording=train"
+            )
+        obj = lay.colours[task.subject][0]
+        others = [c for c in lay.colours[task.subject][1:] if c != goal]
+        lay.instruction = reword(
+            task.family, task.templates, obj, goal, others, colour_rng, wording
+        )
     return lay
+
+
+def has_held_out(task: Task) -> bool:
+    """Whether ``task`` has held-out wordings (`sim.wording`): the primitive families do; a
+    long-horizon task's composed instruction does not."""
+    return task.instruct is None and task.family in PARAPHRASES
 
 
 # ------------------------------------------------------------------ shaping helpers

@@ -211,12 +211,26 @@ def run_eval(cfg, out_dir: Path, more=()) -> dict:
             "perceptrl eval needs --model (a saved VLA, e.g. <run>/checkpoints/step_N/model)"
         )
     policy = load_policy(resolve_path(cfg.model.path), resolve_device(cfg.train.device))
-    report = write_report(policy, cfg.env, out_dir)
+    report = write_report(policy, _with_held_out_wordings(cfg.env), out_dir)
     table = (out_dir / "eval.md").read_text().rstrip()
     return {
         "table": table,
         "files": [out_dir / "eval.json", out_dir / "eval.md", *report["videos"].values()],
     }
+
+
+def _with_held_out_wordings(env: EnvConfig) -> EnvConfig:
+    """``env`` evaluating every held-out wording when it names none and every evaluated task has
+    them (a long-horizon task's composed instruction has none)."""
+    from ..sim import ENV_IDS
+    from ..sim.tasks import get_task, has_held_out
+    from ..sim.wording import HELD_OUT
+
+    task_of = {gid: name for name, gid in ENV_IDS.items()}
+    tasks = [get_task(task_of[e]) for e in env.eval_tasks or [env.id]]
+    if env.eval_wordings or env.wording != "train" or not all(map(has_held_out, tasks)):
+        return env
+    return dataclasses.replace(env, eval_wordings=list(HELD_OUT))
 
 
 def run_compare(cfgs: dict, out_dir: Path) -> dict:

@@ -21,7 +21,8 @@ instruction names by their words: one policy for any subgoal of a scene).
 Observations travel as a dict of tensors (see :meth:`CompactVLA.observe`): ``image``
 [N, H, W, 3 * cameras] uint8 (the env's cameras stacked on channels, kept uint8 until the forward;
 one conv tower shared by the cameras, features concatenated), ``proprio`` [N, P] float, ``objects`` [N, O] float (state
-encoder, or the state critic), ``words`` [N, L] long instruction word ids (0 = padding, 1 = unknown word).
+encoder, or the state critic), ``words`` [N, L] long instruction token ids (0 = padding; see
+`vla.language`: word ids, 1 an unknown word, or MiniLM's wordpieces).
 
 In a `RolloutBatch`, each of these is a per-sample list of [T_i, ...] tensors (one entry per
 valid step, no padding), ``tokens`` holds the raw sampled actions [B, T, K * A] and ``mask`` is
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,39 +51,13 @@ from ..sim.composite import ENTITY_SIZE, POSE_SIZE
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
 from .config import AUX, CRITICS, ENCODERS, IMAGE_ENCODERS, VLAConfig
+from .language import InstructionEncoder, instruction_words
 
-PAD, UNK = 0, 1
 WORKSPACE_CENTRE = (0.5, 0.0, 0.2)
 """metres; positions enter the network as (p - centre) / POS_SCALE so that they are O(1)"""
 POS_SCALE = 0.1
 OBS_KEYS = ("image", "proprio", "objects", "words")
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
-
-
-def instruction_words() -> list[str]:
-    """Every word the registered sim tasks can put in an instruction (templates x colours),
-    sorted; ids 0 and 1 are reserved for padding and unknown words."""
-    from ..registry import TASKS
-    from ..sim.scene import COLOURS
-
-    words: set[str] = set(COLOURS)
-    for name in TASKS:
-        for template in TASKS.get(name).templates:
-            words |= set(split_words(template.replace("{obj}", " ").replace("{goal}", " ")))
-    return sorted(words)
-
-
-def split_words(text: str) -> list[str]:
-    return re.findall(r"[a-z]+", text.lower())
-
-
-def encode_words(texts: Sequence[str], vocab: dict[str, int], max_words: int) -> Tensor:
-    """Instructions -> word ids [N, max_words] (0 padding, 1 unknown word; long ones cut)."""
-    out = torch.zeros(len(texts), max_words, dtype=torch.long)
-    for i, text in enumerate(texts):
-        ids = [vocab.get(w, UNK) for w in split_words(text)][:max_words]
-        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    return out
 
 
 @dataclass
@@ -144,33 +118,6 @@ class SpatialSoftmax(nn.Module):
             )
         attn = torch.softmax(x.flatten(2) / self.log_temp.exp(), dim=-1)  # (N, C, H*W)
         return (attn @ self.grid).flatten(1)  # (N, C, 2) -> (N, 2C)
-
-
-class InstructionEncoder(nn.Module):
-    """Word ids [N, L] -> embedding [N, E]: mean of word embeddings, or a GRU's last state."""
-
-    def __init__(self, vocab_size: int, dim: int, kind: str):
-        super().__init__()
-        if kind not in ("bag", "gru"):
-            raise ValueError(f"vla.instruction_encoder={kind!r}; valid: bag | gru")
-        self.kind = kind
-        self.embed = nn.Embedding(vocab_size, dim, padding_idx=PAD)
-        self.gru = nn.GRU(dim, dim, batch_first=True) if kind == "gru" else None
-
-    def forward(self, words: Tensor) -> Tensor:
-        return self.encode(words)[0]
-
-    def encode(self, words: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(the embedding [N, E], each word's vector [N, L, E]: its embedding, or the GRU's
-        state after it, and which words are real [N, L] bool)."""
-        valid = words != PAD  # (N, L)
-        x = self.embed(words)  # (N, L, E)
-        if self.gru is None:
-            w = valid.float()[..., None]
-            return (x * w).sum(1) / w.sum(1).clamp(min=1), x, valid
-        lens = valid.sum(1).clamp(min=1)
-        out, _ = self.gru(x)  # (N, L, E)
-        return out[torch.arange(len(words), device=words.device), lens - 1], out, valid
 
 
 class EntityReader(nn.Module):
@@ -251,7 +198,9 @@ class CompactVLA(nn.Module):
         self.spec = spec
         self.vocab = {w: i + 2 for i, w in enumerate(spec.words)}
         E, H = spec.vla.embed_dim, spec.vla.hidden
-        self.instr = InstructionEncoder(len(self.vocab) + 2, E, spec.vla.instruction_encoder)
+        self.instr = InstructionEncoder(
+            len(self.vocab) + 2, E, spec.vla.instruction_encoder, spec.vla.instruction_projection
+        )
         self.keypoints = None
         if spec.vla.encoder in IMAGE_ENCODERS:
             c1, c2, c3 = spec.vla.channels
@@ -433,7 +382,7 @@ class CompactVLA(nn.Module):
         """A ``sim.vector.Batch`` (numpy, N envs) -> CPU observation tensors for ``act``."""
         obs = {
             "proprio": torch.as_tensor(np.asarray(batch.proprio, np.float32)),
-            "words": encode_words(batch.instructions, self.vocab, self.spec.vla.max_words),
+            "words": self.instr.tokenize(batch.instructions, self.vocab, self.spec.vla.max_words),
         }
         if self.spec.vla.encoder in IMAGE_ENCODERS:
             if not batch.images:

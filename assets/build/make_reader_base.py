@@ -81,8 +81,9 @@ def main() -> None:
     from perceptrl.cli import CONFIGS
     from perceptrl.sim.composite import ENTITY_SIZE
     from perceptrl.sim.focus import make_env
-    from perceptrl.vla.compact import build_compact, encode_words, spec_from_config
+    from perceptrl.vla.compact import build_compact, spec_from_config
     from perceptrl.vla.envs import env_kwargs
+    from perceptrl.vla.language import encode_words
     from perceptrl.wiring import load_config
 
     cfg = load_config(CONFIGS / f"{args.recipe}.yaml", args.overrides)

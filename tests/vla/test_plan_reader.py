@@ -17,15 +17,10 @@ from perceptrl.sim.expert import ScriptedExpert
 from perceptrl.sim.focus import SubgoalFocus, make_env
 from perceptrl.sim.scene import COLOURS
 from perceptrl.trainer.config import ConfigError
-from perceptrl.vla.compact import (
-    EntityReader,
-    InstructionEncoder,
-    build_compact,
-    encode_words,
-    spec_from_config,
-)
+from perceptrl.vla.compact import EntityReader, build_compact, spec_from_config
 from perceptrl.vla.config import VLAConfig
 from perceptrl.vla.executors import OracleExecutor, load_executor
+from perceptrl.vla.language import InstructionEncoder, encode_words
 from perceptrl.vla.plan_env import PlanEnv, PlanSettings
 from perceptrl.vla.plan_eval import executor_alone
 from perceptrl.wiring import load_config

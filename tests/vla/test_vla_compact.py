@@ -13,15 +13,9 @@ import torch  # noqa: E402  (import torch before any rendering)
 from perceptrl.trainer.batch import RolloutBatch  # noqa: E402
 from perceptrl.trainer.policy import Policy  # noqa: E402
 from perceptrl.vla.builder import load_policy  # noqa: E402
-from perceptrl.vla.compact import (  # noqa: E402
-    UNK,
-    CompactSpec,
-    CompactVLA,
-    SpatialSoftmax,
-    encode_words,
-    instruction_words,
-)
+from perceptrl.vla.compact import CompactSpec, CompactVLA, SpatialSoftmax  # noqa: E402
 from perceptrl.vla.config import VLAConfig  # noqa: E402
+from perceptrl.vla.language import UNK, encode_words, instruction_words  # noqa: E402
 
 
 def _obs(policy: CompactVLA, n: int, seed: int = 0) -> dict[str, torch.Tensor]:
