@@ -81,7 +81,7 @@ bench: setup
 # The VLM studies outside `make bench` (each minutes to an hour on 2 cores): tree rollouts,
 # process rewards (4 training seeds), the zoom tool, video, and the prefill-once samplers.
 bench-vlm: setup
-	$(BIN)/python bench/bench_vlm_tree.py --minutes 8
+	$(BIN)/python bench/bench_vlm_tree.py --minutes 8 --arms flat,tree,treerl
 	$(BIN)/python bench/bench_vlm_process.py --seeds 0,1,2,3
 	$(BIN)/python bench/bench_vlm_zoom.py
 	$(BIN)/python bench/bench_vlm_video.py
