@@ -295,6 +295,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Diagnose a run from its metrics (trainer/doctor.py); exit status 1 on a serious finding."""
+    from .trainer.doctor import run_doctor
+
+    report_md, serious = run_doctor(Path(args.run), Path(args.out) if args.out else None)
+    print(report_md)
+    return int(serious)
+
+
 def _mkdir(path: Path) -> Path:
     with errors.creating(path):
         path.mkdir(parents=True, exist_ok=True)
@@ -317,6 +326,7 @@ def cmd_sim_demo(args: argparse.Namespace) -> int:
 def print_summary(run_dir: Path) -> None:
     """Before/after evaluation table and where the logs are."""
     from .trainer.checkpoint import BEST, best_record
+    from .trainer.doctor import doctor_paragraph
     from .trainer.metrics import read_metrics
 
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
@@ -330,6 +340,8 @@ def print_summary(run_dir: Path) -> None:
         for k in keys:
             print(f"{k:<32}{first.get(k, float('nan')):>12.3f}{last[k]:>12.3f}")
     _print_skips(rows)
+    if rows:
+        print("\n" + doctor_paragraph(rows))
     print(f"\nrun directory: {run_dir}")
     print(f"metrics:       {run_dir / 'metrics.jsonl'}")
     print(f"tensorboard:   tensorboard --logdir {run_dir / 'tensorboard'}")
@@ -493,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sft", help="supervised warm start (format-following reasoning traces)")
     _add_run_args(p)
     p.set_defaults(func=cmd_sft, resume=None)
+
+    p = sub.add_parser("doctor", help="diagnose a run: what went wrong and what to change")
+    p.add_argument("run", help="run directory (with metrics.jsonl)")
+    p.add_argument("--out", help="output directory (default: RUN/doctor)")
+    p.set_defaults(func=cmd_doctor)
 
     _add_demo_parser(sub)
     _add_eval_parser(sub)
