@@ -114,7 +114,7 @@ def test_pixel_ppo_step_and_eval_report(tmp_path):
     # reset + 8 steps + half a second on the outcome, at 256 px whatever the policy's 64 px
     fps = gym.make("perceptrl/Reach-v0").metadata["render_fps"]
     assert frames.shape[0] == 9 + fps // 2 and frames.shape[1:] == (256, 256, 3)
-    assert "| Reach | 2 |" in (tmp_path / "eval" / "eval.md").read_text()
+    assert "| Reach | train | 2 |" in (tmp_path / "eval" / "eval.md").read_text()
     # before / after side by side: one 256-px panel per policy, labelled
     from perceptrl.vla.evaluate import compare_video
 
