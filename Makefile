@@ -92,6 +92,7 @@ bench-vlm: setup
 bench-vla: setup
 	$(BIN)/python bench/bench_vla_collect.py
 	$(BIN)/python bench/bench_vla_grpo.py --bc-steps 400 --minutes 10 train.lr=3e-5
+	$(BIN)/python bench/bench_vla_language.py
 
 # Flow-matching against Gaussian action heads (bench/results/vla_flow.*): the committed result's
 # 14 arms one after another (BC, then 8 min of GRPO; 16 for the last two put arms), then the
