@@ -82,7 +82,7 @@ bench: setup
 # process rewards (4 training seeds), the zoom tool, video, and the prefill-once samplers.
 bench-vlm: setup
 	$(BIN)/python bench/bench_vlm_tree.py --minutes 8 --arms flat,tree,treerl
-	$(BIN)/python bench/bench_vlm_process.py --seeds 0,1,2,3
+	$(BIN)/python bench/bench_vlm_process.py --seeds 0,1
 	$(BIN)/python bench/bench_vlm_zoom.py
 	$(BIN)/python bench/bench_vlm_video.py
 	$(BIN)/python bench/bench_prefill_fork.py
