@@ -171,3 +171,25 @@ def test_evaluation_reports_each_wording_apart(tmp_path):
     assert m["success_rate"] == m["success/Reach"]
     table = (tmp_path / "eval.md").read_text()
     assert "| Reach | paraphrase | 2 |" in table and "| Reach | train | 2 |" in table
+
+
+def test_a_tiny_training_run_with_minilm(tmp_path):
+    """Behaviour cloning through the trainer with the frozen encoder: the projection learns, the
+    checkpoint holds no MiniLM weights, and the saved policy reads the wording it never saw."""
+    from perceptrl.cli import main
+    from perceptrl.trainer.metrics import read_metrics
+
+    run = tmp_path / "run"
+    argv = ["sft", "vla_bc_pick", "env.id=perceptrl/Reach-v0", "env.entity_features=true",
+            "vla.encoder=entities", "vla.instruction_encoder=minilm", "vla.hidden=32",
+            "env.num_envs=2", "env.steps_per_rollout=8", "env.eval_episodes=2", "train.steps=3",
+            "train.eval_every=3", "env.eval_wordings=[paraphrase]", "log.progress=false",
+            "log.tensorboard=false", "checkpoint.every=3", "--run-dir", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    rows = read_metrics(run / "metrics.jsonl")
+    assert all(np.isfinite(r["sft/loss"]) for r in rows if "sft/loss" in r)
+    assert "eval/success/Reach@paraphrase" in rows[-1]
+    model = run / "checkpoints" / "step_000003" / "model"
+    assert (model / "model.safetensors").stat().st_size < 5e6
+    policy = load_policy(model, "cpu")
+    assert policy.spec.vla.instruction_encoder == "minilm"
