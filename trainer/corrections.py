@@ -113,24 +113,32 @@ def decoupled_seq(logp_old, logp_rollout, mask, cfg):
 
 @CORRECTIONS.register("seq_tis", low=0.0)
 def seq_tis(logp_old, logp_rollout, mask, cfg):
-    """Sequence-level truncated IS: every token of row i weighs ``min(prod_t r_t, tis_cap)``."""
-    s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask)
-    w = torch.exp(s.clamp(max=math.log(cfg.tis_cap)))[:, None].expand_as(mask)
+    """Sequence-level truncated IS: every token of row i weighs its ratio ``prod_t r_t`` clamped
+    into ``[correction_low, tis_cap]`` (no lower bound unless set)."""
+    s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask).clamp(
+        max=math.log(cfg.tis_cap)
+    )
+    low = _low(cfg, "seq_tis")
+    if low > 0:
+        s = s.clamp(min=math.log(low))
+    w = torch.exp(s)[:, None].expand_as(mask)
     return torch.where(mask > 0, w, 1.0), mask > 0
 
 
 @CORRECTIONS.register("token_mask", low=0.0)
 def token_mask(logp_old, logp_rollout, mask, cfg):
-    """Masked IS, token level: tokens whose ratio exceeds ``tis_cap`` leave the loss."""
+    """Masked IS, token level: tokens whose ratio lies outside ``[correction_low, tis_cap]`` (no
+    lower bound unless set) leave the loss, its token count included."""
     d = _log_ratio(logp_old, logp_rollout, mask)
-    return _ones(mask), (mask > 0) & (d <= math.log(cfg.tis_cap))
+    return _ones(mask), (mask > 0) & _bounded(d, _low(cfg, "token_mask"), cfg.tis_cap)
 
 
 @CORRECTIONS.register("seq_mask", low=0.0)
 def seq_mask(logp_old, logp_rollout, mask, cfg):
-    """Masked IS, sequence level: rows whose sequence ratio exceeds ``tis_cap`` leave the loss."""
+    """Masked IS, sequence level: rows whose sequence ratio lies outside ``[correction_low,
+    tis_cap]`` (no lower bound unless set) leave the loss."""
     s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask)
-    return _ones(mask), (mask > 0) & (s <= math.log(cfg.tis_cap))[:, None]
+    return _ones(mask), (mask > 0) & _bounded(s, _low(cfg, "seq_mask"), cfg.tis_cap)[:, None]
 
 
 @CORRECTIONS.register("geo_mask", low=0.5)

@@ -46,9 +46,9 @@ def test_seq_tis_weighs_a_row_by_its_capped_product():
 
 
 def test_masks_drop_tokens_or_rows_past_the_threshold():
-    _, keep = run("token_mask")  # ratio 3 > 2 leaves
+    _, keep = run("token_mask", low=0.0)  # ratio 3 > 2 leaves
     assert keep.tolist() == [[True, False, True], [True, True, False]]
-    _, keep = run("seq_mask", cap=1.0)  # row 1's product 1.2 > 1
+    _, keep = run("seq_mask", cap=1.0, low=0.0)  # row 1's product 1.2 > 1
     assert keep.tolist() == [[True, True, True], [False, False, False]]
 
 
@@ -184,3 +184,16 @@ def test_the_loop_applies_the_correction_to_the_loss(toy, tmp_path, name):
     )
     torch.testing.assert_close(loss, ref)
     assert not torch.allclose(loss, unweighted)
+
+
+def test_every_correction_reads_a_lower_bound_when_one_is_set():
+    # ratios 0.25 (row 0) and the product 0.75 (row 0's sequence) fall below 0.9
+    _, keep = run("token_mask", low=0.9)
+    assert keep.tolist() == [
+        [True, False, False],
+        [True, False, False],
+    ]  # 3 > 2, 0.25 and 0.8 < 0.9
+    _, keep = run("seq_mask", cap=5.0, low=0.9)
+    assert keep.tolist() == [[False] * 3, [True, True, False]]
+    w, _ = run("seq_tis", cap=5.0, low=0.9)
+    torch.testing.assert_close(w[0], torch.tensor([0.9] * 3))
