@@ -5,6 +5,8 @@ end to end through the trainer."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,24 +22,14 @@ from perceptrl.vla.plan_env import INVALID, PlanEnv, PlanSettings
 from perceptrl.vlm.run_plan import resolve
 from perceptrl.wiring import load_config, side
 
-
-def _sample(task="put_then_stack", tid=3, trial=0) -> dict:
-    return {
-        "id": f"{task}-{tid}",
-        "meta": {"scene": {"task": task, "task_id": tid, "trial_id": trial}},
-    }
-
-
-def _plan(env: PlanEnv, row: int) -> list[str]:
-    """The oracle plan of episode ``row``'s task, as subgoal texts."""
-    e = env.scene(row).unwrapped
-    return [s.text(e.layout.colours) for s in e.task.subgoals]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan_scenes import TINY, oracle_plan_texts, scene_sample  # noqa: E402
 
 
 def test_the_oracle_plan_completes_the_task_and_invalid_turns_change_nothing():
     env = PlanEnv(PlanSettings(OracleExecutor()))
-    env.reset([_sample()])
-    first, second = _plan(env, 0)
+    env.reset([scene_sample()])
+    first, second = oracle_plan_texts(env, 0)
     start = env.rows[0].state
     bad = [
         ("<think>hmm</think>", "write the next subgoal"),
@@ -64,9 +56,9 @@ def test_the_oracle_plan_completes_the_task_and_invalid_turns_change_nothing():
 
 def test_rows_of_a_group_and_forks_are_independent_episodes():
     env = PlanEnv(PlanSettings(OracleExecutor()))
-    s = _sample("put_two", 5)
+    s = scene_sample("put_two", 5)
     env.reset([s, s])
-    first, second = _plan(env, 0)
+    first, second = oracle_plan_texts(env, 0)
     env.respond(0, f"<subgoal>{first}</subgoal>")
     env.fork(0, 2)  # a branch after the first subgoal
     done = env.respond(2, f"<subgoal>{second}</subgoal>")
@@ -83,10 +75,10 @@ def test_a_remembered_subgoal_replays_exactly_what_simulating_it_did():
     def episode(env, row, turns):
         return [env.respond(row, t) for t in turns]
 
-    s = _sample("put_then_stack", 7)
+    s = scene_sample("put_then_stack", 7)
     plain = PlanEnv(PlanSettings(OracleExecutor(), memo=0))
     plain.reset([s])
-    first, second = _plan(plain, 0)
+    first, second = oracle_plan_texts(plain, 0)
     turns = [f"<subgoal>{first}</subgoal>", f"<subgoal> {second}</subgoal>"]
     want = episode(plain, 0, turns)
     env = PlanEnv(PlanSettings(OracleExecutor()))
@@ -142,15 +134,6 @@ def test_the_generator_writes_disjoint_splits_with_the_oracle_plan(tmp_path):
     env.reset([r])
     assert [env.respond(0, t) for t in turns][-1] is None
     assert env.rows[0].record["planner/success"] == 1.0
-
-
-TINY = [
-    "data.n_train=8", "data.n_val=4", "rollout.prompts_per_step=2", "rollout.group_size=2",
-    "rollout.max_new_tokens=8", "rollout.episode.max_turns=2", "train.micro_batch_size=4",
-    "train.eval_samples=2", "train.eval_every=1", "train.steps=1", "log.progress=false",
-    "log.tensorboard=false", "data.image_size=64", "plan.image_size=64",
-    "rollout.episode.max_pixels=4096", "model.max_pixels=4096", "checkpoint.every=0",
-]  # fmt: skip
 
 
 def test_the_plan_side_trains_and_scores_with_the_simulator(tmp_path):
@@ -281,9 +264,9 @@ def test_an_episode_replays_into_a_video_with_its_subgoals(tmp_path):
     from perceptrl.vla.plan_env import INVALID_FRAMES, replay_video
 
     env = PlanEnv(PlanSettings(OracleExecutor()))
-    sample = _sample("put_two", 4)
+    sample = scene_sample("put_two", 4)
     env.reset([sample])
-    first, second = _plan(env, 0)
+    first, second = oracle_plan_texts(env, 0)
     turns = [
         "<subgoal>dance</subgoal>",
         f"<subgoal>{first}</subgoal>",
@@ -428,8 +411,8 @@ def test_plan_turns_scores_each_turn_where_it_ends():
     from perceptrl.rewards.plan_rewards import plan_turns
 
     env = PlanEnv(PlanSettings(OracleExecutor()))
-    env.reset([_sample("put_two", 5)])
-    first, second = _plan(env, 0)
+    env.reset([scene_sample("put_two", 5)])
+    first, second = oracle_plan_texts(env, 0)
     turns = ["<subgoal>put the magenta block in the red bowl</subgoal>",
              f"<subgoal>{first}</subgoal>", f"<subgoal>{second}</subgoal>", "<done/>"]  # fmt: skip
     for t in turns:
@@ -445,7 +428,7 @@ def test_plan_turns_scores_each_turn_where_it_ends():
     (steps,) = plan_turns(["".join(turns)], [{}], one, match=0.25)
     assert [s.score for s in steps] == [-0.2, 0.75, 0.75]
     # out of order: the second subgoal first is valid but not the next one; then the first is
-    env.reset([_sample("put_two", 5)])
+    env.reset([scene_sample("put_two", 5)])
     for t in (second, first):
         env.respond(0, f"<subgoal>{t}</subgoal>")
     rec = env.rows[0].record

@@ -5,6 +5,8 @@ retries, a round's subgoals side by side, and executors that do not fit refused.
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -22,27 +24,8 @@ from perceptrl.vla.plan_env import INVALID, PlanEnv, PlanSettings, plan_settings
 from perceptrl.vla.run_plan import resolve_executor
 from perceptrl.wiring import load_config, side
 
-TINY = [
-    "data.n_train=8", "data.n_val=4", "rollout.prompts_per_step=2", "rollout.group_size=2",
-    "rollout.max_new_tokens=8", "rollout.episode.max_turns=2", "train.micro_batch_size=4",
-    "train.eval_samples=2", "train.eval_every=1", "train.steps=1", "log.progress=false",
-    "log.tensorboard=false", "data.image_size=64", "plan.image_size=64",
-    "rollout.episode.max_pixels=4096", "model.max_pixels=4096", "checkpoint.every=0",
-]  # fmt: skip
-"""a planner run small enough to build (the plan recipe's test settings, as test_plan.py's)"""
-
-
-def _sample(task="put_then_stack", tid=3, trial=0) -> dict:
-    return {
-        "id": f"{task}-{tid}",
-        "meta": {"scene": {"task": task, "task_id": tid, "trial_id": trial}},
-    }
-
-
-def _plan(env: PlanEnv, row: int) -> list[str]:
-    """The oracle plan of episode ``row``'s task, as subgoal texts."""
-    e = env.scene(row).unwrapped
-    return [s.text(e.layout.colours) for s in e.task.subgoals]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan_scenes import TINY, oracle_plan_texts, scene_sample  # noqa: E402
 
 
 def test_a_policy_executor_s_subgoals_start_at_the_home_pose():
@@ -52,8 +35,8 @@ def test_a_policy_executor_s_subgoals_start_at_the_home_pose():
     after = {}
     for home in (None, True):  # the oracle's default; sent home as a policy executor's arm
         env = PlanEnv(PlanSettings(OracleExecutor(), home=home))
-        env.reset([_sample()])
-        first, second = _plan(env, 0)
+        env.reset([scene_sample()])
+        first, second = oracle_plan_texts(env, 0)
         assert env.respond(0, f"<subgoal>{first}</subgoal>").info["planner/progress"] == 0.5
         robot = env.scene(0).unwrapped.robot
         at = robot.home_pose()[0]
@@ -70,8 +53,8 @@ def test_a_policy_executor_s_subgoals_start_at_the_home_pose():
 
 def test_a_blow_up_fails_the_subgoal_and_restores_the_scene():
     env = PlanEnv(PlanSettings(OracleExecutor(), subgoal_steps=30))
-    env.reset([_sample("put_two", 1)])
-    first, _ = _plan(env, 0)
+    env.reset([scene_sample("put_two", 1)])
+    first, _ = oracle_plan_texts(env, 0)
     e = env.scene(0).unwrapped
     e.cfg = dataclasses.replace(e.cfg, max_qvel=1e-4)  # any motion counts as a blow-up
     blocks = e.world().blocks.copy()
@@ -92,8 +75,8 @@ class NaNExecutor:
 
 def test_non_finite_executor_actions_become_no_ops_and_are_counted():
     env = PlanEnv(PlanSettings(NaNExecutor(), subgoal_steps=12))
-    env.reset([_sample("put_two", 1)])
-    first, _ = _plan(env, 0)
+    env.reset([scene_sample("put_two", 1)])
+    first, _ = oracle_plan_texts(env, 0)
     obs = env.respond(0, f"<subgoal>{first}</subgoal>")
     assert "did not finish" in obs.text and obs.info["planner/env_steps"] == 12
     assert env.counters["bad_actions"] == 12
@@ -114,10 +97,10 @@ class FlakyExecutor(OracleExecutor):
 def test_the_oracle_plan_with_retries_issues_a_failed_subgoal_again():
     from perceptrl.vla.plan_eval import oracle_plan
 
-    sample = _sample("put_two", 1)
+    sample = scene_sample("put_two", 1)
     env = PlanEnv(PlanSettings(OracleExecutor()))
     env.reset([sample])
-    sample["meta"]["plan"] = _plan(env, 0)
+    sample["meta"]["plan"] = oracle_plan_texts(env, 0)
     scores, records = oracle_plan(PlanSettings(FlakyExecutor(), subgoal_steps=80), [sample])
     assert scores["accuracy"] == 0.0 and "retries" not in scores
     scores, records = oracle_plan(PlanSettings(FlakyExecutor(), subgoal_steps=80), [sample], 2)
@@ -139,12 +122,12 @@ def test_a_saved_state_vla_executes_subgoals_of_a_larger_scene(tmp_path):
     build_compact(spec_from_config(vla, spaces, 1, 64)).save(tmp_path / "put")
     executor = load_executor("policy", {"put": str(tmp_path / "put")})
     env = PlanEnv(PlanSettings(executor, subgoal_steps=5))
-    env.reset([_sample("put_three", 2)])
-    first = _plan(env, 0)[0]
+    env.reset([scene_sample("put_three", 2)])
+    first = oracle_plan_texts(env, 0)[0]
     obs = env.respond(0, f"<subgoal>{first}</subgoal>")
     assert obs.error is None and obs.info["planner/env_steps"] == 5
-    env.reset([_sample("put_then_stack", 0)])  # no stack executor: refused like a bad plan
-    obs = env.respond(0, f"<subgoal>{_plan(env, 0)[1]}</subgoal>")
+    env.reset([scene_sample("put_then_stack", 0)])  # no stack executor: refused like a bad plan
+    obs = env.respond(0, f"<subgoal>{oracle_plan_texts(env, 0)[1]}</subgoal>")
     assert obs.error == INVALID and "no skill to stack" in obs.text
 
 
@@ -187,11 +170,11 @@ def test_a_round_s_subgoals_run_side_by_side_as_they_would_one_by_one(tmp_path):
         return act(obs, **kw)
 
     policy.act = counted
-    three, two = _sample("put_three", 2), _sample("put_two", 5)
+    three, two = scene_sample("put_three", 2), scene_sample("put_two", 5)
     samples = [three, two, three, three, two]
 
     def turns(env):
-        a, b = _plan(env, 0)[:2], _plan(env, 1)[0]
+        a, b = oracle_plan_texts(env, 0)[:2], oracle_plan_texts(env, 1)[0]
         return [f"<subgoal>{a[0]}</subgoal>", f"<subgoal>{b}</subgoal>",
                 f"<subgoal>{a[1]}</subgoal>", f"<subgoal>{a[0]}</subgoal>",
                 "<subgoal>put the magenta block in the red bowl</subgoal>"]  # fmt: skip
