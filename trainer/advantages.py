@@ -439,7 +439,7 @@ def prime(inp: AdvantageInputs, cfg: AlgoConfig):
             adv,
             mask,
             process_mean=masked_mean(process, mask),
-            outcome_mean=masked_mean(discounted_returns(outcome, mask, 1.0), mask),
+            outcome_mean=masked_mean(broadcast_rows(outcome.sum(1), mask), mask),
         ),
     )
 

@@ -78,15 +78,18 @@ def _bounded(x: Tensor, low: float, cap: float) -> Tensor:
     return inside & (x >= math.log(low)) if low > 0 else inside
 
 
+def _clamped(x: Tensor, low: float, cap: float) -> Tensor:
+    """The log ratios ``x`` clamped into ``[low, cap]`` (a low of 0 is no bound)."""
+    x = x.clamp(max=math.log(cap))
+    return x.clamp(min=math.log(low)) if low > 0 else x
+
+
 @CORRECTIONS.register("tis", low=0.0)
 def token_tis(logp_old, logp_rollout, mask, cfg):
     """Token-level truncated IS: ``w_t = clamp(r_t, correction_low, tis_cap)`` (AReaL's
     ``token_truncate`` and its clamp action, whose lower bound defaults to none; verl's token
     TIS). Every token keeps training, with its weight truncated."""
-    d = _log_ratio(logp_old, logp_rollout, mask).clamp(max=math.log(cfg.tis_cap))
-    low = _low(cfg, "tis")
-    if low > 0:
-        d = d.clamp(min=math.log(low))
+    d = _clamped(_log_ratio(logp_old, logp_rollout, mask), _low(cfg, "tis"), cfg.tis_cap)
     return torch.where(mask > 0, torch.exp(d), 1.0), mask > 0
 
 
@@ -115,13 +118,8 @@ def decoupled_seq(logp_old, logp_rollout, mask, cfg):
 def seq_tis(logp_old, logp_rollout, mask, cfg):
     """Sequence-level truncated IS: every token of row i weighs its ratio ``prod_t r_t`` clamped
     into ``[correction_low, tis_cap]`` (no lower bound unless set)."""
-    s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask).clamp(
-        max=math.log(cfg.tis_cap)
-    )
-    low = _low(cfg, "seq_tis")
-    if low > 0:
-        s = s.clamp(min=math.log(low))
-    w = torch.exp(s)[:, None].expand_as(mask)
+    s = _seq_log_ratio(_log_ratio(logp_old, logp_rollout, mask), mask)
+    w = torch.exp(_clamped(s, _low(cfg, "seq_tis"), cfg.tis_cap))[:, None].expand_as(mask)
     return torch.where(mask > 0, w, 1.0), mask > 0
 
 

@@ -121,13 +121,15 @@ def treepo(inp: AdvantageInputs, cfg: AlgoConfig):
 # ----------------------------------------------------------------------------- TreeRL
 
 
-def _node_values(paths: list[list[tuple]], r: Tensor, scale: str) -> dict[tuple, float]:
+def _node_values(
+    paths: list[list[tuple]], r: Tensor, groups: dict[tuple, list[float]], scale: str
+) -> dict[tuple, float]:
     """TreeRL's node values: the mean leave-one-out reward of the leaves below a node, divided
-    by ``sqrt`` (or by the count, or by nothing) of its leaf count; 0 at a group's root."""
-    n_group: dict[tuple, list[float]] = _leaf_rewards([p[:1] for p in paths], r.tolist())
+    by ``sqrt`` (or by the count, or by nothing) of its leaf count; 0 at a group's root.
+    ``groups``: each group root's leaf rewards."""
     loo = []
     for path, rb in zip(paths, r.tolist()):
-        k, total = len(n_group[path[0]]), sum(n_group[path[0]])
+        k, total = len(groups[path[0]]), sum(groups[path[0]])
         loo.append(rb - (total - rb) / (k - 1) if k > 1 else 0.0)
     value = {}
     for node, rs in _leaf_rewards(paths, loo).items():
@@ -185,11 +187,11 @@ def treerl(inp: AdvantageInputs, cfg: AlgoConfig):
     r = seq_rewards(inp.rewards, mask)
     inv, _ = group_index(inp.group_id)
     paths = tree_paths(segments, mask, inv)
-    value = _node_values(paths, r, cfg.treerl_value_scale)
-    sizes = _leaf_rewards([p[:1] for p in paths], r.tolist())
+    groups = _leaf_rewards([p[:1] for p in paths], r.tolist())
+    value = _node_values(paths, r, groups, cfg.treerl_value_scale)
     adv = torch.zeros_like(mask, dtype=r.dtype)
     for b, path in enumerate(paths):
-        if len(sizes[path[0]]) < 2:
+        if len(groups[path[0]]) < 2:
             continue
         credit = _segment_credit([value[n] for n in path], cfg.treerl_credit)
         if path[1][1] == "row":  # a flat row: one node
