@@ -100,15 +100,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from perceptrl import sim
-    from perceptrl.sim.tasks import get_task
+    from perceptrl.sim.tasks import task_counts
 
     out = Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = {f"{e}_s{s}": run_pair(args, out, e, s)
             for e in args.encoders.split(",") for s in seeds}  # fmt: skip
-    task = get_task({gid: n for n, gid in sim.ENV_IDS.items()}[args.task])
-    subjects = {"targets": task.n_targets, "blocks": task.n_blocks}[task.subject]
-    chance = 1.0 / subjects
+    task = sim.task_of(args.task)
+    chance = 1.0 / task_counts(task)[task.subject]
     data = {"task": args.task, "steps": args.steps, "episodes": args.episodes,
             "chance": chance, "arms": arms, "machine": machine()}  # fmt: skip
     write_results("vla_language", data, report(args, arms, chance), seeds={"train": seeds})

@@ -23,6 +23,11 @@ def env_id(task: str) -> str:
     return "perceptrl/" + "".join(p.capitalize() for p in task.split("_")) + "-v0"
 
 
+def task_of(gid: str) -> Task:
+    """The registered task behind gymnasium id ``gid`` (the inverse of `env_id`)."""
+    return get_task(next(name for name, g in ENV_IDS.items() if g == gid))
+
+
 def register_envs() -> None:
     """Register a gymnasium id for every task in ``TASKS`` (idempotent)."""
     for name in TASKS:
@@ -41,6 +46,7 @@ register_envs()
 
 __all__ = [
     "ENV_IDS",
+    "task_of",
     "ManipEnvConfig",
     "ManipEnv",
     "Task",

@@ -222,12 +222,11 @@ def run_eval(cfg, out_dir: Path, more=()) -> dict:
 def _with_held_out_wordings(env: EnvConfig) -> EnvConfig:
     """``env`` evaluating every held-out wording when it names none and every evaluated task has
     them (a long-horizon task's composed instruction has none)."""
-    from ..sim import ENV_IDS
-    from ..sim.tasks import get_task, has_held_out
+    from ..sim import task_of
+    from ..sim.tasks import has_held_out
     from ..sim.wording import HELD_OUT
 
-    task_of = {gid: name for name, gid in ENV_IDS.items()}
-    tasks = [get_task(task_of[e]) for e in env.eval_tasks or [env.id]]
+    tasks = [task_of(e) for e in env.eval_tasks or [env.id]]
     if env.eval_wordings or env.wording != "train" or not all(map(has_held_out, tasks)):
         return env
     return dataclasses.replace(env, eval_wordings=list(HELD_OUT))

@@ -126,11 +126,11 @@ class EnvConfig:
                     f"{', '.join(_wordings())})"
                 )
         if self.wording != "train" or self.eval_wordings:
-            from ..sim.tasks import get_task, has_held_out
+            from ..sim import task_of
+            from ..sim.tasks import has_held_out
 
-            task_of = {gid: name for name, gid in ENV_IDS.items()}
             for key, value in named:
-                if not has_held_out(get_task(task_of[value])):
+                if not has_held_out(task_of(value)):
                     raise ConfigError(
                         f"{key}={value!r} has no held-out wording (a long-horizon task's "
                         "composed instruction); set env.wording=train and env.eval_wordings=[], "
