@@ -357,12 +357,13 @@ def print_summary(run_dir: Path) -> None:
 def _print_skips(rows: list[dict]) -> None:
     """Samples skipped in lenient mode: when the data loaded (``data/skipped_<reason>``) and
     while it was drawn (``rollout/skipped_images_total``), from the last row that has them."""
-    loaded = next((r for r in reversed(rows) if any(k.startswith("data/skipped_") for k in r)), {})
-    counts = [f"{k[13:]} {v:g}" for k, v in loaded.items() if k.startswith("data/skipped_") and v]
+    from .trainer.metrics import latest_skips
+
+    skips = latest_skips(rows)
+    counts = [f"{k[13:]} {v:g}" for k, v in skips.items() if k.startswith("data/skipped_")]
     if counts:
         print(f"\nskipped samples (data.strict=false): {', '.join(counts)}")
-    drawn = next((r["rollout/skipped_images_total"] for r in reversed(rows)
-                  if "rollout/skipped_images_total" in r), 0)  # fmt: skip
+    drawn = skips.get("rollout/skipped_images_total", 0)
     if drawn:
         print(f"skipped while drawn (unreadable files): {drawn:g}")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, creating
-from .metrics import read_metrics
+from .metrics import latest_skips, read_metrics
 
 ACCURACY_KEYS = ("eval/accuracy", "eval/success_rate", "reward/accuracy", "rollout/success_rate")
 """what the doctor reads as "the task is being solved", first one logged wins"""
@@ -302,10 +302,7 @@ def refills_dominate(rows, cfg):
 
 @check
 def data_skipped(rows, cfg):
-    last = rows[-1] if rows else {}
-    skipped = {k: v for r in rows for k, v in r.items()
-               if (k.startswith("data/skipped_") or k == "rollout/skipped_images_total") and v}  # fmt: skip
-    skipped.update({k: v for k, v in last.items() if k in skipped})
+    skipped = latest_skips(rows)
     if not skipped:
         return None
     steps = [r["step"] for r in rows if any(k in r for k in skipped)]

@@ -95,3 +95,16 @@ class NullLogger:
 
     def close(self) -> None:
         pass
+
+
+def latest_skips(rows: list[dict]) -> dict[str, float]:
+    """Samples a lenient run skipped, nonzero counts only: the ``data/skipped_<reason>`` of the
+    last row that has them (counted when the data loaded) and the last
+    ``rollout/skipped_images_total`` (files unreadable when drawn)."""
+    loaded = next((r for r in reversed(rows) if any(k.startswith("data/skipped_") for k in r)), {})
+    out = {k: v for k, v in loaded.items() if k.startswith("data/skipped_") and v}
+    drawn = next((r["rollout/skipped_images_total"] for r in reversed(rows)
+                  if "rollout/skipped_images_total" in r), 0)  # fmt: skip
+    if drawn:
+        out["rollout/skipped_images_total"] = drawn
+    return out
