@@ -69,7 +69,7 @@ def evaluate_policy(
             res = run_seeded(policy, runner, seeds, deterministic=deterministic)
         finally:
             runner.close()
-        name = task_name(env_id) + (f"@{wording}" if wording else "")
+        name = metric_name(env_id, wording)
         for k in ("success", "return", "length"):
             metrics[f"{k}/{name}"] = float(np.mean(res[k]))
         metrics[f"sim_unstable/{name}"] = float(np.mean(res["unstable"]))
@@ -81,6 +81,12 @@ def evaluate_policy(
     succ = [v for k, v in metrics.items() if k.startswith("success/") and "@" not in k]
     metrics["success_rate"] = float(np.mean(succ))
     return metrics
+
+
+def metric_name(env_id: str, wording: str = "") -> str:
+    """The name a task's evaluation is logged under: ``Reach``, or ``Reach@paraphrase`` for a
+    held-out wording (empty: the run's own ``env.wording``)."""
+    return task_name(env_id) + (f"@{wording}" if wording else "")
 
 
 def task_name(env_id: str) -> str:
@@ -175,10 +181,11 @@ def write_report(policy, env_cfg: EnvConfig, out_dir: str | Path) -> dict:
     rows, videos = [], {}
     for env_id in env_cfg.eval_tasks or [env_cfg.id]:
         name = task_name(env_id)
-        for wording in [env_cfg.wording, *env_cfg.eval_wordings]:
-            key = name if wording == env_cfg.wording else f"{name}@{wording}"
+        for held_out in ["", *env_cfg.eval_wordings]:
+            key = metric_name(env_id, held_out)
             rows.append(
-                {"task": name, "wording": wording, "episodes": env_cfg.eval_episodes,
+                {"task": name, "wording": held_out or env_cfg.wording,
+                 "episodes": env_cfg.eval_episodes,
                  "success": metrics[f"success/{key}"], "return": metrics[f"return/{key}"],
                  "length": metrics[f"length/{key}"]}
             )  # fmt: skip
