@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import demo, errors, wiring
+from . import demo, errors, inspection, wiring
 from .errors import ConfigError, ModelError, PerceptrlError, RunError, read_yaml
 from .registry import GENERATORS, UnknownName
 from .trainer.config import describe, format_valid, save_config, valid_values
@@ -127,7 +127,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer = wiring.side(cfg).build_trainer(cfg, run_dir)
     trainer.fit(resume=bool(args.resume))
     if main:
-        print_summary(run_dir)
+        inspection.print_summary(run_dir)
     if cfg.train.backend == "deepspeed":
         from .trainer.distributed import shutdown_distributed
 
@@ -174,7 +174,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
             f"{', '.join(wiring.sides_with('run_sft'))}"
         )
     run_sft(cfg, run_dir)
-    print_summary(run_dir)
+    inspection.print_summary(run_dir)
     return 0
 
 
@@ -290,18 +290,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     demo.run_demo(
         out, args.overrides, steps=args.steps, minutes=args.minutes,
-        test_questions=args.test_questions, vla_steps=args.vla_steps, summary=print_summary,
+        test_questions=args.test_questions, vla_steps=args.vla_steps, summary=inspection.print_summary,
     )  # fmt: skip
     return 0
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    """Diagnose a run from its metrics (trainer/doctor.py); exit status 1 on a serious finding."""
-    from .trainer.doctor import run_doctor
-
-    report_md, serious = run_doctor(Path(args.run), Path(args.out) if args.out else None)
-    print(report_md)
-    return int(serious)
 
 
 def _mkdir(path: Path) -> Path:
@@ -321,51 +312,6 @@ def cmd_sim_demo(args: argparse.Namespace) -> int:
         print(row)
     print(f"videos: {args.out}")
     return 0
-
-
-def print_summary(run_dir: Path) -> None:
-    """Before/after evaluation table and where the logs are."""
-    from .trainer.checkpoint import BEST, best_record
-    from .trainer.doctor import doctor_paragraph
-    from .trainer.metrics import read_metrics
-
-    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-    evals = [r for r in rows if any(k.startswith("eval/accuracy") for k in r)]
-    if len(evals) >= 1:
-        first, last = evals[0], evals[-1]
-        keys = sorted(k for k in last if k.startswith("eval/accuracy"))
-        print(
-            f"\n{'held-out metric':<32}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}"
-        )
-        for k in keys:
-            print(f"{k:<32}{first.get(k, float('nan')):>12.3f}{last[k]:>12.3f}")
-    _print_skips(rows)
-    if rows:
-        print("\n" + doctor_paragraph(rows))
-    print(f"\nrun directory: {run_dir}")
-    print(f"metrics:       {run_dir / 'metrics.jsonl'}")
-    print(f"tensorboard:   tensorboard --logdir {run_dir / 'tensorboard'}")
-    ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
-    if ckpts:
-        print(f"model:         {ckpts[-1] / 'model'}")
-    best = best_record(run_dir)
-    if best is not None:
-        print(f"best model:    {run_dir / BEST / 'model'} "
-              f"(step {best['step']}, {best['metric']} {best['value']:.3f})")  # fmt: skip
-
-
-def _print_skips(rows: list[dict]) -> None:
-    """Samples skipped in lenient mode: when the data loaded (``data/skipped_<reason>``) and
-    while it was drawn (``rollout/skipped_images_total``), from the last row that has them."""
-    from .trainer.metrics import latest_skips
-
-    skips = latest_skips(rows)
-    counts = [f"{k[13:]} {v:g}" for k, v in skips.items() if k.startswith("data/skipped_")]
-    if counts:
-        print(f"\nskipped samples (data.strict=false): {', '.join(counts)}")
-    drawn = skips.get("rollout/skipped_images_total", 0)
-    if drawn:
-        print(f"skipped while drawn (unreadable files): {drawn:g}")
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -507,10 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(p)
     p.set_defaults(func=cmd_sft, resume=None)
 
-    p = sub.add_parser("doctor", help="diagnose a run: what went wrong and what to change")
-    p.add_argument("run", help="run directory (with metrics.jsonl)")
-    p.add_argument("--out", help="output directory (default: RUN/doctor)")
-    p.set_defaults(func=cmd_doctor)
+    inspection.add_parsers(sub)
 
     _add_demo_parser(sub)
     _add_eval_parser(sub)

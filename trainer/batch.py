@@ -184,3 +184,25 @@ def _pad_spec(v: Tensor, width: int) -> list[int]:
     """F.pad spec that right-pads dim 1 of ``v`` to ``width`` (dims after 1 untouched)."""
     spec = [0, 0] * (v.dim() - 2)
     return spec + [0, width - v.shape[1]]
+
+
+def substep_tokens(batch: RolloutBatch, S: int) -> RolloutBatch:
+    """The policy loss's view of a batch whose policy scores S sub-steps per position (log-probs
+    [B, T, S], e.g. a flow head's denoising steps, whose sum is the position's log-prob): each
+    sub-step is a token [B, T*S] with its position's mask, advantage and importance weight, and
+    its own behaviour / reference log-prob, so ratios are clipped per sub-step (Flow-GRPO)."""
+    rep = lambda x: None if x is None else x.repeat_interleave(S, dim=1)  # noqa: E731
+
+    def own(x: Tensor | None) -> Tensor | None:
+        if x is not None and x.dim() != 3:
+            raise ValueError(
+                f"the policy scores {S} sub-steps per position but the batch's behaviour / "
+                f"reference log-probs are {tuple(x.shape)}; they must come from the same kind "
+                "of policy (e.g. a flow head with the same vla.flow_logp)"
+            )
+        return None if x is None else x.flatten(1)
+
+    return dataclasses.replace(
+        batch, mask=rep(batch.mask), advantages=rep(batch.advantages),
+        is_weight=rep(batch.is_weight), logp_old=own(batch.logp_old), logp_ref=own(batch.logp_ref),
+    )  # fmt: skip

@@ -235,6 +235,13 @@ class LogConfig:
     """write TensorBoard event files beside metrics.jsonl"""
     progress: bool = True
     """show a progress bar with ETA"""
+    rollouts_every: int = at_least(10, 0)
+    """keep a sample of the rollouts every N steps (and at step 1) in ``<run>/rollouts`` for
+    ``perceptrl view`` and ``perceptrl doctor`` (0: none)"""
+    rollouts_groups: int = at_least(4, 1)
+    """groups kept per recorded step (spread over the batch)"""
+    rollouts_keep: int = at_least(50, 1)
+    """recorded steps kept on disk: the first and the latest others"""
 
 
 @dataclass

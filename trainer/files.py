@@ -49,13 +49,18 @@ def replace_file(tmp: Path, final: Path) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed into place (see the module
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file renamed into place."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed into place (see the module
     docstring); the temporary file is removed when the write fails."""
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
         if os.environ.get(PAUSE_ENV):
             time.sleep(float(os.environ[PAUSE_ENV]))
         replace_file(tmp, path)

@@ -16,7 +16,6 @@ model, a dataset or a simulator.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -30,7 +29,7 @@ from ..errors import RunError
 from ..registry import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES
 from . import algos
 from .advantages import AdvantageInputs, declared_needs
-from .batch import RolloutBatch
+from .batch import RolloutBatch, substep_tokens
 from .checkpoint import (
     best_record,
     list_checkpoints,
@@ -47,6 +46,7 @@ from .corrections import apply_correction
 from .engine import Engine
 from .metrics import MetricsLogger, NullLogger
 from .policy import Policy, RolloutSource, SFTSource
+from .records import RolloutRecorder
 from .runtime import peak_rss_mb, progress_bar, resolve_device, seed_everything
 
 
@@ -111,11 +111,16 @@ class Trainer:
             if self.engine.is_main
             else NullLogger()
         )
+        self.recorder = RolloutRecorder(
+            self.run_dir, cfg.log.rollouts_every if self.engine.is_main else 0,
+            cfg.log.rollouts_groups, cfg.log.rollouts_keep,
+        )  # fmt: skip
         self.policy_loss = POLICY_LOSSES.get(cfg.algo.policy_loss)
         self.advantage = ADVANTAGES.get(cfg.algo.adv_estimator)
         self.advantage_needs = declared_needs(cfg.algo.adv_estimator)
         self.kl = KL_ESTIMATORS.get(cfg.algo.kl_estimator)
         self.step = 0
+        self._captured: list[Tensor] | None = None  # log-probs of a step being recorded
         self.bad_streak = 0
         self.counters: dict[str, int] = defaultdict(int)
         self.last_eval: dict[str, float] = {}
@@ -140,6 +145,7 @@ class Trainer:
         if not (resume and self._resume()):
             if resume:  # killed before its first checkpoint: start over without its rows
                 self.logger.truncate_after(-1)
+                self.recorder.truncate_after(-1)
             if self.engine.is_main:  # starting over: the earlier run's best is not this one's
                 tidy_best(self.run_dir, reset=True)
             self.engine.barrier()
@@ -233,7 +239,11 @@ class Trainer:
             )
         metrics.update(self._advantages(batch))
         metrics.update(self._correct(batch))
+        record = self.recorder.due(self.step + 1)  # the step this one is logged as
+        self._captured = [] if record and batch.logp_old is None else None
         metrics.update(self._update(batch))
+        if record:
+            self._record(batch)
         metrics["time/step"] = time.perf_counter() - t0
         metrics["lr"] = self.engine.lr
         metrics["sys/peak_rss_mb"] = peak_rss_mb()
@@ -362,6 +372,15 @@ class Trainer:
         )
         return m
 
+    def _record(self, batch: RolloutBatch) -> None:
+        """Keep a sample of this step's rollouts (trainer/records.py). An on-policy step that
+        scored nothing before its update ("own") records the log-probs its one forward took."""
+        got, self._captured = self._captured, None
+        if got and sum(len(x) for x in got) == len(batch):  # none when the loss was not finite
+            batch.logp_old = torch.cat(got)
+        describe = getattr(self.source, "describe_group", None)
+        self.recorder.record(self.step + 1, batch, self.policy, describe)
+
     def _whiten(self, adv: Tensor, mask: Tensor) -> Tensor:
         """``algos.masked_whiten`` over the global batch: with data parallelism the count, mean
         and (unbiased) variance are taken over every rank's valid positions."""
@@ -474,6 +493,8 @@ class Trainer:
             tok_agg = {**agg, **tok_norm}
         # behaviour_source "own": on-policy, the behaviour log-probs are these very ones
         logp_old = tok.logp_old if tok.logp_old is not None else logp.detach()
+        if tok.logp_old is None and self._captured is not None:  # micro-batches in row order
+            self._captured.append(ev.logp.detach())
         loss, m = self.policy_loss(
             logp, logp_old, tok.advantages, tok.mask, algo, is_weight=tok.is_weight, **tok_norm
         )
@@ -571,27 +592,6 @@ class Trainer:
             self.best_value = kept["value"]
         self.counters.update(counters.get("counters", {}))
         self.logger.truncate_after(self.step)
+        self.recorder.truncate_after(self.step)
         self.logger.log(self.step, {"resumed_from_step": float(self.step), **damage})
         return True
-
-
-def substep_tokens(batch: RolloutBatch, S: int) -> RolloutBatch:
-    """The policy loss's view of a batch whose policy scores S sub-steps per position (log-probs
-    [B, T, S], e.g. a flow head's denoising steps, whose sum is the position's log-prob): each
-    sub-step is a token [B, T*S] with its position's mask, advantage and importance weight, and
-    its own behaviour / reference log-prob, so ratios are clipped per sub-step (Flow-GRPO)."""
-    rep = lambda x: None if x is None else x.repeat_interleave(S, dim=1)  # noqa: E731
-
-    def own(x: Tensor | None) -> Tensor | None:
-        if x is not None and x.dim() != 3:
-            raise ValueError(
-                f"the policy scores {S} sub-steps per position but the batch's behaviour / "
-                f"reference log-probs are {tuple(x.shape)}; they must come from the same kind "
-                "of policy (e.g. a flow head with the same vla.flow_logp)"
-            )
-        return None if x is None else x.flatten(1)
-
-    return dataclasses.replace(
-        batch, mask=rep(batch.mask), advantages=rep(batch.advantages),
-        is_weight=rep(batch.is_weight), logp_old=own(batch.logp_old), logp_ref=own(batch.logp_ref),
-    )  # fmt: skip

@@ -54,6 +54,7 @@ from ..trainer.batch import RolloutBatch
 from .config import EnvConfig
 from .envs import make_envs
 from .episode_runner import END_NAMES, Actor, EpisodeRunner, Episodes, EpisodeSpecs
+from .records import describe_group
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,10 @@ class _Base:
                 "lower train.lr)", int(ep.unstable.sum()), len(ep.unstable), cfg.id, cfg.control,
                 cfg.action_chunk,
             )  # fmt: skip
+
+    def describe_group(self, policy, batch: RolloutBatch, rows: list[int]):
+        """The rollout record's fields of one group (vla/records.py)."""
+        return describe_group(self.env_cfg.id, batch, rows)
 
     def _metrics(self, env_steps: int, seconds: float) -> dict[str, float]:
         m = {
@@ -258,8 +263,8 @@ class GRPOCollector(_Base):
             tokens=rows.actions, mask=rows.mask, inputs=rows.inputs,
             rewards=torch.from_numpy(rows.success.astype(np.float32)),
             group_id=torch.from_numpy(specs.group[rows.spec]),
-            meta=[{"task_id": int(specs.task_id[j]), "trial_id": int(specs.trial_id[j])}
-                  for j in rows.spec],
+            meta=[{"task_id": int(specs.task_id[j]), "trial_id": int(specs.trial_id[j]),
+                   "end": END_NAMES[e]} for j, e in zip(rows.spec, rows.end)],
         )  # fmt: skip
         self._record(res.episodes)
         return batch, self._metrics(res.env_steps, time.perf_counter() - t0)

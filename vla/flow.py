@@ -27,7 +27,7 @@ rollout stores (``tokens`` [B, T, (S+1)*D]; the env receives x_S, `env_action`),
 chunk's log-probability is the sum over the S transitions (x_0's density does not depend on the
 weights and is left out), recomputed by `evaluate` from the stored chain in one batched pass.
 With ``vla.flow_logp=step`` (default) the policy reports the S transition log-probs [B, T, S]
-and the trainer's policy loss treats each as a token (`trainer.loop.substep_tokens`: its own
+and the trainer's policy loss treats each as a token (`trainer.batch.substep_tokens`: its own
 ratio and clip, its position's advantage, as Flow-GRPO does); with ``chain`` it reports their
 sum [B, T], one ratio per chunk as the Gaussian head has one per action. The existing losses,
 estimators and aggregation apply unchanged either way. ``entropy`` is the sum of the

@@ -266,6 +266,8 @@ class EpisodeLog:
     """decoded policy turns"""
     observations: list[str] = field(default_factory=list)
     """observation texts shown to the model"""
+    observation_images: list[list[Image.Image]] = field(default_factory=list)
+    """each observation's images as the tool returned them (for the rollout records)"""
     images: int = 0
     vision_tokens: int = 0
     info: dict[str, Any] = field(default_factory=dict)
@@ -275,6 +277,7 @@ class EpisodeLog:
 
     def observe(self, obs: Observation) -> None:
         self.calls += 1
+        self.observation_images.append(obs.images)
         if obs.tool is not None and obs.error is None:
             self.tools[obs.tool] += 1
         if obs.error is not None:
@@ -286,6 +289,7 @@ class EpisodeLog:
             "turns": self.turns, "calls": self.calls, "valid_calls": self.calls - sum(self.errors.values()),
             "errors": dict(self.errors), "tools": dict(self.tools), "stop": self.stop,
             "texts": self.texts, "observations": self.observations, "images": self.images,
+            "observation_images": self.observation_images,
             "vision_tokens": self.vision_tokens, "info": self.info,
             "turn_seconds": self.turn_seconds,
         }  # fmt: skip

@@ -29,6 +29,7 @@ from .config import RolloutConfig, tgrpo_correct_key  # noqa: F401  (tgrpo_corre
 from .episode import episode_context, episode_metrics, summarize
 from .process import ProcessMonitor
 from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
+from .records import describe_group
 from .tree_rollout import sampled_tokens
 
 RewardFn = Callable[
@@ -224,6 +225,8 @@ class VLMRolloutSource:
             stats = {**stats, **tstats}
         t2 = time.perf_counter()
         batch.rewards = torch.tensor(totals, dtype=torch.float32, device=batch.tokens.device)
+        for i, m in enumerate(batch.meta):  # each row's reward components (rollout records)
+            m["components"] = {name: vals[i] for name, vals in comps.items()}
         metrics = self._metrics(batch, totals, comps, stats)
         if self.process is not None:
             metrics.update(self._process(batch, totals, comps, step))
@@ -240,6 +243,10 @@ class VLMRolloutSource:
             }
         )
         return batch, metrics
+
+    def describe_group(self, policy, batch: RolloutBatch, rows: list[int]):
+        """The rollout record's fields of one group (vlm/records.py)."""
+        return describe_group(policy.processor, batch, rows)
 
     # ---- off-policy guidance ------------------------------------------------------------------
 

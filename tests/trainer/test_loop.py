@@ -375,7 +375,7 @@ def test_stale_temporaries_are_removed_at_start_and_files_synced_before_rename(
     new_trainer(config(steps=1), Policy(), Source(), tmp_path).fit(resume=True)
     assert not stale.exists()
     (ckpt,) = list_checkpoints(tmp_path / "checkpoints")
-    renamed = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
+    renamed = [i for i, (kind, p) in enumerate(events) if kind == "replace" and "checkpoints" in p]
     synced = {Path(p).name for kind, p in events[: renamed[0]] if kind == "fsync"}
     assert {p.name for p in ckpt.rglob("*") if p.is_file()} <= synced
 
@@ -383,8 +383,8 @@ def test_stale_temporaries_are_removed_at_start_and_files_synced_before_rename(
 def test_substep_tokens_clip_each_sub_step():
     """Sub-step log-probs [B, T, S] (a flow head's denoising steps): each is a loss token with
     its position's mask and advantage and its own behaviour log-prob."""
+    from perceptrl.trainer.batch import substep_tokens
     from perceptrl.trainer.config import AlgoConfig
-    from perceptrl.trainer.loop import substep_tokens
 
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     adv = torch.tensor([[1.0, 2.0, 0.0]])
