@@ -1,4 +1,6 @@
 """The run doctor: reads a run's metrics and names the pathologies RL runs fail by, quietly.
+Where the run kept rollout records (trainer/records.py), a finding also names a recorded group
+that shows it (`with_examples`).
 
 Each check looks at a few logged metrics (``metrics.jsonl``) and, when it finds its pathology,
 returns a `Finding`: the step range and the figures (the evidence), why it matters, and what to
@@ -24,6 +26,7 @@ import numpy as np
 
 from ..errors import ConfigError, creating
 from .metrics import latest_skips, read_metrics
+from .records import read_records
 
 ACCURACY_KEYS = ("eval/accuracy", "eval/success_rate", "reward/accuracy", "rollout/success_rate")
 """what the doctor reads as "the task is being solved", first one logged wins"""
@@ -89,6 +92,8 @@ class Finding:
     fix: str
     keys: tuple[str, ...] = field(default_factory=tuple)
     """the metrics it read (plotted)"""
+    example: str = ""
+    """a recorded group that shows it (`with_examples`), when the run kept rollout records"""
 
     def line(self) -> str:
         a, b = self.steps
@@ -386,6 +391,33 @@ def diagnose(rows: list[dict], cfg: DoctorConfig | None = None) -> list[Finding]
     return sorted(found, key=lambda f: f.severity != "serious")
 
 
+EXAMPLES: dict[str, Callable[[dict], bool]] = {
+    "groups scored alike": lambda g: (
+        len(g["rows"]) > 1 and len({r["reward"] for r in g["rows"]}) == 1
+    ),
+    "completions hit the length limit": lambda g: any(r.get("truncated") for r in g["rows"]),
+    "simulator instabilities": lambda g: any(r.get("end") == "unstable" for r in g["rows"]),
+}
+"""finding name -> which recorded groups show it"""
+
+
+def with_examples(findings: list[Finding], records: list[dict]) -> list[Finding]:
+    """``findings``, each of `EXAMPLES` given the latest recorded group (trainer/records.py)
+    that shows it, preferring one inside the finding's step range."""
+    for f in findings:
+        shows = EXAMPLES.get(f.name)
+        hits = [(r["step"], g) for r in records for g in r["groups"] if shows and shows(g)]
+        inside = [(s, g) for s, g in hits if f.steps[0] <= s <= f.steps[1]]
+        if hits:
+            step, g = (inside or hits)[-1]
+            name = f" ({g['id']})" if g.get("id") else ""
+            rewards = " ".join(f"{r['reward']:g}" for r in g["rows"])
+            text = next((r["text"] for r in g["rows"] if r.get("text")), "")
+            sample = f"; a sample: {text[:120]!r}" if text else ""
+            f.example = f"step {step}, group {g['group']}{name}: rewards {rewards}{sample}"
+    return findings
+
+
 def healthy_summary(rows: list[dict]) -> str:
     """A few lines on a run: steps, reward, held-out metric, entropy, step time."""
     cfg = DoctorConfig()
@@ -432,7 +464,7 @@ def run_doctor(run: Path, out: Path | None = None) -> tuple[str, bool]:
 def write_report(run_dir: Path, out: Path, cfg: DoctorConfig | None = None) -> list[Finding]:
     """Diagnose ``run_dir``; write ``doctor.md`` and ``doctor.png`` into ``out``."""
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
-    findings = diagnose(rows, cfg)
+    findings = with_examples(diagnose(rows, cfg), read_records(run_dir))
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Run doctor: {run_dir}", "", healthy_summary(rows), ""]
     if not findings:
@@ -440,7 +472,10 @@ def write_report(run_dir: Path, out: Path, cfg: DoctorConfig | None = None) -> l
     for f in findings:
         lines += [f"## {f.name} ({f.severity})", "", f"- **Evidence** (steps {f.steps[0]}-"
                   f"{f.steps[1]}): {f.evidence}", f"- **Why it matters**: {f.why}",
-                  f"- **What to change**: {f.fix}", ""]  # fmt: skip
+                  f"- **What to change**: {f.fix}"]  # fmt: skip
+        if f.example:
+            lines.append(f"- **Example** (`perceptrl view {run_dir}`): {f.example}")
+        lines.append("")
     (out / "doctor.md").write_text("\n".join(lines).rstrip() + "\n")
     _plot(rows, findings, out / "doctor.png")
     return findings

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import ConfigError, creating
-from .doctor import diagnose
+from .doctor import diagnose, with_examples
 from .metrics import read_metrics
 from .records import read_records
 
@@ -34,8 +34,8 @@ def page_data(run_dir: Path) -> dict:
     records = read_records(run_dir)
     findings = [
         {"name": f.name, "severity": f.severity, "steps": list(f.steps), "evidence": f.evidence,
-         "why": f.why, "fix": f.fix, "keys": list(f.keys)}
-        for f in (diagnose(rows) if rows else [])
+         "why": f.why, "fix": f.fix, "keys": list(f.keys), "example": f.example}
+        for f in with_examples(diagnose(rows) if rows else [], records)
     ]  # fmt: skip
     return {
         "run": run_dir.name,

@@ -491,8 +491,10 @@ class VLMPolicy:
         """A batch that scores the given completion texts (e.g. SFT targets): each is tokenized
         and ends with the first stop token (``<|im_end|>``), ``mask`` covers it all. A list of
         turns instead of a text is an episode: the tool calls of its turns run and their
-        observations are recorded between them (mask 0; see ``episode.forced_batch``)."""
-        if any(isinstance(c, list) for c in completions):
+        observations are recorded between them (mask 0; see ``episode.forced_batch``). A
+        policy that samples episodes scores every text as an episode (one turn when it is a
+        plain text), so its rows join the sampled ones with the same inputs."""
+        if self.episode is not None or any(isinstance(c, list) for c in completions):
             from .episode import forced_batch
 
             return forced_batch(

@@ -96,3 +96,26 @@ def test_the_command_writes_its_report_and_says_serious_by_its_status(tmp_path, 
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in clean()))
     assert main(["doctor", str(run), "--out", str(tmp_path / "d")]) == 0
     assert main(["doctor", str(tmp_path / "missing")]) == 2  # a config error, not a traceback
+
+
+def test_findings_name_a_recorded_group_that_shows_them():
+    """With rollout records, a finding cites the latest recorded group that shows it, inside
+    its step range when one is."""
+    from perceptrl.trainer.doctor import Finding, with_examples
+
+    def group(gid, rewards, cut=False):
+        rows = [{"reward": r, "truncated": cut, "text": f"answer {r}"} for r in rewards]
+        return {"group": gid, "id": f"s{gid}", "rows": rows}
+
+    records = [
+        {"step": 1, "groups": [group(0, [0, 0]), group(1, [0, 1])]},
+        {"step": 5, "groups": [group(2, [1, 1], cut=True), group(3, [1, 0])]},
+        {"step": 9, "groups": [group(4, [0, 1])]},
+    ]
+    alike = Finding("groups scored alike", "serious", (1, 5), "", "", "")
+    cut = Finding("completions hit the length limit", "serious", (7, 9), "", "", "")
+    other = Finding("entropy collapse", "warning", (1, 9), "", "", "")
+    with_examples([alike, cut, other], records)
+    assert alike.example == "step 5, group 2 (s2): rewards 1 1; a sample: 'answer 1'"
+    assert cut.example.startswith("step 5, group 2")  # none inside 7-9: the latest outside
+    assert other.example == ""

@@ -302,7 +302,9 @@ function renderDoctor(main, controls) {
     el("h3", {}, `${x.name} (${x.severity}), steps ${x.steps[0]}-${x.steps[1]}`),
     el("div", {}, el("b", {}, "Evidence: "), x.evidence),
     el("div", {}, el("b", {}, "Why it matters: "), x.why),
-    el("div", {}, el("b", {}, "What to change: "), x.fix)))) : el("p", { class: "empty" }, "Nothing wrong found."));
+    el("div", {}, el("b", {}, "What to change: "), x.fix),
+    x.example ? el("div", {}, el("b", {}, "Example: "), x.example) : null))) :
+    el("p", { class: "empty" }, "Nothing wrong found."));
 }
 
 document.getElementById("title").textContent = `perceptrl view · ${DATA.run}`;
