@@ -17,12 +17,18 @@ export HF_HUB_OFFLINE ?= 1
 
 setup: $(VENV)/.installed
 
-# System libraries for MuJoCo's offscreen EGL rendering (Mesa); installed only when missing.
+# System packages, installed only when missing: libraries for MuJoCo's offscreen EGL rendering
+# (Mesa), and Chromium for the browser test of `perceptrl view` (tests/test_viewer.py).
 sysdeps:
 	@if ! ldconfig -p | grep -q 'libEGL.so.1' || ! ldconfig -p | grep -q 'libOpenGL.so.0'; then \
 		echo "installing EGL/Mesa libraries for offscreen rendering"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			libegl1 libgl1 libopengl0 libegl-mesa0 libgl1-mesa-dri libgbm1 >/dev/null; \
+	fi
+	@if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null \
+		&& [ -z "$$PERCEPTRL_CHROMIUM" ]; then \
+		echo "installing Chromium (the viewer's browser test)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
 # The repo root is the package `perceptrl`, so setuptools installs it editable through a meta

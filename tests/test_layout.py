@@ -31,7 +31,7 @@ every layer may raise them. The trainer knows no side, no simulator and no data;
 datasets know no model code; the simulator knows no trainer; the VLM side knows no VLA side; the
 VLA side (and the planner in it) builds on both. Rooms above these (the wiring, the demo, the
 command line) may import any room below them but no room imports them."""
-TOP = ("wiring", "demo", "cli")
+TOP = ("wiring", "demo", "inspection", "cli")
 """the composition rooms, from lowest to highest: each may import the rooms before it"""
 
 
