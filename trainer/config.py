@@ -15,7 +15,7 @@ import re
 import textwrap
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -242,6 +242,42 @@ class LogConfig:
     """groups kept per recorded step (spread over the batch)"""
     rollouts_keep: int = at_least(50, 1)
     """recorded steps kept on disk: the first and the latest others"""
+    wandb: bool = False
+    """log to Weights & Biases too (pip extra ``tracking``): the resolved recipe as the run's
+    config, every metric row, and the report files of ``perceptrl eval`` on the run's
+    checkpoints as media; ``<run>/trackers.json`` keeps the run id, so ``--resume`` continues
+    the same W&B run"""
+    wandb_project: str = "perceptrl"
+    """W&B project"""
+    wandb_entity: str = ""
+    """W&B entity, a team or user (empty: your default entity)"""
+    wandb_name: str = ""
+    """W&B run name (empty: the run directory's name)"""
+    wandb_tags: list[str] = field(default_factory=list)
+    """W&B run tags, e.g. ``[grpo, clevr]``"""
+    wandb_mode: str = choice("online", ("online", "offline"))
+    """online | offline: the run only on disk, in ``<run>/wandb/`` (upload it later with
+    ``wandb sync``)"""
+    mlflow: bool = False
+    """log to MLflow too (pip extra ``tracking``): the flattened recipe as params, every metric
+    with its step, and the recipe (``recipe.yaml``) and the report files of ``perceptrl eval``
+    on the run's checkpoints as artifacts; ``--resume`` continues the same MLflow run"""
+    mlflow_tracking_uri: str = ""
+    """MLflow tracking URI, e.g. a server's ``http://host:5000`` (empty: a store in the run
+    directory, ``<run>/mlflow.db`` with artifacts in ``<run>/mlartifacts``)"""
+    mlflow_experiment: str = "perceptrl"
+    """MLflow experiment (created when missing)"""
+
+    def check(self, root) -> None:
+        """A tracker the recipe enables must be installed (a run would otherwise log without it)."""
+        from .trackers import EXTRA, missing_packages
+
+        for name, packages in missing_packages(self).items():
+            raise ConfigError(
+                f"log.{name}=true needs {' and '.join(packages)}, not installed here: install "
+                f"the trackers with pip install 'perceptrl[{EXTRA}]' (pip install -e "
+                f"'.[{EXTRA}]' in a checkout), or set log.{name}=false"
+            )
 
 
 @dataclass

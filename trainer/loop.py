@@ -107,7 +107,7 @@ class Trainer:
             )
         # one writer per run directory: rank 0 logs, the other ranks only compute
         self.logger = (
-            MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard)
+            MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard, recipe=cfg)
             if self.engine.is_main
             else NullLogger()
         )

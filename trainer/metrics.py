@@ -1,4 +1,6 @@
-"""Metrics sink: one JSON line per step in ``metrics.jsonl`` plus TensorBoard scalars.
+"""Metrics sink: one JSON line per step in ``metrics.jsonl`` plus TensorBoard scalars, and a
+copy of each row for the experiment trackers a recipe enables (``log.wandb``, ``log.mlflow``:
+`trainer.trackers`; a tracker that fails is turned off, the local files go on).
 
 The file survives a kill at any moment (``trainer/files.py``): each row is appended as one
 whole line, and a resume's rewrite (`MetricsLogger.truncate_after`) replaces the file in one
@@ -14,12 +16,21 @@ import math
 from pathlib import Path
 
 from .files import append_line, atomic_write_text
+from .trackers import Trackers
 
 log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    """The metrics sink of a run (rank 0).
+
+    Args:
+        run_dir: the run directory (``metrics.jsonl``, ``tensorboard/``).
+        recipe: the run's resolved config; the trackers its ``log`` section enables get every
+            row, and the recipe itself as their config (W&B) or params (MLflow).
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, recipe: object = None):
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)  # builders called from scripts, not the CLI
         self.path = run_dir / "metrics.jsonl"
@@ -28,14 +39,18 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.trackers = Trackers(run_dir, recipe)
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines logged after ``step`` (a killed run may have logged past its checkpoint)."""
+        """Drop lines logged after ``step`` (a killed run may have logged past its checkpoint);
+        the trackers continue their runs and get no step they may already hold."""
         for stale in self.path.parent.glob(f".tmp-{self.path.name}-*"):  # a rewrite killed
             stale.unlink(missing_ok=True)
+        rows = _rows(self.path) if self.path.exists() else []
+        self.trackers.resume(step, max((row.get("step", -1) for _, row in rows), default=-1))
         if not self.path.exists():
             return
-        keep = [line for line, row in _rows(self.path) if row.get("step", -1) <= step]
+        keep = [line for line, row in rows if row.get("step", -1) <= step]
         atomic_write_text(self.path, "".join(line + "\n" for line in keep))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -45,10 +60,12 @@ class MetricsLogger:
             for k, v in clean.items():
                 if isinstance(v, (int, float)) and v is not None:
                     self.tb.add_scalar(k, v, step)
+        self.trackers.log(step, clean)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        self.trackers.close()
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -201,6 +201,7 @@ def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
 def run_eval(cfg, out_dir: Path, more=()) -> dict:
     """Deterministic success per task over ``env.eval_episodes`` fixed seeds, with a table and an
     mp4 per task (``env.eval_videos`` episodes). Returns ``{"table", "files"}``."""
+    from ..trainer.trackers import log_eval_files
     from .evaluate import write_report
 
     # the command's arguments, which loading a recipe cannot know (training needs no model.path)
@@ -212,11 +213,9 @@ def run_eval(cfg, out_dir: Path, more=()) -> dict:
         )
     policy = load_policy(resolve_path(cfg.model.path), resolve_device(cfg.train.device))
     report = write_report(policy, _with_held_out_wordings(cfg.env), out_dir)
-    table = (out_dir / "eval.md").read_text().rstrip()
-    return {
-        "table": table,
-        "files": [out_dir / "eval.json", out_dir / "eval.md", *report["videos"].values()],
-    }
+    files = [out_dir / "eval.json", out_dir / "eval.md", *map(Path, report["videos"].values())]
+    log_eval_files([resolve_path(cfg.model.path)], files)  # its run's trackers, if any
+    return {"table": (out_dir / "eval.md").read_text().rstrip(), "files": files}
 
 
 def _with_held_out_wordings(env: EnvConfig) -> EnvConfig:
@@ -239,6 +238,7 @@ def run_compare(cfgs: dict, out_dir: Path) -> dict:
     ``{"table", "files"}``."""
     import json
 
+    from ..trainer.trackers import log_eval_files
     from .evaluate import compare_video, evaluate_policy, task_name
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -264,6 +264,7 @@ def run_compare(cfgs: dict, out_dir: Path) -> dict:
         for env_id in first.env.eval_tasks or [first.env.id]:
             path = out_dir / f"{task_name(env_id)}_compare.mp4"
             files.append(compare_video(policies, first.env, env_id, seeds, path))
+    log_eval_files([resolve_path(c.model.path) for c in cfgs.values()], files)
     return {"table": table, "files": files}
 
 

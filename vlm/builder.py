@@ -445,6 +445,7 @@ def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
     (image, video, 3D), on the recipe's task set and on each of ``more`` (other recipes, each with
     its own data and prompt settings; the model is the first recipe's). Writes ``eval.json``,
     ``eval.md`` and the bar chart ``eval.png`` into ``out_dir`` (see vlm/report.py)."""
+    from ..trainer.trackers import log_eval_files
     from .report import family_rows, write_report
 
     policy, rows, sets = None, [], []
@@ -459,7 +460,9 @@ def run_eval(cfg, out_dir: Path, more: Sequence = ()) -> dict:
                      "metrics": metrics})  # fmt: skip
         if data.skipped:
             sets[-1]["skipped"] = dict(data.skipped)
-    return write_report(rows, out_dir, model=cfg.model.path, extra={"task_sets": sets})
+    report = write_report(rows, out_dir, model=cfg.model.path, extra={"task_sets": sets})
+    log_eval_files([resolve_path(cfg.model.path)], report["files"])  # its run's trackers, if any
+    return report
 
 
 TEST_SEED_OFFSET = 1000
@@ -518,6 +521,7 @@ def run_pass_k(cfgs: dict, out_dir: Path, ks: Sequence[int], n: int) -> dict:
     rollout temperature. Writes ``passk.json``, ``passk.md`` and ``passk.png`` (one line per
     model) into ``out_dir``."""
     from ..rewards import build_reward
+    from ..trainer.trackers import log_eval_files
     from .passk import evaluate_pass_k, write_pass_k
 
     results = {}
@@ -537,7 +541,9 @@ def run_pass_k(cfgs: dict, out_dir: Path, ks: Sequence[int], n: int) -> dict:
             )  # fmt: skip
         except ValueError as e:  # ks and n are the command's
             raise ConfigError(str(e)) from e
-    return write_pass_k(results, out_dir)
+    report = write_pass_k(results, out_dir)
+    log_eval_files([resolve_path(c.model.path) for c in cfgs.values()], report["files"])
+    return report
 
 
 SIDES.register(
