@@ -50,14 +50,18 @@ from ..registry import VLA_HEADS
 from ..sim.composite import ENTITY_SIZE, POSE_SIZE
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
+from . import hub
 from .config import AUX, CRITICS, ENCODERS, IMAGE_ENCODERS, VLAConfig
 from .language import InstructionEncoder, instruction_words
+from .model_card import write_extras
 
 WORKSPACE_CENTRE = (0.5, 0.0, 0.2)
 """metres; positions enter the network as (p - centre) / POS_SCALE so that they are O(1)"""
 POS_SCALE = 0.1
+GRIPPER_SCALE = 100.0
+"""the gripper opening enters the network in cm"""
 OBS_KEYS = ("image", "proprio", "objects", "words")
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
+WEIGHTS, CONFIG = hub.WEIGHTS, hub.CONFIG
 
 
 @dataclass
@@ -269,7 +273,7 @@ class CompactVLA(nn.Module):
         p = proprio.clone()
         p[:, :3] = (p[:, :3] - c) / POS_SCALE
         if p.shape[1] == 8:
-            p[:, 7] = p[:, 7] * 100.0
+            p[:, 7] = p[:, 7] * GRIPPER_SCALE
         size = ENTITY_SIZE if self.spec.vla.encoder == "entities" else POSE_SIZE
         if objects is not None and objects.shape[1] % size == 0:
             o = objects.reshape(len(objects), -1, size).clone()  # (N, entities, size)
@@ -324,6 +328,9 @@ class CompactVLA(nn.Module):
     # ------------------------------------------------------------------ policy protocol
     has_critic = True
     """a value head on the trunk, or the state critic (NaN values without the poses)"""
+    origin: hub.Origin | None = None
+    """the env and run it was trained on, which `save` records (set by the VLA builder, or read
+    back by `from_pretrained`)"""
 
     def evaluate(self, batch: RolloutBatch) -> Evaluation:
         """Re-score the batch's actions: logp, entropy and value, each [B, T] (0 on padding),
@@ -410,13 +417,28 @@ class CompactVLA(nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Write ``model.safetensors`` and ``config.json`` (the `CompactSpec`) into ``path``."""
+        """Write the policy folder (`vla.hub`): ``model.safetensors``, ``config.json`` (model_type,
+        format version and the `CompactSpec`), ``policy_spec.json`` and the model card."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(path / WEIGHTS))
-        cfg = {"policy": "compact", **asdict(self.spec)}  # the vla section nested under "vla"
+        manifest = hub.Manifest(hub.model_type(self.spec.vla.head), hub.FORMAT_VERSION)
+        cfg = {
+            "model_type": manifest.model_type,
+            "version": manifest.version,
+            "policy": "compact",
+            **asdict(self.spec),  # the vla section nested under "vla"
+        }
         (path / CONFIG).write_text(json.dumps(cfg, indent=1))
+        write_extras(path, self.describe(), manifest, self.origin)
+
+    def describe(self, origin: hub.Origin | None = None) -> dict:
+        """What the policy reads and emits (``policy_spec.json``'s features, normalisation and
+        instruction encoder), on the env of ``origin`` (default: its own)."""
+        return hub.compact_description(
+            self.spec, origin or self.origin, WORKSPACE_CENTRE, POS_SCALE, GRIPPER_SCALE
+        )
 
     def load(self, path: str | Path) -> None:
         """Restore in place the weights ``save(path)`` wrote (same tensors: optimizers stay valid);
@@ -435,8 +457,10 @@ class CompactVLA(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> CompactVLA:
-        """Build the policy ``save(path)`` wrote and load its weights."""
-        config = _checked(path) / CONFIG
+        """Build the policy ``save(path)`` wrote and load its weights, after checking the folder
+        (`hub.read_manifest`, `hub.read_origin`: a `ModelError` names what is wrong)."""
+        manifest = hub.read_manifest(path)
+        config = Path(path) / CONFIG
         try:
             spec = spec_from_json(json.loads(config.read_text()))
         except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
@@ -445,7 +469,13 @@ class CompactVLA(nn.Module):
                 "another kind of model (an HF VLM folder)? Pass the `model` folder of a VLA "
                 "checkpoint written by policy.save"
             ) from e
+        if manifest.head != spec.vla.head:
+            raise ModelError(
+                f"{config}: model_type {manifest.model_type} but vla.head={spec.vla.head}; the "
+                "file was edited, copy the folder again"
+            )
         policy = build_compact(spec).to(device)
+        policy.origin = hub.read_origin(path, lambda origin: policy.describe(origin))
         policy.load(path)
         return policy
 
@@ -514,8 +544,9 @@ def spec_from_config(vla: VLAConfig, env_spaces: dict, chunk: int, image_size: i
 
 def spec_from_json(cfg: dict) -> CompactSpec:
     """The `CompactSpec` of a ``config.json`` that ``save`` wrote (its ``vla`` section nested;
-    checkpoints written before it was nested hold its fields at the top level)."""
-    cfg = {k: v for k, v in cfg.items() if k != "policy"}
+    checkpoints written before it was nested hold its fields at the top level; model_type and
+    version are the folder's, `hub.read_manifest`)."""
+    cfg = {k: v for k, v in cfg.items() if k not in ("policy", "model_type", "version")}
     names = {f.name for f in dataclasses.fields(VLAConfig)}
     vla = {
         **{k: cfg.pop(k) for k in list(cfg) if k in names and k != "policy"},

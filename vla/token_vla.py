@@ -33,9 +33,11 @@ from ..trainer.policy import Evaluation
 from ..vlm.policy import VLMPolicy
 from ..vlm.prompts import PromptConfig, encode_prompts, vision_token_ids
 from ..vlm.rollout import BANNED_LOGIT, collate, generation_mode
+from . import hub
+from .model_card import write_extras
 from .tokenizer import ActionTokenizer
 
-SPEC = "token_vla.json"
+SPEC = hub.TOKEN_SPEC
 
 
 @dataclass
@@ -100,15 +102,22 @@ class TokenVLA:
         cls, path: str | Path, spec: TokenSpec | None = None, **load_kwargs
     ) -> TokenVLA:
         """A local image-text-to-text model directory; its ``token_vla.json`` (written by
-        ``save``) gives the spec, else ``spec`` must. ``load_kwargs`` go to ``load_vlm``
-        (dtype, device, gradient_checkpointing, min_pixels ...)."""
+        ``save``, checked by `hub.read_manifest` and `hub.read_origin`) gives the spec, else
+        ``spec`` must (a VLM to start from). ``load_kwargs`` go to ``load_vlm`` (dtype, device,
+        gradient_checkpointing, min_pixels ...)."""
         path = Path(path)
-        if (path / SPEC).exists():
-            spec = TokenSpec(**json.loads((path / SPEC).read_text()))
+        saved = (path / SPEC).exists()
+        if saved:
+            hub.read_manifest(path)
+            raw = json.loads((path / SPEC).read_text())
+            spec = TokenSpec(**{k: v for k, v in raw.items() if k not in ("model_type", "version")})
         if spec is None:
             raise ValueError(f"{path} has no {SPEC}; pass a TokenSpec (action_dim, chunk)")
         prompt = PromptConfig(system_prompt=None, max_prompt_length=0)
-        return cls(VLMPolicy.from_pretrained(path, prompt=prompt, **load_kwargs), spec)
+        policy = cls(VLMPolicy.from_pretrained(path, prompt=prompt, **load_kwargs), spec)
+        if saved:
+            policy.origin = hub.read_origin(path, policy.describe)
+        return policy
 
     @property
     def device(self) -> torch.device:
@@ -217,10 +226,23 @@ class TokenVLA:
         self.vlm.train(mode)
         return self
 
+    origin: hub.Origin | None = None
+    """the env and run it was trained on, which `save` records (set by the VLA builder, or read
+    back by `from_pretrained`)"""
+
     def save(self, path: str | Path) -> None:
-        """The VLM's HF directory plus ``token_vla.json`` (the `TokenSpec`)."""
+        """The VLM's HF directory plus ``token_vla.json`` (model_type, format version and the
+        `TokenSpec`), ``policy_spec.json`` and the model card (`vla.hub`)."""
         self.vlm.save(path)
-        (Path(path) / SPEC).write_text(json.dumps({**asdict(self.spec)}, indent=1))
+        manifest = hub.Manifest(hub.TOKEN_TYPE, hub.FORMAT_VERSION)
+        raw = {"model_type": manifest.model_type, "version": manifest.version, **asdict(self.spec)}
+        (Path(path) / SPEC).write_text(json.dumps(raw, indent=1))
+        write_extras(path, self.describe(), manifest, self.origin)
+
+    def describe(self, origin: hub.Origin | None = None) -> dict:
+        """What the policy reads and emits (``policy_spec.json``'s features, action bins and
+        prompt), on the env of ``origin`` (default: its own)."""
+        return hub.token_description(self.spec, origin or self.origin)
 
     def load(self, path: str | Path) -> None:
         """Restore in place the weights ``save(path)`` wrote."""
