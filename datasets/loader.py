@@ -13,6 +13,10 @@ Input files:
 
 - ``.jsonl``: one JSON object per line (blank lines are skipped); ``.json``: a list of objects;
   ``.parquet``: one row per sample (``meta`` may be a struct or a JSON string).
+- Benchmark files (``datasets/benchmarks.py``): a VLMEvalKit ``.tsv``, or a ``.parquet`` export
+  of MathVista, ScienceQA or MMStar, told apart by extension and columns (``layout="auto"``) or
+  named (``data.format``); their rows become records of this schema, their embedded images
+  files under ``media_dir``.
 - Image and video paths are absolute or relative to the file's directory; a record needs images,
   videos or both (``video``/``video_path`` name one video).
 - Accepted alternative keys, normalised to the schema:
@@ -50,6 +54,7 @@ from PIL import Image
 
 from ..errors import DataError  # ``vlm/`` errors about samples subclass it
 from ..registry import REWARDS
+from .benchmarks import columns, layouts_known, records
 from .images import shape_problem, upright_size
 
 log = logging.getLogger(__name__)
@@ -267,24 +272,32 @@ def load_samples(
     strict: bool = True,
     check_images: bool = True,
     media: dict[str, tuple] | None = None,
+    layout: str = "auto",
+    media_dir: str | Path | None = None,
 ) -> tuple[list[dict], dict[str, int]]:
     """Read a dataset file into schema samples.
 
     Args:
-        path: ``.jsonl``, ``.json`` or ``.parquet`` file.
+        path: ``.jsonl``, ``.json`` or ``.parquet`` file, or a benchmark file
+            (``datasets/benchmarks.py``: a VLMEvalKit ``.tsv``, MathVista, ScienceQA, MMStar).
         strict: raise :class:`DataError` on the first bad line, image or video (default); else
             skip and count it.
         check_images: open and fully decode every image, open every video and decode its first
             and last frames (once per distinct path).
         media: filled with what the checks found, per path: ``(width, height)`` of an image,
             ``(width, height, frames, fps)`` of a video (prompt lengths need no second look).
+        layout: ``auto`` (by extension and columns), ``perceptrl`` (this schema) or a
+            benchmark layout (``benchmarks.LAYOUTS``).
+        media_dir: where a benchmark file's embedded images are written (needed for those).
     Returns:
         (samples, stats) with stats ``{"loaded", "skipped_malformed", "skipped_images"}`` and,
         once a sample was skipped for them, ``"skipped_videos"``, ``"skipped_aspect_ratio"``
-        (an image or video frame beyond ``images.MAX_ASPECT_RATIO``) and
-        ``"skipped_special_tokens"`` (a model's special token in the question or answer).
+        (an image or video frame beyond ``images.MAX_ASPECT_RATIO``),
+        ``"skipped_special_tokens"`` (a model's special token in the question or answer) and
+        ``"skipped_no_image"`` (a benchmark row without an image).
     Raises:
-        DataError: strict and a bad record or file, or the file holds no usable sample.
+        DataError: strict and a bad record or file, the file holds no usable sample, or a
+            benchmark file lacks its layout's columns.
     """
     path = Path(path)
     if not path.is_file():
@@ -293,9 +306,9 @@ def load_samples(
     stats = {"loaded": 0, "skipped_malformed": 0, "skipped_images": 0}
     samples: list[dict] = []
     sizes: dict[str, tuple | Exception] = {}
-    records = 0
-    for idx, (where, rec) in enumerate(_records(path)):
-        records += 1
+    count = 0
+    for idx, (where, rec) in enumerate(_source(path, layout, media_dir)):
+        count += 1
         sample = _normalised(rec, path, where, base, strict, stats)
         if sample is None:
             continue
@@ -308,7 +321,7 @@ def load_samples(
         samples.append(sample)
     stats["loaded"] = len(samples)
     if not samples:
-        raise _no_samples_error(path, records, stats)
+        raise _no_samples_error(path, count, stats)
     if media is not None:
         media.update({p: v for p, v in sizes.items() if not isinstance(v, Exception)})
     return samples, stats
@@ -331,8 +344,33 @@ def _normalised(
                 "(strict=False when calling load_samples)."
             ) from e
         log.warning("skipping %s, %s: %s", path, where, e)
-        stats["skipped_malformed"] += 1
+        reason = f"skipped_{getattr(e, 'reason', 'malformed')}"  # a benchmark row's RowError
+        stats[reason] = stats.get(reason, 0) + 1
         return None
+
+
+def _source(path: Path, layout: str, media_dir: str | Path | None) -> Iterator[tuple[str, Any]]:
+    """(where, record or Exception) per record of ``path``: a benchmark file's rows
+    (``benchmarks.records``) or, in this schema, `_records`."""
+    rows = records(path, layout, Path(media_dir) if media_dir else None)
+    if rows is not None:
+        return rows
+    if path.suffix.lower() == ".parquet":
+        _check_own_columns(path)
+    return _records(path)
+
+
+def _check_own_columns(path: Path) -> None:
+    """A DataError naming the columns found and the layouts known when a Parquet file is
+    neither a benchmark layout nor this schema (no question, answer, or images and videos)."""
+    cols = {c: "" for c in columns(path)}
+    lacks = [f for f in REQUIRED if _pick(cols, f)[0] is None]
+    if lacks and not (lacks == ["images"] and _pick(cols, "videos")[0] is not None):
+        raise DataError(
+            f"{path}: its columns {list(cols)} match no known layout (this schema lacks "
+            f"{lacks}). Known layouts: {layouts_known()}. Set data.format to the file's layout, "
+            "or rename its columns"
+        )
 
 
 def _refuse(bad: tuple[str, str], sample: dict, where: str, strict: bool) -> None:

@@ -84,10 +84,15 @@ def load_data(source: DataSource, run_dir: Path) -> Data:
             continue
         strict = source.strict or not given[split]  # our own generator's files must be right
         try:
-            got, stats = load_samples(resolve_path(file), strict=strict, media=data.media)
+            got, stats = load_samples(
+                resolve_path(file), strict=strict, media=data.media,
+                layout=source.format if given[split] else "perceptrl",
+                media_dir=run_dir / "data" / f"{split}_images",
+            )  # fmt: skip
         except FileNotFoundError as e:  # the run's files: known only where it runs
             raise ConfigError(
-                f"data.{split}={file}: {e}; give the path of a JSONL/Parquet file"
+                f"data.{split}={file}: {e}; give the path of a JSONL/Parquet file or a "
+                "benchmark file (docs/evaluation.md)"
             ) from e
         setattr(data, split, got)
         _report_skips(data, split, {k[8:]: v for k, v in stats.items() if k.startswith("skipped_")})

@@ -26,6 +26,12 @@ def _generators() -> list[str]:
     return GENERATORS.names()
 
 
+def _formats() -> tuple[str, ...]:
+    from ..datasets.benchmarks import FORMATS
+
+    return FORMATS
+
+
 def _tiny_archs() -> list[str]:
     from .tiny import ARCHS
 
@@ -101,6 +107,11 @@ class DataConfig:
     """side of the synthetic images in pixels"""
     strict: bool = True
     """strict: a bad sample (malformed line, corrupt image) is an error; False skips and counts"""
+    format: str = choice("auto", _formats)
+    """layout of the data.train and data.val files: auto (a .tsv is VLMEvalKit's, a .parquet
+    is told apart by its columns, else this project's) | perceptrl (JSONL/JSON/Parquet samples) |
+    vlmevalkit (a VLMEvalKit TSV) | mathvista | scienceqa | mmstar (Parquet exports of those
+    Hugging Face benchmarks); docs/evaluation.md, "Benchmark files", lists the columns"""
     seed: int = 0
     """seed of the synthetic generator"""
     generator: str = choice("clevr", _generators)
@@ -113,7 +124,13 @@ class DataConfig:
 
     def check(self, root) -> None:
         """The question families of the synthetic set, read from the generator's module (the
-        generator's other options are its own to check when it writes the set)."""
+        generator's other options are its own to check when it writes the set); a named
+        ``format`` needs a file to read."""
+        if self.format != "auto" and not (self.train or self.val):
+            raise ConfigError(
+                f"data.format={self.format} names the layout of the data.train and data.val "
+                "files, and neither is set; give data.val (or data.train), or data.format=auto"
+            )
         if self.train or not self.families:
             return
         from ..registry import GENERATORS

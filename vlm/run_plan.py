@@ -41,6 +41,8 @@ class DataSource:
     val: str
     strict: bool
     """a bad sample is an error (False: skipped and counted; user files only)"""
+    format: str
+    """the layout of the user's files (``data.format``: auto, perceptrl or a benchmark's)"""
     generator: str
     families: tuple[str, ...]
     n_train: int
@@ -232,7 +234,7 @@ def _engine(cfg, completion: int) -> EnginePlan:
 def _data(cfg, tools: Mapping[str, Tool]) -> DataSource:
     d = cfg.data
     return DataSource(
-        train=d.train, val=d.val, strict=d.strict, generator=d.generator,
+        train=d.train, val=d.val, strict=d.strict, format=d.format, generator=d.generator,
         families=tuple(d.families), n_train=d.n_train, n_val=d.n_val, seed=d.seed,
         options={"image_size": d.image_size, "seconds": d.video_seconds, "fps": d.video_fps},
         tools=tools,
