@@ -320,9 +320,10 @@ def token_description(spec, origin: Origin | None) -> dict:
 
 def check_env(description: dict, env: EnvConfig, training: bool = False) -> None:
     """A `ConfigError` naming every way the recipe's ``env`` differs from what the policy of
-    ``description`` reads and emits (on ``env.id``, and on ``env.eval_tasks`` when not
-    ``training``); the entity count, for a policy that reads the poses by their order. Features
-    only a training signal reads (a state critic's poses) count when ``training``."""
+    ``description`` acts on and emits: control, cameras, image size, and the entity count of
+    each task it runs on (``env.id`` and ``env.eval_tasks`` when ``training``, else the tasks
+    ``perceptrl eval`` runs) for a policy that reads the poses by their order. What only a
+    training signal reads (a state critic's poses) is not checked: a run without it still acts."""
     inputs = description.get("input_features", {})
     action = description.get("output_features", {}).get("action", {})
     problems = []
@@ -335,40 +336,33 @@ def check_env(description: dict, env: EnvConfig, training: bool = False) -> None
         problems.append(f"it reads the cameras {images}; env.cameras={list(env.cameras)}")
     elif images and len(images) != len(env.cameras):
         problems.append(f"it reads {len(images)} camera(s); env.cameras={list(env.cameras)}")
-    for k, f in inputs.items():
-        if f.get("type") == "VISUAL" and "resized_by" not in f and f["shape"][0] != env.image_size:
-            problems.append(f"{k} is {f['shape'][0]} px; env.image_size={env.image_size}")
-            break
+    sizes = {f["shape"][0] for f in inputs.values()
+             if f.get("type") == "VISUAL" and "resized_by" not in f}  # fmt: skip
+    if images and env.obs_mode == "rgb" and sizes - {env.image_size}:
+        problems.append(f"its images are {sizes.pop()} px; env.image_size={env.image_size}")
     objects = inputs.get("observation.objects")
-    if objects is not None and (training or objects["read_by"] == "actor"):
-        problems += _objects_problems(objects, env, training)
+    if objects is not None and objects["read_by"] == "actor" and not objects["any_entity_count"]:
+        tasks = [env.id, *env.eval_tasks] if training else env.eval_tasks or [env.id]
+        problems += _objects_problems(objects["shape"][0], env, dict.fromkeys(tasks))
     if problems:
         raise ConfigError(
             f"model.path holds a policy that does not fit the recipe's env ({'; '.join(problems)}"
-            "); change the env section to match the policy (its policy_spec.json), or train a "
+            "); set the env section to match the policy (its policy_spec.json), or train a "
             "policy for this env"
         )
 
 
-def _objects_problems(objects: dict, env: EnvConfig, training: bool) -> list[str]:
-    """The entity poses the policy reads against those ``env`` gives, on each task it runs."""
+def _objects_problems(want: int, env: EnvConfig, tasks) -> list[str]:
+    """The entity-pose vector of ``want`` numbers against the one each of ``tasks`` gives."""
     from ..sim import task_of
     from ..sim.tasks import task_counts
 
-    if env.obs_mode == "rgb" and not env.privileged_state:
-        return [
-            f"its {objects['read_by']} reads the entity poses; set env.privileged_state=true "
-            "(rgb) or env.obs_mode=state"
-        ]
-    if objects.get("any_entity_count"):
-        return []
+    if env.obs_mode != "state":
+        return ["it acts on the entity poses; env.obs_mode=rgb"]
     size = ENTITY_SIZE if env.entity_features else POSE_SIZE
     out = []
-    for env_id in [env.id] if training else env.eval_tasks or [env.id]:
+    for env_id in tasks:
         got = sum(task_counts(task_of(env_id)).values()) * size
-        if got != objects["shape"][0]:
-            out.append(
-                f"it reads {objects['shape'][0]} pose numbers, {env_id} gives {got} "
-                "(another number of entities)"
-            )
+        if got != want:
+            out.append(f"it reads {want} pose numbers, {env_id} gives {got} (other entities)")
     return out

@@ -34,6 +34,8 @@ def training_summary(cfg, objective: str, warm_start: Origin | None = None) -> d
     algo, train, env = cfg.algo, cfg.train, cfg.env
     if objective == "sft":
         algorithm = "behaviour cloning of the scripted experts"
+    elif objective != "rl":  # e.g. offpolicy: the head names the algorithm (sac, dsrl)
+        algorithm = f"{objective} training of the {cfg.vla.head} head"
     elif per_step(algo.adv_estimator):
         algorithm = f"PPO ({algo.adv_estimator} advantages, {algo.policy_loss} loss)"
     else:
@@ -44,8 +46,8 @@ def training_summary(cfg, objective: str, warm_start: Origin | None = None) -> d
     return {
         "command": "perceptrl sft" if objective == "sft" else "perceptrl train",
         "objective": objective, "algorithm": algorithm,
-        "adv_estimator": algo.adv_estimator if objective != "sft" else None,
-        "policy_loss": algo.policy_loss if objective != "sft" else None,
+        "adv_estimator": algo.adv_estimator if objective == "rl" else None,
+        "policy_loss": algo.policy_loss if objective == "rl" else None,
         "steps": train.steps, "time_limit_min": train.time_limit_min, "lr": train.lr,
         "seed": train.seed, "num_envs": env.num_envs, "eval_episodes": env.eval_episodes,
         "eval_seed": env.eval_seed, "eval_tasks": list(env.eval_tasks or [env.id]),
@@ -142,7 +144,7 @@ def _task(spec: dict, env: dict) -> str:
         ("observation", seen),
         ("instruction", f"{instruction.get('encoder')} encoder ({reads})"),
         ("action", f"{action.get('control') or '?'} control: {names} in [{action.get('low')}, "
-         f"{action.get('high')}], chunks of {action.get('chunk')} per policy step"),
+         f"{action.get('high')}], {action.get('chunk')} action(s) per policy step"),
     ]  # fmt: skip
     return "## Task\n\n" + _table(rows)
 
