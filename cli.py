@@ -314,6 +314,22 @@ def cmd_sim_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim_record(args: argparse.Namespace) -> int:
+    """Scripted-expert episodes of one MuJoCo task as a LeRobot dataset (format v3.0)."""
+    from .sim import ENV_IDS
+    from .sim.demonstrations import record_demos
+
+    if args.task not in ENV_IDS:
+        raise ConfigError(f"--task {args.task!r}: not a task (valid: {', '.join(ENV_IDS)})")
+    kw = dict(obs_mode=args.obs_mode, width=args.size, height=args.size,
+              cameras=tuple(c for c in args.cameras.split(",") if c))  # fmt: skip
+    if args.privileged_state:
+        kw["privileged_state"] = True
+    info = record_demos(ENV_IDS[args.task], args.out, args.episodes, seed=args.seed, **kw)
+    print(f"{info['total_episodes']} episodes, {info['total_frames']} frames -> {args.out}")
+    return 0
+
+
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", nargs="?", help="YAML recipe or shipped recipe name (configs/*.yaml)")
     p.add_argument(
@@ -323,7 +339,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sim_parser(sub) -> None:
-    """``perceptrl sim demo``."""
+    """``perceptrl sim demo`` and ``perceptrl sim record``."""
     p = sub.add_parser("sim", help="MuJoCo manipulation suite")
     sim = p.add_subparsers(dest="sim_command", metavar="ACTION", required=True)
     g = sim.add_parser("demo", help="write an mp4 of the scripted expert on every task")
@@ -333,6 +349,21 @@ def _add_sim_parser(sub) -> None:
     g.add_argument("--size", type=int, default=224, help="camera resolution")
     g.add_argument("--episodes", type=int, default=1)
     g.set_defaults(func=cmd_sim_demo)
+    g = sim.add_parser(
+        "record", help="record scripted-expert episodes of a task as a LeRobot dataset (v3.0)"
+    )
+    g.add_argument("--task", required=True, help="task name (reach, push, pick, put, ...)")
+    g.add_argument("--out", required=True, help="dataset folder to create")
+    g.add_argument("--episodes", type=int, default=50, help="successful episodes to keep")
+    g.add_argument("--seed", type=int, default=0, help="reset seed of the first attempt")
+    g.add_argument("--obs-mode", choices=["rgb", "state"], default="rgb")
+    g.add_argument("--size", type=int, default=64, help="camera resolution (rgb)")
+    g.add_argument("--cameras", default="agentview,wrist", help="comma-separated cameras (rgb)")
+    g.add_argument(
+        "--privileged-state", action="store_true",
+        help="rgb: also record the entity poses (observation.environment_state)",
+    )  # fmt: skip
+    g.set_defaults(func=cmd_sim_record)
 
 
 def _add_data_parser(sub) -> None:
