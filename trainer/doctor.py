@@ -341,6 +341,8 @@ def simulator_unstable(rows, cfg):
 
 @check
 def throughput_regression(rows, cfg):
+    # an off-policy run's warm-up steps (random actions, no updates) are not its pace
+    rows = [r for r in rows if not r.get("replay/random_actions")]
     s = Series(rows, "time/step", cfg.window)
     if len(s) < 8:
         return None

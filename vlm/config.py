@@ -108,10 +108,10 @@ class DataConfig:
     strict: bool = True
     """strict: a bad sample (malformed line, corrupt image) is an error; False skips and counts"""
     format: str = choice("auto", _formats)
-    """layout of the data.train and data.val files: auto (a .tsv is VLMEvalKit's, a .parquet
-    is told apart by its columns, else this project's) | perceptrl (JSONL/JSON/Parquet samples) |
-    vlmevalkit (a VLMEvalKit TSV) | mathvista | scienceqa | mmstar (Parquet exports of those
-    Hugging Face benchmarks); docs/evaluation.md, "Benchmark files", lists the columns"""
+    """layout of the data.train and data.val files. auto: a .tsv is VLMEvalKit's, a .parquet
+    is told apart by its columns, else this project's; perceptrl: JSONL/JSON/Parquet samples;
+    vlmevalkit: a VLMEvalKit TSV; mathvista, scienceqa, mmstar: Parquet exports of those Hugging
+    Face benchmarks (docs/evaluation.md, "Benchmark files", lists the columns)"""
     seed: int = 0
     """seed of the synthetic generator"""
     generator: str = choice("clevr", _generators)

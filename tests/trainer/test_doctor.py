@@ -119,3 +119,12 @@ def test_findings_name_a_recorded_group_that_shows_them():
     assert alike.example == "step 5, group 2 (s2): rewards 1 1; a sample: 'answer 1'"
     assert cut.example.startswith("step 5, group 2")  # none inside 7-9: the latest outside
     assert other.example == ""
+
+
+def test_an_off_policy_warm_up_is_not_a_slowdown():
+    """Steps of random actions before learning starts take no updates: not the run's pace."""
+    rows = [{"step": s, "time/step": 0.02, "replay/random_actions": 1.0} for s in range(1, 11)]
+    rows += [{"step": s, "time/step": 0.8, "replay/random_actions": 0.0} for s in range(11, 41)]
+    assert "steps got slower" not in {f.name for f in diagnose(rows)}
+    slow = [dict(r, **{"time/step": 3.0}) for r in rows[-10:]]
+    assert "steps got slower" in {f.name for f in diagnose(rows[:-10] + slow)}
