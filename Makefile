@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 VLLM_VENV ?= .venv-vllm
+LEROBOT_VENV ?= .venv-lerobot
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 export MUJOCO_GL ?= egl
@@ -11,7 +12,7 @@ export PYOPENGL_PLATFORM ?= egl
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm bench-vllm-episodes bench-vllm-trees test-zero gpu-lane
+.PHONY: setup sysdeps demo test test-all bench lint clean setup-vllm test-vllm bench-vllm bench-vllm-episodes bench-vllm-trees test-zero gpu-lane setup-lerobot test-lerobot
 .PHONY: bench-vlm bench-vla bench-vla-flow bench-plan-reader bench-pipeline bench-trl
 .PHONY: assets assets-vlm-base assets-demo-base assets-plan-base assets-reader-base
 
@@ -196,6 +197,22 @@ bench-vllm-trees: setup-vllm
 	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python bench/bench_rollout_vllm.py --tree 2,2,2 \
 		--segment-tokens 32 --max-new-tokens 96 --block-size 32
 
+# LeRobot datasets against LeRobot itself (sim/lerobot_format.py; tests marked lerobot, not
+# part of `make test`): lerobot 0.4.4 pins torch 2.10 and the project 2.14.1, so it gets a venv
+# of its own (~8 GB: torch 2.10 has no CPU-only wheel), the pinned environment installed without
+# resolving. The tests run in the project's venv and call the lane's Python for LeRobot's side
+# (its reader on our export, its writer for a dataset our BC then trains on); ~40 s.
+setup-lerobot: $(LEROBOT_VENV)/.installed
+
+$(LEROBOT_VENV)/.installed: requirements-lerobot.txt
+	$(PYTHON) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/pip install -q --no-deps -r requirements-lerobot.txt
+	touch $@
+
+test-lerobot: setup setup-lerobot
+	PERCEPTRL_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python $(BIN)/python -m pytest -q -m lerobot \
+		tests/sim/test_lerobot_lane.py $(PYTEST_ARGS)
+
 # GPU lane (one CUDA device, about 5 min on an H200): the gpu-marked tests, then the real-size
 # Qwen2.5-VL-3B throughput benchmark (random weights) into bench/results/gpu_scale.{json,md}.
 # Runs in the Python already there (GPU machines bring their own torch; no `setup`), with this
@@ -213,4 +230,4 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info runs
+	rm -rf $(VENV) $(VLLM_VENV) $(LEROBOT_VENV) build *.egg-info runs

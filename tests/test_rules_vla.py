@@ -95,6 +95,10 @@ INVALID: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "the plan side runs planner episodes": (
         "plan_grpo", ["rollout.episode.env=tools"], ("side: plan", "rollout.episode.env"),
     ),
+    "bc.dataset is side vla's": ("plan_grpo", ["bc.dataset=runs/x"], ("bc.dataset", "side: plan")),
+    "bc.features maps the policy's inputs": (
+        "vla_bc_pick", ["bc.features.front=observation.images.front"], ("bc.features.front",),
+    ),
 }  # fmt: skip
 """one invalid combination per rule checked at load"""
 CLI_SAMPLE = (

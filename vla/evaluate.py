@@ -3,9 +3,10 @@
 Episode ``j`` of a task is reset with seed ``env.eval_seed + j`` (training resets never use
 that range), actions are deterministic (the Gaussian mean / greedy tokens). ``write_report``
 adds a JSON + Markdown table and one mp4 per task (the first ``env.eval_videos`` episodes,
-rendered from the agent-view camera, replayed with the same seeds). An episode cut by a physics
-blow-up counts with what it achieved before it (``sim_unstable/<task>``: their share; a warning
-names the task).
+rendered from the agent-view camera, replayed with the same seeds) and, with
+``env.eval_dataset``, the first episodes of each task as a LeRobot dataset (`export_episodes`).
+An episode cut by a physics blow-up counts with what it achieved before it
+(``sim_unstable/<task>``: their share; a warning names the task).
 """
 
 from __future__ import annotations
@@ -172,13 +173,49 @@ def episode_frames(policy, runner: VecEnv, cam, seed: int, label: str = "") -> l
     return frames
 
 
+def export_episodes(
+    policy, env_cfg: EnvConfig, env_id: str, seeds: list[int], root: Path
+) -> Path:  # fmt: skip
+    """The deterministic episodes of ``seeds`` as a LeRobot dataset at ``root``
+    (`sim.demonstrations`): the observations the policy acted on (the recipe's cameras and
+    image size) and the actions the env executed (chunks open-loop, clipped to [-1, 1]), with
+    each episode's seed and success."""
+    from ..sim.backends import Batch
+    from ..sim.demonstrations import EpisodeWriter, cameras_of, record_episode
+
+    env = make_env(env_id, **env_kwargs(env_cfg))
+    cams = cameras_of(env.observation_space)
+
+    def act(obs: dict) -> np.ndarray:  # one env's observation -> its chunk [K, A]
+        batch = Batch(
+            {c: obs[c][None] for c in cams}, obs["proprio"][None],
+            obs["objects"][None] if "objects" in obs else None, [str(obs["instruction"])],
+        )  # fmt: skip
+        action, _, _ = policy.act(policy.observe(batch), deterministic=True)
+        if hasattr(policy, "env_action"):
+            action = policy.env_action(action)
+        chunk = action.float().cpu().numpy().reshape(-1, env.action_space.shape[0])
+        return np.clip(np.nan_to_num(chunk), -1.0, 1.0)
+
+    out = EpisodeWriter(root, env)
+    try:
+        for seed in seeds:
+            ep = record_episode(env, act, seed)
+            out.add(ep, seed=seed, success=ep["success"])
+        out.close()
+    finally:
+        env.close()
+    return root
+
+
 def write_report(policy, env_cfg: EnvConfig, out_dir: str | Path) -> dict:
-    """Evaluate, then write ``eval.json``, ``eval.md`` and ``<task>.mp4`` into ``out_dir``.
-    Returns the JSON record (metrics, per-task rows, video paths)."""
+    """Evaluate, then write ``eval.json``, ``eval.md``, ``<task>.mp4`` and (``env.eval_dataset``)
+    ``datasets/<task>`` into ``out_dir``. Returns the JSON record (metrics, per-task rows,
+    video and dataset paths)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = evaluate_policy(policy, env_cfg)
-    rows, videos = [], {}
+    rows, videos, datasets = [], {}, {}
     for env_id in env_cfg.eval_tasks or [env_cfg.id]:
         name = task_name(env_id)
         for held_out in ["", *env_cfg.eval_wordings]:
@@ -192,7 +229,13 @@ def write_report(policy, env_cfg: EnvConfig, out_dir: str | Path) -> dict:
         if env_cfg.eval_videos > 0:
             seeds = [env_cfg.eval_seed + j for j in range(env_cfg.eval_videos)]
             videos[name] = str(record_video(policy, env_cfg, env_id, seeds, out / f"{name}.mp4"))
-    record = {"metrics": metrics, "tasks": rows, "videos": videos, "eval_seed": env_cfg.eval_seed}
+        if env_cfg.eval_dataset > 0:
+            seeds = [env_cfg.eval_seed + j for j in range(env_cfg.eval_dataset)]
+            datasets[name] = str(
+                export_episodes(policy, env_cfg, env_id, seeds, out / "datasets" / name)
+            )
+    record = {"metrics": metrics, "tasks": rows, "videos": videos, "datasets": datasets,
+              "eval_seed": env_cfg.eval_seed}  # fmt: skip
     (out / "eval.json").write_text(json.dumps(record, indent=1))
     lines = [
         "| task | wording | episodes | success | return | length |",
