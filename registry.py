@@ -357,11 +357,13 @@ ENGINES: Registry[Callable] = Registry(
 """``build(policy, cfg: TrainConfig) -> engine``: the optimisation engine of ``train.backend``
 (trainer/engine.py, trainer/deepspeed_engine.py; the seam is ``trainer.engine.Engine``)"""
 VLA_HEADS: Registry[type] = Registry(
-    "VLA action head", "vla.head", ("perceptrl.vla.compact", "perceptrl.vla.flow"), declares={}
-)
+    "VLA action head", "vla.head",
+    ("perceptrl.vla.compact", "perceptrl.vla.flow", "perceptrl.vla.sac"), declares={},
+)  # fmt: skip
 """``cls(spec: CompactSpec) -> policy``: the compact VLA class of an action head, registered beside
 it (gaussian: ``vla.compact.CompactVLA``; flow: ``vla.flow.FlowVLA``, the same network with a
-flow-matching chunk head); ``vla.compact.build_compact`` builds the one ``vla.head`` names"""
+flow-matching chunk head; sac and dsrl: ``vla.sac``, the off-policy heads);
+``vla.compact.build_compact`` builds the one ``vla.head`` names"""
 EXECUTORS: Registry[Callable] = Registry(
     "plan executor", "plan.executor", ("perceptrl.vla.executors",), declares={"policies": False}
 )

@@ -30,7 +30,7 @@ from .trainer.config import (
     choice,
     read_recipe,
 )
-from .vla.config import EnvConfig, PlanConfig, VLAConfig
+from .vla.config import BCConfig, EnvConfig, PlanConfig, ReplayConfig, VLAConfig
 from .vlm.config import DataConfig, ModelConfig, RolloutConfig, VideoConfig
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -69,6 +69,8 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     vla: VLAConfig = field(default_factory=VLAConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    bc: BCConfig = field(default_factory=BCConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:

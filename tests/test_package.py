@@ -40,6 +40,8 @@ def test_wheel_installs_and_imports_every_subpackage(tmp_path, wheel):
         for n in names
     )
     assert any(n.startswith("perceptrl/configs/") and n.endswith(".yaml") for n in names)
+    for page in ("page.html", "view.css", "view.js"):  # `perceptrl view`'s page
+        assert f"perceptrl/trainer/view_page/{page}" in names, page
     for base in ("vlm_base", "vlm_demo_base", "vlm_plan_base"):
         assert f"perceptrl/assets/{base}/model.safetensors" in names, base
     target = tmp_path / "site"
@@ -59,6 +61,8 @@ def test_wheel_installs_and_imports_every_subpackage(tmp_path, wheel):
         f"assert pathlib.Path(perceptrl.__file__).is_relative_to({str(target)!r}), perceptrl.__file__\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
         "import perceptrl.cli; perceptrl.cli.build_parser()\n"
+        "from perceptrl.trainer.viewer import render\n"
+        "render({'run': 'r', 'metrics': {'steps': [], 'series': {}}, 'records': [], 'findings': []})\n"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run(

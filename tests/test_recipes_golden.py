@@ -45,6 +45,12 @@ PLAN = ["data.n_train=4", "data.n_val=2", "rollout.prompts_per_step=1", "rollout
 PIXELS = ["env.image_size=32", "env.steps_per_rollout=4", "env.max_episode_steps=6",
           "vla.channels=[4,8,8]", "train.ppo_epochs=1"]  # fmt: skip
 
+SAC = ["env.steps_per_rollout=4", "replay.learning_starts=8", "replay.batch_size=16",
+       "replay.size=64"]  # fmt: skip
+"""two steps of warm-up, then updates from a buffer that wraps around"""
+BC_FLOW = "{bc_flow}"
+"""stands for the model of a brief vla_bc_flow run (tiny, 3 flow steps) made first"""
+
 RECIPES: dict[str, tuple[str, list[str]]] = {
     # recipe: (command, overrides)
     "vlm_clevr": ("train", [*VLM, "train.steps=3", "train.eval_every=1",
@@ -81,6 +87,10 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                      "train.eval_every=0", "checkpoint.best="]),
     "plan_exec_reader": ("sft", [*VLA, "train.steps=2", "env.steps_per_rollout=8",
                          "train.eval_every=0", "checkpoint.best="]),
+    "vla_sac_reach_state": ("train", [*VLA, *SAC, "train.steps=4", "env.max_episode_steps=6",
+                            "train.eval_every=2"]),
+    "vla_dsrl_pick": ("train", [*VLA, *SAC, "train.steps=3", "env.max_episode_steps=6",
+                      "vla.flow_steps=3", f"model.path={BC_FLOW}", "train.eval_every=0"]),
 }  # fmt: skip
 VARIANTS: dict[str, tuple[str, str, list[str]]] = {
     # name: (recipe, command, overrides): the estimators, losses and KL the recipes leave out
@@ -98,6 +108,10 @@ VARIANTS: dict[str, tuple[str, str, list[str]]] = {
     "vlm_process+implicit": ("vlm_process", "train", [*RECIPES["vlm_process"][1],
                              "rollout.process_reward=implicit_prm"]),
     "vla_grpo+rloo": ("vla_grpo", "train", [*RECIPES["vla_grpo"][1], "algo.adv_estimator=rloo"]),
+    "vla_sac_reach_state+pixels+demos": ("vla_sac_reach_state", "train", [
+        *RECIPES["vla_sac_reach_state"][1], "env.obs_mode=rgb", "env.image_size=32",
+        "vla.encoder=keypoint", "vla.channels=[4,8,8]", "replay.augment=shift", "replay.demos=2",
+        "replay.n_step=2", "env.cameras=[agentview]"]),
 }  # fmt: skip
 RUNS = {**{r: (r, *RECIPES[r]) for r in RECIPES}, **VARIANTS}
 
@@ -119,6 +133,13 @@ def rows(metrics: Path) -> list[dict]:
 def _run(name: str, run_dir: Path) -> None:
     """`perceptrl` in this process, on one thread, after drawing from the global generators."""
     recipe, command, overrides = RUNS[name]
+    if any(BC_FLOW in o for o in overrides):  # a warm start to steer, made first
+        bc = run_dir.parent / "bc_flow"
+        bc_args = ["sft", "vla_bc_flow", *VLA, "train.steps=1", "env.steps_per_rollout=4",
+                   "train.eval_every=0", "vla.flow_steps=3", *QUIET, "--run-dir", str(bc)]  # fmt: skip
+        assert main(bc_args) == 0
+        model = str(bc / "checkpoints" / "step_000001" / "model")
+        overrides = [o.replace(BC_FLOW, model) for o in overrides]
     threads, old = torch.get_num_threads(), Path.cwd()
     torch.set_num_threads(1)
     os.chdir(run_dir.parent)

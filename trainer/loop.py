@@ -10,9 +10,8 @@ trainer/engine.py). Each step is one of:
 * ``objective="sft"``: the source's next batch of targets -> token-mean negative log-likelihood
   (plus the policy's auxiliary losses) -> one optimizer step.
 
-The loop sees only the `Policy` protocol, `RolloutBatch` and a source; it never imports a
-model, a dataset or a simulator.
-"""
+(``objective="offpolicy"``: trainer/offpolicy.py.) The loop sees only the `Policy` protocol,
+`RolloutBatch` and a source; it never imports a model, a dataset or a simulator."""
 
 from __future__ import annotations
 
@@ -45,6 +44,7 @@ from .config import TrainerConfig
 from .corrections import apply_correction
 from .engine import Engine
 from .metrics import MetricsLogger, NullLogger
+from .offpolicy import offpolicy_step
 from .policy import Policy, RolloutSource, SFTSource
 from .records import RolloutRecorder
 from .runtime import peak_rss_mb, progress_bar, resolve_device, seed_everything
@@ -54,8 +54,9 @@ class TrainingDiverged(RunError):
     """Raised after ``train.max_bad_steps`` consecutive steps with a non-finite loss/gradient."""
 
 
-OBJECTIVES = ("rl", "sft")
-"""what a step optimises: rl (a RolloutSource's scored experience) | sft (an SFTSource's targets)"""
+OBJECTIVES = ("rl", "sft", "offpolicy")
+"""what a step optimises: rl (a RolloutSource's scored experience) | sft (an SFTSource's targets)
+| offpolicy (replay minibatches of an OffPolicySource, trainer/offpolicy.py)"""
 SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl", "actor/entropy", "sft/loss"})
 """metrics that are losses under the minibatch's global normalisers: micro-batches and ranks
 each hold a share of the value, so they are summed rather than token-weighted"""
@@ -185,6 +186,8 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         """One step of the run's objective. Returns the step's metrics."""
+        if self.objective == "offpolicy":
+            return offpolicy_step(self)
         return self._sft_step() if self.objective == "sft" else self._rl_step()
 
     def _sft_step(self) -> dict[str, float]:

@@ -40,6 +40,8 @@ from .compact import CompactVLA, build_compact, spec_from_config
 from .config import EnvConfig, check_vla
 from .envs import make_envs
 from .evaluate import evaluate_policy
+from .hub import TOKEN_TYPE, check_env, read_manifest
+from .model_card import run_origin
 from .run_plan import CollectPlan, PolicyPlan, VLARunPlan, resolve
 
 
@@ -49,6 +51,15 @@ def build_policy(plan: PolicyPlan, runner: VecEnv, run_dir: str | Path | None = 
     device = resolve_device(plan.device)
     if plan.kind == "token":
         return build_token_policy(plan, runner, device, run_dir)
+    if plan.head == "dsrl":  # the shipped recipe names no checkpoint: the command line does
+        from .sac import steering
+
+        if plan.path is None:
+            raise ConfigError(
+                "vla.head=dsrl steers a behaviour-cloned flow policy: set model.path to the "
+                "model folder of a vla.head=flow checkpoint (`perceptrl sft vla_bc_flow`)"
+            )
+        return steering(plan.path, plan.vla, plan.chunk).to(device)
     if plan.path is not None:
         policy = CompactVLA.from_pretrained(plan.path, device=device)
         # a saved policy's encoder and chunk are known only once it is read
@@ -104,21 +115,37 @@ def build_token_policy(plan: PolicyPlan, runner: VecEnv, device, run_dir=None):
     return policy
 
 
-def load_policy(path: str | Path, device: str = "cpu"):
-    """A VLA policy written by ``policy.save``: a `TokenVLA` directory (``token_vla.json``) or
-    a `CompactVLA` one (``config.json`` + ``model.safetensors``)."""
-    from .token_vla import SPEC
-
+def load_policy(path: str | Path, device: str = "cpu", env: EnvConfig | None = None):
+    """A VLA policy folder written by ``policy.save`` (`vla.hub`): a `TokenVLA` or a
+    `CompactVLA` of any head, as its model_type says, after checking the folder (a `ModelError`
+    names what is missing or inconsistent); with ``env``, one it acts in (`hub.check_env`)."""
     path = Path(path).expanduser()
-    if (path / SPEC).exists():
+    if read_manifest(path).model_type == TOKEN_TYPE:
         from .token_vla import TokenVLA
 
-        return TokenVLA.from_pretrained(path, device=device)
-    return CompactVLA.from_pretrained(path, device=device)
+        policy = TokenVLA.from_pretrained(path, device=device)
+    else:
+        policy = CompactVLA.from_pretrained(path, device=device)
+    if env is not None:
+        check_env(policy.describe(), env)
+    return policy
+
+
+def _adopt(policy, cfg, plan: VLARunPlan, run_dir: str | Path, objective: str) -> None:
+    """A saved policy (``model.path``) must fit the recipe's env (`hub.check_env`, beside
+    `build_policy`'s chunk and encoder checks); from now on its folders record this run: its
+    env, recipe and evaluations (`model_card.run_origin`)."""
+    if plan.policy.path is not None:
+        check_env(policy.describe(), plan.env, training=True)
+    policy.origin = run_origin(cfg, run_dir, objective, warm_start=policy.origin)
 
 
 def build_source(plan: CollectPlan, runner: VecEnv):
     """The collector ``plan`` names, on ``runner``'s envs."""
+    if plan.replay is not None:
+        from .offpolicy import ReplaySource
+
+        return ReplaySource(plan.env, plan.replay, plan.gamma, seed=plan.seed, runner=runner)
     if plan.per_step:
         return PPOCollector(plan.env, seed=plan.seed, runner=runner)
     return GRPOCollector(
@@ -147,10 +174,13 @@ def build_trainer(cfg, run_dir: str | Path) -> Trainer:
         policy = build_policy(plan.policy, runner, run_dir)
         source = build_source(plan.collect, runner)
     ref = copy.deepcopy(policy).requires_grad_(False) if plan.reference else None
-    return Trainer(
+    trainer = Trainer(
         cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train), ref_policy=ref,
         evaluator=build_evaluator(plan.env) if plan.evaluate else None,
+        objective="rl" if plan.collect.replay is None else "offpolicy",
     )  # fmt: skip
+    _adopt(policy, cfg, plan, run_dir, trainer.objective)
+    return trainer
 
 
 def pipeline_source(plan: VLARunPlan, run_dir: Path):
@@ -177,25 +207,45 @@ def rollout_worker(plan: VLARunPlan, run_dir: str, index: int):
 
 
 def run_sft(cfg, run_dir: str | Path) -> dict[str, float]:
-    """Behaviour cloning from the scripted expert: the trainer's SFT objective (targets of
-    ``env.action_chunk`` expert actions; the experts step the envs one action at a time)."""
-    from .bc import ExpertSource
-
+    """Behaviour cloning, the trainer's SFT objective (targets of ``env.action_chunk``
+    actions): from the dataset ``bc.dataset`` names, else from the scripted experts (they step
+    the envs one action at a time)."""
     plan = resolve(cfg)
     seed_everything(plan.seed)
-    runner = make_envs(plan.env, seed=plan.seed)  # the experts act every env step
+    env = plan.env if plan.bc is None else dataclasses.replace(plan.env, num_envs=1)
+    runner = make_envs(env, seed=plan.seed)  # the experts act every env step; else the spaces
     policy = build_policy(plan.policy, runner, run_dir)
-    source = ExpertSource(
-        policy, runner, batch_steps=plan.env.steps_per_rollout, chunk=plan.env.action_chunk
-    )
+    source = bc_source(plan, policy, runner)
     try:
         trainer = Trainer(
             cfg, policy, source, run_dir, engine=build_engine(policy, cfg.train),
             evaluator=build_evaluator(plan.env) if plan.evaluate else None, objective="sft",
         )  # fmt: skip
+        _adopt(policy, cfg, plan, run_dir, "sft")
         return trainer.fit()
     finally:
         runner.close()
+
+
+def bc_source(plan: VLARunPlan, policy, runner: VecEnv):
+    """Behaviour cloning's source: `DatasetSource` on ``plan.bc``'s dataset (checked against
+    ``runner``'s spaces), else `ExpertSource` driving ``runner``'s envs."""
+    env = plan.env
+    if plan.bc is None:
+        from .bc import ExpertSource
+
+        return ExpertSource(
+            policy, runner, batch_steps=env.steps_per_rollout, chunk=env.action_chunk
+        )
+    from .bc_dataset import DatasetSource
+
+    return DatasetSource(
+        policy, plan.bc.dataset, {"observation": runner.observation_space,
+                                  "action": runner.action_space},
+        dict(plan.bc.features), rows=env.num_envs, steps=env.steps_per_rollout,
+        chunk=env.action_chunk, seed=plan.seed,
+        fps=getattr(runner.env, "metadata", {}).get("render_fps"),
+    )  # fmt: skip
 
 
 def run_eval(cfg, out_dir: Path, more=()) -> dict:
@@ -211,10 +261,11 @@ def run_eval(cfg, out_dir: Path, more=()) -> dict:
         raise ConfigError(
             "perceptrl eval needs --model (a saved VLA, e.g. <run>/checkpoints/step_N/model)"
         )
-    policy = load_policy(resolve_path(cfg.model.path), resolve_device(cfg.train.device))
+    policy = load_policy(resolve_path(cfg.model.path), resolve_device(cfg.train.device), cfg.env)
     report = write_report(policy, _with_held_out_wordings(cfg.env), out_dir)
     files = [out_dir / "eval.json", out_dir / "eval.md", *map(Path, report["videos"].values())]
     log_eval_files([resolve_path(cfg.model.path)], files)  # its run's trackers, if any
+    files += map(Path, report["datasets"].values())  # env.eval_dataset: LeRobot dataset folders
     return {"table": (out_dir / "eval.md").read_text().rstrip(), "files": files}
 
 
@@ -244,7 +295,7 @@ def run_compare(cfgs: dict, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     first = next(iter(cfgs.values()))
     policies = {
-        name: load_policy(resolve_path(c.model.path), resolve_device(c.train.device))
+        name: load_policy(resolve_path(c.model.path), resolve_device(c.train.device), c.env)
         for name, c in cfgs.items()
     }
     metrics = {name: evaluate_policy(p, first.env) for name, p in policies.items()}

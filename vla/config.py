@@ -99,6 +99,9 @@ class EnvConfig:
     """gymnasium ids evaluated (empty: env.id)"""
     eval_videos: int = at_least(1, 0)
     """episodes per task written to mp4 by `perceptrl eval` (0: none)"""
+    eval_dataset: int = at_least(0, 0)
+    """episodes per task `perceptrl eval` also writes as a LeRobot dataset,
+    <out>/datasets/<task> (the policy's observations and deterministic actions; 0: none)"""
 
     def check(self, root) -> None:
         """The env section's own rules: registered task ids, at least one env, and the options
@@ -202,6 +205,14 @@ class VLAConfig:
     """flow head, sde: a in the noise schedule g(t) = a * sqrt((1 - t) / max(t, 1/S))"""
     flow_noise_std: list[float] = field(default_factory=lambda: [0.02, 0.2])
     """flow head, learned: [min, max] of the per-step noise std the network predicts"""
+    sac_tau: float = 0.005
+    """sac and dsrl heads: Polyak rate of the target critics (SAC's 0.005)"""
+    sac_init_alpha: float = 0.1
+    """sac and dsrl heads: initial entropy temperature (tuned toward the target entropy)"""
+    sac_target_entropy: float = -1.0
+    """sac and dsrl heads: target entropy per action (or noise) dimension (SAC's -1)"""
+    dsrl_noise_scale: float = 1.5
+    """dsrl head: the actor's noise is this times a tanh (the flow's noise is N(0, I))"""
 
     def check(self, root) -> None:
         """The vla section's own rules (those of a fresh compact policy, which only a recipe
@@ -241,6 +252,41 @@ class VLAConfig:
         return None
 
 
+OFFPOLICY_HEADS = ("sac", "dsrl")
+"""heads that learn off-policy from a replay buffer (the trainer's ``offpolicy`` objective)"""
+
+
+@dataclass
+class ReplayConfig:
+    """Off-policy learning (``vla.head=sac | dsrl``): the replay buffer and its updates
+    (vla/offpolicy.py). Each trainer step runs ``env.steps_per_rollout`` policy steps in every
+    env, stores them, then makes the updates the update-to-data ratio asks for."""
+
+    size: int = at_least(100_000, 2)
+    """transitions kept (the oldest are overwritten); the buffer is preallocated"""
+    batch_size: int = at_least(256, 1)
+    """transitions per update (demonstrations included)"""
+    utd: float = 1.0
+    """update-to-data ratio: gradient updates per stored transition"""
+    learning_starts: int = at_least(1000, 0)
+    """transitions collected with uniform random actions before the first update (0 with
+    demonstrations: RLPD learns from the start)"""
+    n_step: int = at_least(1, 1)
+    """n-step returns (1: one-step TD targets)"""
+    demos: int = at_least(0, 0)
+    """scripted-expert episodes in a demonstration buffer (RLPD; needs env.control=ee)"""
+    demo_share: float = 0.5
+    """share of every update's batch drawn from the demonstrations (RLPD's symmetric 0.5)"""
+    augment: str = choice("none", ("none", "shift"))
+    """image augmentation of sampled batches: shift (DrQ's random shift by up to 4 pixels)"""
+
+    def check(self, root) -> None:
+        if not 0.0 <= self.demo_share < 1.0:
+            raise ConfigError(f"replay.demo_share={self.demo_share}: a share in [0, 1)")
+        if self.utd <= 0:
+            raise ConfigError(f"replay.utd={self.utd}: updates per transition must be > 0")
+
+
 @dataclass
 class PlanConfig:
     """Reason-then-act (``side: plan``): how the planner's subgoals are executed."""
@@ -277,6 +323,45 @@ class PlanConfig:
         why = policies_problem(self.executor, self.policies)
         if why is not None:
             raise ConfigError(why)
+
+
+BC_INPUTS = ("proprio", "objects", "action")
+"""the inputs ``bc.features`` maps besides the cameras of ``env.cameras``"""
+
+
+@dataclass
+class BCConfig:
+    """Behaviour cloning (``perceptrl sft`` on side vla): where the demonstrations come from."""
+
+    dataset: str = ""
+    """a LeRobot dataset folder (format v3.0: meta/info.json, data/, videos/; e.g. written by
+    `perceptrl sim record` or your own teleoperation) whose episodes are cloned; empty: the
+    sim's scripted experts, driven live"""
+    features: dict[str, str] = field(default_factory=dict)
+    """input -> the dataset's feature, where it differs from what `perceptrl sim record`
+    writes: proprio (observation.state), objects (observation.environment_state), action
+    (action), and each camera of env.cameras (observation.images.<camera>)"""
+
+    def check(self, root) -> None:
+        """``bc.dataset`` is side vla's, and ``bc.features`` names inputs the policy has:
+        proprio, objects, action and the cameras of ``env.cameras`` (whether the dataset holds
+        the features is known once it is read)."""
+        if self.dataset and root.side != "vla":
+            raise ConfigError(
+                f"bc.dataset is read by `perceptrl sft` on side vla, and the recipe has side: "
+                f"{root.side}; unset bc.dataset"
+            )
+        valid = (*BC_INPUTS, *root.env.cameras)
+        for key, name in self.features.items():
+            if key not in valid:
+                near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ConfigError(
+                    f"bc.features.{key}: not an input{hint} (valid: {', '.join(valid)}; "
+                    "a camera is one of env.cameras)"
+                )
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"bc.features.{key}={name!r}: give a dataset feature's name")
 
 
 ALL = "all"
@@ -324,12 +409,34 @@ def check_vla(cfg) -> None:
     elif not cfg.model.path:  # a saved policy's own sections are read when the run is built
         _check_fresh_compact(cfg.vla, cfg.env)
     _check_collection(cfg)
+    if cfg.vla.head in OFFPOLICY_HEADS:
+        _check_offpolicy(cfg)
     if cfg.checkpoint.best and cfg.env.eval_episodes <= 0:
         raise ConfigError(
             f"checkpoint.best={cfg.checkpoint.best} keeps the weights of the best evaluation, "
             f"but env.eval_episodes={cfg.env.eval_episodes} evaluates nothing; set "
             "env.eval_episodes > 0 or unset checkpoint.best"
         )
+
+
+def _check_offpolicy(cfg) -> None:
+    """The off-policy heads against the rest of the recipe."""
+    head = cfg.vla.head
+    if cfg.vla.policy != "compact":
+        raise ConfigError(
+            f"vla.head={head} is a head of the compact policy; set vla.policy=compact"
+        )
+    if cfg.train.pipeline != "sync":
+        raise ConfigError(
+            f"vla.head={head} learns off-policy in one process; set train.pipeline=sync"
+        )
+    if cfg.replay.demos and (head != "sac" or cfg.env.control != "ee"):
+        raise ConfigError(
+            f"replay.demos={cfg.replay.demos} records scripted-expert episodes, which act in "
+            "env.control=ee, for vla.head=sac; set replay.demos=0 or those two"
+        )
+    if cfg.vla.critic != "shared":
+        raise ConfigError(f"vla.head={head} has its own Q critics; set vla.critic=shared")
 
 
 def _check_token(obs_mode: str, estimator: str) -> None:

@@ -1,7 +1,8 @@
 """`EpisodeRunner`: the one loop that runs VLA episodes in N envs.
 
 Every VLA job that steps envs (PPO and GRPO collection, seeded evaluation, expert
-demonstrations) runs this loop; the jobs differ only in what they hand it:
+demonstrations, off-policy replay through ``on_step``) runs this loop; the jobs differ only in
+what they hand it:
 
 * an `Actor`: ``observe(sim batch) -> obs``, ``act(obs) -> (action [N, K*A], logp [N] | None,
   value [N] | None)`` (a policy, or scripted experts) and optionally ``value(obs) -> [N]``, the
@@ -13,16 +14,15 @@ demonstrations) runs this loop; the jobs differ only in what they hand it:
 
 Storage is CleanRL's: preallocated ``[T, N, ...]`` tensors (observations per key, actions,
 rewards, log-probs, values) and ``[T, N]`` masks (``valid``: the env ran an episode at that
-step; ``end``: how the segment ending at that step ended). Episodes end by masks; segments are
-cut out of the buffers in one gather at the end of a run (`Rows`). Policies whose observation
-rows differ in shape per env (TokenVLA prompts, lists of N tensors) are kept as one list per
-step. The success rule (`episode_success`) and the episodes' initial-state ids live here only.
+step; ``end``: how the segment ending there ended). Episodes end by masks; segments are cut out
+in one gather at the end of a run (`Rows`). Observations that differ in shape per env (TokenVLA
+prompts) are one list per step. The success rule (`episode_success`) and the episodes'
+initial-state ids live here only.
 
-Interface for other backends: the runner only needs the surface of the sim's one vector-env
-layer, `sim.vector.VecEnv` (``n``, ``action_dim``, ``time_limit``, ``batch``, ``reset(mask,
-options [N], seeds [N])``, ``step(actions [N, K, A]) -> StepResult`` of [N] arrays, ``noop()``,
-``snapshot``/``restore``, ``EnvRestarted``), so a simulator that offers it plugs in unchanged
-(the MJWarp backend plugs in one level lower, behind `VecEnv`).
+Interface for other backends: the runner only needs the surface of `sim.vector.VecEnv` (``n``,
+``action_dim``, ``time_limit``, ``batch``, ``reset(mask, options, seeds)``, ``step(actions
+[N, K, A]) -> StepResult``, ``noop()``, ``snapshot``/``restore``, ``EnvRestarted``), so a
+simulator that offers it plugs in unchanged (MJWarp plugs in behind `VecEnv`).
 """
 
 from __future__ import annotations
@@ -121,14 +121,10 @@ class Episodes:
 
     spec: np.ndarray
     """index into the run's `EpisodeSpecs` (-1: a fresh reset of a horizon run)"""
-    success: np.ndarray
-    """bool, by `episode_success`"""
-    ret: np.ndarray
-    """float64 sum of rewards"""
-    length: np.ndarray
-    """env steps"""
-    unstable: np.ndarray
-    """bool: the episode was cut by a physics blow-up"""
+    success: np.ndarray  # bool, by `episode_success`
+    ret: np.ndarray  # float64 sum of rewards
+    length: np.ndarray  # env steps
+    unstable: np.ndarray  # bool: the episode was cut by a physics blow-up
 
 
 @dataclass
@@ -199,12 +195,13 @@ class EpisodeRunner:
         on_reset: called with the [N] bool mask of envs that just started an episode (after
             their reset), e.g. to reset scripted experts.
         chunk: K, env steps per policy step (sizes the buffers of `episodes`).
+        on_step: ``(obs, actions [N, X], StepResult, running [N])`` after every policy step.
     """
 
-    def __init__(
-        self, vec: VecEnv, rows: bool = True, on_reset: Callable | None = None, chunk: int = 1
-    ):
+    def __init__(self, vec: VecEnv, rows: bool = True, on_reset: Callable | None = None,
+                 chunk: int = 1, on_step: Callable | None = None):  # fmt: skip
         self.vec, self.store, self.on_reset, self.chunk = vec, rows, on_reset, chunk
+        self.on_step = on_step
         N = vec.n
         self.active = np.zeros(N, bool)
         """[N] the env runs an episode"""
@@ -331,6 +328,8 @@ class EpisodeRunner:
             res = vec.step(env_a)
         except EnvRestarted:
             return None
+        if self.on_step is not None:
+            self.on_step(obs, action, res, active.copy())
         reward = np.where(active, res.reward, np.float32(0))  # (N,) float32
         if self.store:
             self.tensors["rewards"][t] = torch.from_numpy(reward)

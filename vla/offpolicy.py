@@ -5,7 +5,8 @@ env through the one episode loop (`EpisodeRunner.horizon`; episodes continue acr
 its ``on_step`` hook writes every step into the replay buffer (trainer/replay.py: observations
 once per frame, actions, rewards, terminations apart from time limits, the final observation of
 a cut episode). Until ``replay.learning_starts`` transitions are stored the actions are uniform
-in [-1, 1] (SAC's warm-up); a run with demonstrations learns from the first step.
+(SAC's warm-up: in [-1, 1], or DSRL's noise through the flow); a run with demonstrations
+learns from the first step.
 
 `ReplaySource.minibatches` then yields the step's updates: ``replay.utd`` per stored transition
 (the fraction carried over to the next step), each ``replay.batch_size`` transitions with
@@ -80,7 +81,7 @@ class ReplaySource(_Base):
         if self.cfg.demos and self.demo is None:
             self.demo = record_demos(policy, self.env_cfg, self.cfg, self.seed)
         warmup = self.stored < self.cfg.learning_starts and not self.cfg.demos
-        act = self._random if warmup else policy.act
+        act = (lambda obs: policy.warmup_act(obs, self.gen)) if warmup else policy.act
         before, self.rewards = self.stored, []
         res = self.loop.horizon(
             Actor(policy.observe, act, None, getattr(policy, "env_action", None)),
@@ -94,11 +95,6 @@ class ReplaySource(_Base):
         m["replay/random_actions"] = float(warmup)
         m["reward/mean"] = sum(self.rewards) / max(self.new, 1)  # per stored transition
         return m
-
-    def _random(self, obs: dict) -> tuple[Tensor, None, None]:
-        n = len(next(iter(obs.values())))
-        dim = self.runner.action_dim * self.env_cfg.action_chunk
-        return torch.rand(n, dim, generator=self.gen) * 2 - 1, None, None
 
     def _store(self, obs: dict, action: Tensor, res, running: np.ndarray) -> None:
         """`EpisodeRunner`'s ``on_step``: one row of the buffer."""

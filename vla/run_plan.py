@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import EnvConfig, VLAConfig, per_step
+from .config import OFFPOLICY_HEADS, EnvConfig, ReplayConfig, VLAConfig, per_step
 
 WORKER_SEED = 7919
 """a pipeline worker ``i`` seeds its envs, collector and policy with ``train.seed + WORKER_SEED
@@ -88,6 +88,22 @@ class CollectPlan:
     """GRPO: the tree's branching per depth (rollout.tree.branches; empty: flat groups)"""
     segment_steps: int
     """GRPO trees: policy steps per node (rollout.tree.segment_tokens)"""
+    replay: ReplayConfig | None = None
+    """off-policy heads (vla.head=sac | dsrl): the replay section; None: on-policy collection"""
+    gamma: float = 0.99
+    """off-policy: discount per policy step (algo.gamma)"""
+
+
+@dataclass(frozen=True)
+class BCPlan:
+    """Behaviour cloning from a dataset on disk (the ``bc`` section): what
+    `vla.bc_dataset.DatasetSource` reads; it draws ``env.num_envs`` windows of
+    ``env.steps_per_rollout`` frames per batch, as the expert source steps its envs."""
+
+    dataset: Path
+    """bc.dataset, user-expanded: the LeRobot dataset folder"""
+    features: tuple[tuple[str, str], ...]
+    """bc.features: (input, dataset feature) pairs replacing the default names"""
 
 
 @dataclass(frozen=True)
@@ -123,6 +139,8 @@ class VLARunPlan:
     """a frozen copy of the initial policy for the KL term (algo.kl_coef > 0)"""
     pipeline: PipelinePlan | None
     """rollouts on Ray workers (train.pipeline); None: in this process"""
+    bc: BCPlan | None = None
+    """`perceptrl sft`: clone the dataset it names; None: the scripted experts, live"""
 
     def worker(self, index: int) -> VLARunPlan:
         """The plan pipeline worker ``index`` runs: its share of the envs and GRPO groups
@@ -156,6 +174,7 @@ def resolve(cfg) -> VLARunPlan:
         per_step=per_step(cfg.algo.adv_estimator), env=env, seed=t.seed,
         groups=r.prompts_per_step, group_size=r.group_size, branches=tuple(r.tree.branches),
         segment_steps=r.tree.segment_tokens,
+        replay=cfg.replay if vla.head in OFFPOLICY_HEADS else None, gamma=cfg.algo.gamma,
     )  # fmt: skip
     pipeline = None
     if t.pipeline != "sync":
@@ -165,9 +184,12 @@ def resolve(cfg) -> VLARunPlan:
             worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,
             address=t.ray_address, imports=tuple(cfg.imports),
         )  # fmt: skip
+    bc = None
+    if cfg.bc.dataset:
+        bc = BCPlan(Path(cfg.bc.dataset).expanduser(), tuple(cfg.bc.features.items()))
     return VLARunPlan(
         seed=t.seed, env=env, policy=policy, collect=collect, evaluate=env.eval_episodes > 0,
-        reference=cfg.algo.kl_coef > 0, pipeline=pipeline,
+        reference=cfg.algo.kl_coef > 0, pipeline=pipeline, bc=bc,
     )  # fmt: skip
 
 

@@ -57,9 +57,11 @@ LOG_STD_BOUNDS = (-5.0, 2.0)
 
 
 def _q_net(hidden: int, action_dim: int) -> nn.Sequential:
+    """A Q critic: an MLP with layer normalisation after each hidden layer, which RLPD (Ball et
+    al. 2023) found keeps Q from extrapolating far above the data (demonstrations especially)."""
     return nn.Sequential(
-        nn.Linear(hidden + action_dim, hidden), nn.ReLU(),
-        nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1),
+        nn.Linear(hidden + action_dim, hidden), nn.LayerNorm(hidden), nn.ReLU(),
+        nn.Linear(hidden, hidden), nn.LayerNorm(hidden), nn.ReLU(), nn.Linear(hidden, 1),
     )  # fmt: skip
 
 
@@ -139,6 +141,19 @@ class _SAC:
         h = self._features(obs)[0]
         a, logp = self._sample(h, deterministic)
         return a, logp, torch.zeros(len(a), device=a.device)
+
+    @torch.no_grad()
+    def warmup_act(self, obs: dict[str, Tensor], gen: torch.Generator):
+        """SAC's warm-up actions before learning starts: uniform where the actor samples (the
+        actions in [-1, 1]; DSRL: its noise, which the flow turns into actions)."""
+        obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
+        h = self._features(obs)[0]
+        u = torch.rand(len(h), self._latent_dim(), generator=gen) * 2 - 1
+        return self._from_unit(h, u.to(h.device)), None, None
+
+    def _from_unit(self, h: Tensor, u: Tensor) -> Tensor:
+        """A point ``u`` of [-1, 1]^D of the actor's squashed space -> the env action."""
+        return u
 
     @torch.no_grad()
     def after_update(self) -> None:
@@ -232,10 +247,12 @@ class DSRLVLA(_SAC, FlowVLA):
     def _sample(self, h: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor]:
         """Features [N, H] -> (the flow's action chunk from the actor's noise [N, D], the
         noise's log-prob [N])."""
-        scale = self.spec.vla.dsrl_noise_scale
         w, logp = tanh_gaussian(self.latent_mean(h), self.latent_log_std(h), deterministic)
-        chain, _ = self.sample_chain(h, deterministic=True, x0=scale * w)
-        return chain[:, -1], logp - self.dim * math.log(scale)
+        return self._from_unit(h, w), logp - self.dim * math.log(self.spec.vla.dsrl_noise_scale)
+
+    def _from_unit(self, h: Tensor, u: Tensor) -> Tensor:
+        scale = self.spec.vla.dsrl_noise_scale
+        return self.sample_chain(h, deterministic=True, x0=scale * u)[0][:, -1]
 
     def env_action(self, sampled: Tensor) -> Tensor:
         """``act`` returns the action chunk itself (the flow ran inside)."""

@@ -1,0 +1,206 @@
+"""Does off-policy learning need fewer env steps than PPO, and does DSRL lift a BC flow policy?
+
+Two questions, each on held-out seeds (``env.eval_seed`` = `HELD_OUT`, never used in training
+nor in choosing the settings, which were tuned on the recipes' default evaluation seeds):
+
+1. **Reach from entity poses: env steps to 90% held-out success.** PPO
+   (``configs/vla_ppo_reach_state.yaml``), SAC (``configs/vla_sac_reach_state.yaml``) and SAC
+   with ``--demos`` scripted-expert episodes in the buffer (RLPD: half of every batch), each for
+   ``--seeds`` training seeds, evaluated every ``--eval-every`` trainer steps on ``--episodes``
+   held-out episodes until ``--ppo-steps`` / ``--sac-steps`` trainer steps. Reported: the env
+   steps and wall minutes at the first evaluation at or above 90% (or the best success within
+   the budget).
+2. **Pick: DSRL on a behaviour-cloned flow policy.** Behaviour cloning of the scripted expert
+   into the flow head (``configs/vla_bc_flow.yaml`` for ``--bc-steps``: a short warm start that
+   succeeds sometimes), its held-out success (deterministic: the ODE from zero noise), then
+   DSRL (``configs/vla_dsrl_pick.yaml``) for ``--dsrl-steps``, and held-out success again
+   (deterministic: the actor's mean noise). The flow weights are checked bit-identical.
+
+    MUJOCO_GL=egl python bench/bench_vla_offpolicy.py [--seeds 0 1] [--part reach|pick|both]
+
+Writes bench/results/vla_offpolicy.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import torch  # noqa: E402  (import torch before any rendering)
+from common import RESULTS, last_model, machine, metrics, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HELD_OUT = 3_000_000
+"""first held-out evaluation seed (the recipes' own evaluations, used for tuning, start at
+``env.eval_seed`` = 1,000,000)"""
+TARGET = 0.9
+QUIET = ["log.progress=false", "log.tensorboard=false", "log.rollouts_every=0"]
+
+
+def train(recipe: str, overrides: list[str], run_dir: Path):
+    """``perceptrl train <recipe>`` in this process; the finished trainer and its seconds."""
+    from perceptrl.vla.builder import build_trainer
+    from perceptrl.wiring import load_config
+
+    cfg = load_config(ROOT / "configs" / f"{recipe}.yaml", [*QUIET, *overrides])
+    t0 = time.perf_counter()
+    trainer = build_trainer(cfg, run_dir)
+    trainer.fit()
+    trainer.source.close()
+    return trainer, time.perf_counter() - t0
+
+
+def curve(run_dir: Path) -> list[dict]:
+    """Held-out success at each evaluation with the env steps and seconds spent before it."""
+    env_steps = seconds = 0.0
+    out = []
+    for r in metrics(run_dir):
+        env_steps += r.get("rollout/env_steps", 0.0)
+        seconds += r.get("time/step", 0.0)
+        if "eval/success_rate" in r:
+            out.append({"step": r["step"], "env_steps": int(env_steps),
+                        "minutes": round(seconds / 60, 2), "success": r["eval/success_rate"]})  # fmt: skip
+    return out
+
+
+def first_at(points: list[dict], target: float) -> dict | None:
+    return next((p for p in points if p["success"] >= target), None)
+
+
+def reach_arm(name: str, seed: int, steps: int, args, out: Path) -> dict:
+    recipe, extra = {
+        "ppo": ("vla_ppo_reach_state", []),
+        "sac": ("vla_sac_reach_state", []),
+        "sac+demos": ("vla_sac_reach_state", [f"replay.demos={args.demos}"]),
+    }[name]
+    every = args.eval_every if name != "ppo" else max(1, args.eval_every // 8)
+    run_dir = out / f"reach_{name}_{seed}"
+    overrides = [f"train.seed={seed}", f"train.steps={steps}", f"train.eval_every={every}",
+                 f"env.eval_seed={HELD_OUT}", f"env.eval_episodes={args.episodes}",
+                 "checkpoint.every=0", *extra]  # fmt: skip
+    _, seconds = train(recipe, overrides, run_dir)
+    points = curve(run_dir)
+    hit = first_at(points, TARGET)
+    print(f"{name} seed {seed}: {hit or max(points, key=lambda p: p['success'])}", flush=True)
+    return {"arm": name, "seed": seed, "seconds": round(seconds, 1), "curve": points,
+            "at_target": hit, "final": points[-1]["success"]}  # fmt: skip
+
+
+def held_out(policy, env_cfg, episodes: int) -> float:
+    from perceptrl.vla.evaluate import evaluate_policy
+
+    env = env_cfg.__class__(**{**env_cfg.__dict__, "eval_seed": HELD_OUT})
+    return evaluate_policy(policy, env, episodes=episodes)["success_rate"]
+
+
+def pick_arm(seed: int, args, out: Path) -> dict:
+    """BC into the flow head, then DSRL on it; held-out success before and after."""
+    from perceptrl.vla.builder import load_policy, run_sft
+    from perceptrl.wiring import load_config
+
+    bc_cfg = load_config(
+        ROOT / "configs" / "vla_bc_flow.yaml",
+        [*QUIET, f"train.seed={seed}", f"train.steps={args.bc_steps}", "train.eval_every=0",
+         "checkpoint.every=0"],
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    run_sft(bc_cfg, out / f"pick_bc_{seed}")
+    bc_s = time.perf_counter() - t0
+    bc = last_model(out / f"pick_bc_{seed}")
+    before = held_out(load_policy(bc), bc_cfg.env, args.episodes)
+    trainer, dsrl_s = train(
+        "vla_dsrl_pick",
+        [f"model.path={bc}", f"train.seed={seed}", f"train.steps={args.dsrl_steps}",
+         f"train.eval_every={args.eval_every}", f"env.eval_seed={HELD_OUT}",
+         f"env.eval_episodes={args.episodes}", "checkpoint.every=0"],
+        out / f"pick_dsrl_{seed}",
+    )  # fmt: skip
+    flow = load_policy(bc).state_dict()
+    frozen = all(torch.equal(trainer.policy.state_dict()[k].cpu(), v) for k, v in flow.items())
+    after = held_out(trainer.policy, bc_cfg.env, args.episodes)
+    print(f"pick seed {seed}: BC {before} -> DSRL {after} (flow frozen: {frozen})", flush=True)
+    return {"seed": seed, "bc": before, "dsrl": after, "flow_bit_identical": frozen,
+            "bc_seconds": round(bc_s, 1), "dsrl_seconds": round(dsrl_s, 1),
+            "curve": curve(out / f"pick_dsrl_{seed}")}  # fmt: skip
+
+
+def markdown(data: dict) -> str:
+    lines = ["# vla_offpolicy: env steps to 90% held-out success (reach), DSRL on a BC flow (pick)",
+             "", f"Machine: {data['machine']['cpu']}, {data['machine']['cores']} cores.", ""]  # fmt: skip
+    if data["reach"]:
+        lines += ["| arm | seed | env steps to 90% | minutes to 90% | final | best |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in data["reach"]:
+            hit, best = r["at_target"], max(p["success"] for p in r["curve"])
+            lines.append(f"| {r['arm']} | {r['seed']} | {hit['env_steps'] if hit else 'not reached'}"
+                         f" | {hit['minutes'] if hit else '-'} | {r['final']:.3f} | {best:.3f} |")  # fmt: skip
+        lines += ["", data["reach_summary"], ""]
+    if data["pick"]:
+        lines += ["| pick seed | BC flow (held-out) | + DSRL | gain (points) | flow weights |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in data["pick"]:
+            lines.append(f"| {r['seed']} | {r['bc']:.3f} | {r['dsrl']:.3f} | "
+                         f"{100 * (r['dsrl'] - r['bc']):+.1f} | "
+                         f"{'bit-identical' if r['flow_bit_identical'] else 'CHANGED'} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def summary(reach: list[dict]) -> str:
+    """Median env steps to the target per arm and the ratios PPO / others."""
+    import statistics
+
+    steps = {}
+    for r in reach:
+        steps.setdefault(r["arm"], []).append(
+            r["at_target"]["env_steps"] if r["at_target"] else None
+        )
+    med = {a: statistics.median(v) for a, v in steps.items() if all(x is not None for x in v)}
+    parts = [f"{a}: median {m:,.0f} env steps" for a, m in med.items()]
+    if "ppo" in med:
+        parts += [f"PPO / {a} = {med['ppo'] / m:.1f}x" for a, m in med.items() if a != "ppo"]
+    missing = [a for a in steps if a not in med]
+    if missing:
+        parts.append(f"not every seed reached {TARGET:.0%}: {', '.join(missing)}")
+    return "; ".join(parts) + "."
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("reach", "pick", "both"), default="both")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--arms", nargs="+", default=["ppo", "sac", "sac+demos"])
+    ap.add_argument("--ppo-steps", type=int, default=240, help="PPO trainer steps (512 env steps)")
+    ap.add_argument("--sac-steps", type=int, default=400, help="SAC trainer steps (64 env steps)")
+    ap.add_argument("--eval-every", type=int, default=40, help="SAC / DSRL steps per evaluation")
+    ap.add_argument("--episodes", type=int, default=64, help="held-out episodes per evaluation")
+    ap.add_argument("--demos", type=int, default=16, help="expert episodes for sac+demos")
+    ap.add_argument("--bc-steps", type=int, default=100)
+    ap.add_argument("--dsrl-steps", type=int, default=200)
+    ap.add_argument("--out", default="runs/bench_vla_offpolicy")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    reach, pick = [], []
+    if args.part in ("reach", "both"):
+        for seed in args.seeds:
+            for arm in args.arms:
+                steps = args.ppo_steps if arm == "ppo" else args.sac_steps
+                reach.append(reach_arm(arm, seed, steps, args, out))
+    if args.part in ("pick", "both"):
+        pick = [pick_arm(seed, args, out) for seed in args.seeds]
+    data = {"machine": machine(), "settings": vars(args), "held_out_seed": HELD_OUT,
+            "target": TARGET, "reach": reach, "pick": pick,
+            "reach_summary": summary(reach) if reach else ""}  # fmt: skip
+    write_results("vla_offpolicy", data, markdown(data), seeds=args.seeds)
+    print(
+        json.dumps({"reach": data["reach_summary"], "pick": [(p["bc"], p["dsrl"]) for p in pick]})
+    )
+    print(f"wrote {RESULTS / 'vla_offpolicy.md'}")
+
+
+if __name__ == "__main__":
+    main()
