@@ -307,7 +307,7 @@ def _model_cases() -> list[Case]:
         Case("model/eval, path missing", "model", lambda r: ["eval", "vlm_clevr", "--model",
              "/nowhere/model"], 4, ("no directory",)),
         Case("model/eval vla, a vlm folder", "model", lambda r: ["eval", "vla_ppo_reach_state",
-             "--model", str(BASE), "--out", str(r / "e")], 4, ("CompactVLA",)),
+             "--model", str(BASE), "--out", str(r / "e")], 4, ("not a perceptrl VLA policy",)),
         Case("model/eval vla, no checkpoint", "model", lambda r: ["eval", "vla_ppo_reach_state",
              "--model", str(r), "--out", str(r / "e")], 4, ("model.safetensors",)),
     ]  # fmt: skip
