@@ -95,11 +95,13 @@ bench-vlm: setup
 	$(BIN)/python bench/bench_prefill_fork.py
 
 # The VLA benchmarks outside `make bench`: collection throughput, GRPO from a BC warm start on
-# pick. The action-head comparison is `make bench-vla-flow` (hours).
+# pick, instructions in held-out wordings, off-policy against PPO (about an hour). The
+# action-head comparison is `make bench-vla-flow` (hours).
 bench-vla: setup
 	$(BIN)/python bench/bench_vla_collect.py
 	$(BIN)/python bench/bench_vla_grpo.py --bc-steps 400 --minutes 10 train.lr=3e-5
 	$(BIN)/python bench/bench_vla_language.py
+	$(BIN)/python bench/bench_vla_offpolicy.py
 
 # Flow-matching against Gaussian action heads (bench/results/vla_flow.*): the committed result's
 # 14 arms one after another (BC, then 8 min of GRPO; 16 for the last two put arms), then the

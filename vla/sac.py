@@ -3,8 +3,9 @@
 **SAC** (Haarnoja et al. 2018, with automatic entropy temperature; the layout of CleanRL's
 ``sac_continuous_action.py`` and DrQ's pixel encoder sharing): `SACVLA` keeps `CompactVLA`'s
 encoder, instruction FiLM and trunk (features h), and puts on them a tanh-squashed Gaussian
-actor with a state-dependent standard deviation and twin Q critics Q_i(h, a). The critics' loss
-trains the encoder; the actor reads h detached (DrQ), so the actor loss moves only its heads. A
+actor (an MLP of its own on h) with a state-dependent standard deviation and twin Q critics
+Q_i(h, a) (MLPs with layer normalisation, as RLPD). The critics' loss trains the encoder; the
+actor reads h detached (DrQ), so the actor loss moves only the actor. A
 target copy of the encoder and critics follows by Polyak averaging (``vla.sac_tau``). One
 minibatch of transitions (s, a, R, discount, s') gives, with alpha = exp(log_alpha):
 
@@ -83,6 +84,10 @@ class _SAC:
 
     def _build_sac(self, hidden: int, action_dim: int) -> None:
         vla = self.spec.vla
+        # the actor's own MLP on the (detached) features: mean and log-std of each dimension
+        self.actor = nn.Sequential(
+            nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2 * action_dim)
+        )
         self.q1, self.q2 = _q_net(hidden, action_dim), _q_net(hidden, action_dim)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(vla.sac_init_alpha)))
         self.tau = vla.sac_tau
@@ -165,6 +170,11 @@ class _SAC:
             if src.requires_grad:
                 p.lerp_(src, self.tau)
 
+    def _actor(self, h: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor]:
+        """Features [N, H] -> (a point of (-1, 1)^D, its log-prob [N]) of the squashed actor."""
+        mean, log_std = self.actor(h).chunk(2, dim=-1)
+        return tanh_gaussian(mean, log_std, deterministic)
+
     def _q(self, h: Tensor, a: Tensor, target: bool = False) -> tuple[Tensor, Tensor]:
         net = self.target if target else self
         x = torch.cat([h, a], dim=-1)
@@ -179,18 +189,21 @@ class SACVLA(_SAC, CompactVLA):
         self._make_target()
 
     def _build_head(self, hidden: int, dim: int) -> None:
-        self.mean_head = nn.Linear(hidden, dim)
-        self.log_std_head = nn.Linear(hidden, dim)
         self._build_sac(hidden, dim)
 
     def _latent_dim(self) -> int:
-        return self.mean_head.out_features
+        return self.actor[-1].out_features // 2
 
     def _critic_features(self, obs: dict[str, Tensor], target: bool) -> Tensor:
         return (self.target if target else self)._features(obs)[0]
 
     def _sample(self, h: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor]:
-        return tanh_gaussian(self.mean_head(h), self.log_std_head(h), deterministic)
+        return self._actor(h, deterministic)
+
+    def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Flat observations (N rows) -> (the actor's mean action [N, K*A], value [N])."""
+        h, value, _ = self._features(obs)
+        return self._actor(h, deterministic=True)[0], value
 
     def evaluate(self, batch: RolloutBatch) -> Evaluation:
         """Log-probs of the stored (squashed) actions under the actor, [B, T]; entropy 0."""
@@ -198,7 +211,7 @@ class SACVLA(_SAC, CompactVLA):
         h = self._features(flatten_inputs(batch, self.obs_keys()))[0]
         a = batch.tokens[mask].to(h.dtype).clamp(-1 + 1e-6, 1 - 1e-6)
         u = torch.atanh(a)
-        mean, log_std = self.mean_head(h), self.log_std_head(h)
+        mean, log_std = self.actor(h).chunk(2, dim=-1)
         lo, hi = LOG_STD_BOUNDS
         std = (lo + 0.5 * (hi - lo) * (torch.tanh(log_std) + 1)).exp()
         logp = Normal(mean, std).log_prob(u) - 2 * (math.log(2) - u - F.softplus(-2 * u))
@@ -209,7 +222,7 @@ class SACVLA(_SAC, CompactVLA):
 class DSRLVLA(_SAC, FlowVLA):
     """A frozen flow policy steered by a latent SAC actor; see the module docstring."""
 
-    TRAINED = ("latent_mean", "latent_log_std", "q1", "q2", "log_alpha")
+    TRAINED = ("actor", "q1", "q2", "log_alpha")
     """the modules DSRL trains; everything else (the flow policy) stays as loaded"""
 
     def __init__(self, spec):
@@ -221,9 +234,7 @@ class DSRLVLA(_SAC, FlowVLA):
 
     def _build_head(self, hidden: int, dim: int) -> None:
         super()._build_head(hidden, dim)  # the flow's velocity (and noise) networks
-        self.latent_mean = nn.Linear(hidden, dim)
-        self.latent_log_std = nn.Linear(hidden, dim)
-        self._build_sac(hidden, dim)
+        self._build_sac(hidden, dim)  # the actor chooses the flow's noise
 
     def load_flow(self, state: dict[str, Tensor]) -> None:
         """The behaviour-cloned flow policy's weights (a `FlowVLA` state dict) into the frozen
@@ -247,7 +258,7 @@ class DSRLVLA(_SAC, FlowVLA):
     def _sample(self, h: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor]:
         """Features [N, H] -> (the flow's action chunk from the actor's noise [N, D], the
         noise's log-prob [N])."""
-        w, logp = tanh_gaussian(self.latent_mean(h), self.latent_log_std(h), deterministic)
+        w, logp = self._actor(h, deterministic)
         return self._from_unit(h, w), logp - self.dim * math.log(self.spec.vla.dsrl_noise_scale)
 
     def _from_unit(self, h: Tensor, u: Tensor) -> Tensor:

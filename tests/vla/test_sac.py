@@ -55,7 +55,7 @@ def test_sac_loss_is_the_hand_computed_one():
     alpha = policy.log_alpha.exp()
 
     def sample(net, h):
-        mean, log_std = net.mean_head(h), net.log_std_head(h)
+        mean, log_std = net.actor(h).chunk(2, dim=-1)
         log_std = -5 + 3.5 * (torch.tanh(log_std) + 1)
         u = mean + log_std.exp() * torch.randn_like(mean)
         logp = (-0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
@@ -99,7 +99,7 @@ def test_one_loss_routes_each_gradient_to_its_part():
 
     full = grads("all")
     assert all(full[n] is None for n in full if n.startswith("target."))
-    assert full["q1.0.weight"].abs().sum() > 0 and full["mean_head.weight"].abs().sum() > 0
+    assert full["q1.0.weight"].abs().sum() > 0 and full["actor.0.weight"].abs().sum() > 0
     assert full["log_alpha"] is not None
     # recompute the critic term alone: the critics' and the encoder's gradients are the same
     policy.zero_grad()
@@ -110,7 +110,7 @@ def test_one_loss_routes_each_gradient_to_its_part():
     (0.5 * ((q1 - y).square().mean() + (q2 - y).square().mean())).backward()
     for name in ("q1.0.weight", "q2.3.bias", "feat.weight", "trunk.0.weight"):
         torch.testing.assert_close(full[name], policy.get_parameter(name).grad)
-    assert policy.mean_head.weight.grad is None
+    assert policy.actor[0].weight.grad is None
 
 
 @pytest.mark.parametrize("target, direction", [(5.0, 1), (-20.0, -1)])
@@ -152,7 +152,7 @@ def test_dsrl_trains_its_actor_and_leaves_the_flow_bit_identical():
     assert {n.split(".")[0] for n, p in policy.named_parameters() if p.requires_grad} == set(
         DSRLVLA.TRAINED
     )
-    actor_before = policy.latent_mean.weight.clone()
+    actor_before = policy.actor[0].weight.clone()
     opt = torch.optim.Adam(trained, lr=1e-2)
     for i in range(5):
         loss, _ = policy.offpolicy_loss(batch(seed=i))
@@ -163,13 +163,13 @@ def test_dsrl_trains_its_actor_and_leaves_the_flow_bit_identical():
     for n, p in policy.named_parameters():
         if n in frozen:
             assert torch.equal(p, frozen[n]), n
-    assert not torch.equal(policy.latent_mean.weight, actor_before)
+    assert not torch.equal(policy.actor[0].weight, actor_before)
     # the action is the frozen flow's ODE from the actor's noise
     obs = batch().obs
     a, _, _ = policy.act(obs, deterministic=True)
     with torch.no_grad():
         h = flow._features(obs)[0]
-        w = 1.5 * torch.tanh(policy.latent_mean(h))
+        w = 1.5 * torch.tanh(policy.actor(h).chunk(2, dim=-1)[0])
         expect = flow.sample_chain(h, deterministic=True, x0=w)[0][:, -1]
     torch.testing.assert_close(a, expect)
 
