@@ -122,12 +122,17 @@ def _check_low(value: Any, f, dotted: str) -> Any:
     raise ConfigError(f"{dotted}={value!r} is out of range: it must be at least {low}")
 
 
+def did_you_mean(value: Any, valid) -> str:
+    """``"; did you mean 'x'?"`` naming the valid value closest to ``value``, or ``""``."""
+    near = difflib.get_close_matches(str(value), [str(v) for v in valid], n=1, cutoff=0.5)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
 def _check_choice(value: Any, f, dotted: str) -> Any:
     valid = choices(f)
     if valid is None or value in valid:
         return value
-    near = difflib.get_close_matches(str(value), [str(v) for v in valid], n=1, cutoff=0.5)
-    hint = f"; did you mean {near[0]!r}?" if near else ""
+    hint = did_you_mean(value, valid)
     raise ConfigError(
         f"{dotted}={value!r} is not a valid value{hint} (valid: {', '.join(map(str, valid))})"
     )

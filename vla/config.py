@@ -12,11 +12,11 @@ Every rule that the recipe alone decides runs when it loads: a section's own rul
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, field
 
 from ..registry import ADVANTAGES, EXECUTORS, VLA_HEADS
+from ..schema import did_you_mean
 from ..trainer.config import ConfigError, at_least, choice
 
 OBS_MODES = ("rgb", "state")
@@ -114,10 +114,9 @@ class EnvConfig:
                                         for i, t in enumerate(self.eval_tasks))]  # fmt: skip
         for key, value in named:
             if value not in ids:
-                near = difflib.get_close_matches(value, ids, n=1, cutoff=0.5)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
                 raise ConfigError(
-                    f"{key}={value!r} is not a registered task{hint} (valid: {', '.join(ids)}); "
+                    f"{key}={value!r} is not a registered task{did_you_mean(value, ids)} (valid: "
+                    f"{', '.join(ids)}); "
                     "a new task is registered in TASKS (sim/tasks.py)"
                 )
         if self.num_envs < 1:
@@ -354,10 +353,9 @@ class BCConfig:
         valid = (*BC_INPUTS, *root.env.cameras)
         for key, name in self.features.items():
             if key not in valid:
-                near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
                 raise ConfigError(
-                    f"bc.features.{key}: not an input{hint} (valid: {', '.join(valid)}; "
+                    f"bc.features.{key}: not an input{did_you_mean(key, valid)} (valid: "
+                    f"{', '.join(valid)}; "
                     "a camera is one of env.cameras)"
                 )
             if not isinstance(name, str) or not name:
