@@ -17,6 +17,8 @@ nor in choosing the settings, which were tuned on the recipes' default evaluatio
    (deterministic: the actor's mean noise). The flow weights are checked bit-identical.
 
     MUJOCO_GL=egl python bench/bench_vla_offpolicy.py [--seeds 0 1] [--part reach|pick|both]
+        [--reuse]     # keep the arms already finished under --out (a run cut short goes on)
+        [--report]    # only re-render bench/results/vla_offpolicy.md from its JSON
 
 Writes bench/results/vla_offpolicy.{json,md}.
 """
@@ -39,6 +41,8 @@ HELD_OUT = 3_000_000
 """first held-out evaluation seed (the recipes' own evaluations, used for tuning, start at
 ``env.eval_seed`` = 1,000,000)"""
 TARGET = 0.9
+LEVELS = (0.25, 0.5, TARGET)
+"""held-out success levels whose first env step the report gives"""
 QUIET = ["log.progress=false", "log.tensorboard=false", "log.rollouts_every=0"]
 
 
@@ -68,6 +72,11 @@ def curve(run_dir: Path) -> list[dict]:
     return out
 
 
+def finished(run_dir: Path, steps: int) -> bool:
+    """The run under ``run_dir`` ran its ``steps`` (``--reuse`` keeps it)."""
+    return (run_dir / "checkpoints" / f"step_{steps:06d}").is_dir()
+
+
 def first_at(points: list[dict], target: float) -> dict | None:
     return next((p for p in points if p["success"] >= target), None)
 
@@ -83,7 +92,10 @@ def reach_arm(name: str, seed: int, steps: int, args, out: Path) -> dict:
     overrides = [f"train.seed={seed}", f"train.steps={steps}", f"train.eval_every={every}",
                  f"env.eval_seed={HELD_OUT}", f"env.eval_episodes={args.episodes}",
                  "checkpoint.every=0", *extra]  # fmt: skip
-    _, seconds = train(recipe, overrides, run_dir)
+    if args.reuse and finished(run_dir, steps):
+        seconds = sum(r.get("time/step", 0.0) + r.get("time/eval", 0.0) for r in metrics(run_dir))
+    else:
+        _, seconds = train(recipe, overrides, run_dir)
     points = curve(run_dir)
     hit = first_at(points, TARGET)
     print(f"{name} seed {seed}: {hit or max(points, key=lambda p: p['success'])}", flush=True)
@@ -108,38 +120,50 @@ def pick_arm(seed: int, args, out: Path) -> dict:
         [*QUIET, f"train.seed={seed}", f"train.steps={args.bc_steps}", "train.eval_every=0",
          "checkpoint.every=0"],
     )  # fmt: skip
+    bc_dir, dsrl_dir = out / f"pick_bc_{seed}", out / f"pick_dsrl_{seed}"
     t0 = time.perf_counter()
-    run_sft(bc_cfg, out / f"pick_bc_{seed}")
+    if not (args.reuse and finished(bc_dir, args.bc_steps)):
+        run_sft(bc_cfg, bc_dir)
     bc_s = time.perf_counter() - t0
-    bc = last_model(out / f"pick_bc_{seed}")
+    bc = last_model(bc_dir)
     before = held_out(load_policy(bc), bc_cfg.env, args.episodes)
-    trainer, dsrl_s = train(
-        "vla_dsrl_pick",
-        [f"model.path={bc}", f"train.seed={seed}", f"train.steps={args.dsrl_steps}",
-         f"train.eval_every={args.eval_every}", f"env.eval_seed={HELD_OUT}",
-         f"env.eval_episodes={args.episodes}", "checkpoint.every=0"],
-        out / f"pick_dsrl_{seed}",
-    )  # fmt: skip
+    if args.reuse and finished(dsrl_dir, args.dsrl_steps):
+        dsrl, dsrl_s = load_policy(last_model(dsrl_dir)), None  # not timed again
+    else:
+        trainer, dsrl_s = train(
+            "vla_dsrl_pick",
+            [f"model.path={bc}", f"train.seed={seed}", f"train.steps={args.dsrl_steps}",
+             f"train.eval_every={args.eval_every}", f"env.eval_seed={HELD_OUT}",
+             f"env.eval_episodes={args.episodes}", "checkpoint.every=0"],
+            dsrl_dir,
+        )  # fmt: skip
+        dsrl = trainer.policy
     flow = load_policy(bc).state_dict()
-    frozen = all(torch.equal(trainer.policy.state_dict()[k].cpu(), v) for k, v in flow.items())
-    after = held_out(trainer.policy, bc_cfg.env, args.episodes)
+    frozen = all(torch.equal(dsrl.state_dict()[k].cpu(), v) for k, v in flow.items())
+    after = held_out(dsrl, bc_cfg.env, args.episodes)
     print(f"pick seed {seed}: BC {before} -> DSRL {after} (flow frozen: {frozen})", flush=True)
     return {"seed": seed, "bc": before, "dsrl": after, "flow_bit_identical": frozen,
-            "bc_seconds": round(bc_s, 1), "dsrl_seconds": round(dsrl_s, 1),
-            "curve": curve(out / f"pick_dsrl_{seed}")}  # fmt: skip
+            "bc_seconds": round(bc_s, 1), "dsrl_seconds": dsrl_s and round(dsrl_s, 1),
+            "curve": curve(dsrl_dir)}  # fmt: skip
 
 
 def markdown(data: dict) -> str:
     lines = ["# vla_offpolicy: env steps to 90% held-out success (reach), DSRL on a BC flow (pick)",
              "", f"Machine: {data['machine']['cpu']}, {data['machine']['cores']} cores.", ""]  # fmt: skip
     if data["reach"]:
-        lines += ["| arm | seed | env steps to 90% | minutes to 90% | final | best |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        levels = " | ".join(f"env steps to {x:.0%}" for x in LEVELS)
+        lines += [f"| arm | seed | {levels} | minutes to 90% | env steps run | final | best |",
+                  "|---|---|" + "---|" * (len(LEVELS) + 4)]  # fmt: skip
         for r in data["reach"]:
-            hit, best = r["at_target"], max(p["success"] for p in r["curve"])
-            lines.append(f"| {r['arm']} | {r['seed']} | {hit['env_steps'] if hit else 'not reached'}"
-                         f" | {hit['minutes'] if hit else '-'} | {r['final']:.3f} | {best:.3f} |")  # fmt: skip
-        lines += ["", data["reach_summary"], ""]
+            hits = [first_at(r["curve"], x) for x in LEVELS]
+            cells = " | ".join(f"{h['env_steps']:,}" if h else "not reached" for h in hits)
+            best = max(p["success"] for p in r["curve"])
+            minutes = hits[-1]["minutes"] if hits[-1] else "-"
+            lines.append(f"| {r['arm']} | {r['seed']} | {cells} | {minutes} | "
+                         f"{r['curve'][-1]['env_steps']:,} | {r['final']:.3f} | {best:.3f} |")  # fmt: skip
+        lines += ["", data["reach_summary"], "",
+                  "Minutes: the training steps' own time (collection and updates), evaluations "
+                  "left out.", ""]  # fmt: skip
     if data["pick"]:
         lines += ["| pick seed | BC flow (held-out) | + DSRL | gain (points) | flow weights |",
                   "|---|---|---|---|---|"]  # fmt: skip
@@ -151,22 +175,27 @@ def markdown(data: dict) -> str:
 
 
 def summary(reach: list[dict]) -> str:
-    """Median env steps to the target per arm and the ratios PPO / others."""
+    """Per success level: the median env steps each arm needed (when every seed reached it)
+    and PPO's over the others'."""
     import statistics
 
-    steps = {}
-    for r in reach:
-        steps.setdefault(r["arm"], []).append(
-            r["at_target"]["env_steps"] if r["at_target"] else None
-        )
-    med = {a: statistics.median(v) for a, v in steps.items() if all(x is not None for x in v)}
-    parts = [f"{a}: median {m:,.0f} env steps" for a, m in med.items()]
-    if "ppo" in med:
-        parts += [f"PPO / {a} = {med['ppo'] / m:.1f}x" for a, m in med.items() if a != "ppo"]
-    missing = [a for a in steps if a not in med]
-    if missing:
-        parts.append(f"not every seed reached {TARGET:.0%}: {', '.join(missing)}")
-    return "; ".join(parts) + "."
+    parts = []
+    for level in LEVELS:
+        steps: dict[str, list] = {}
+        for r in reach:
+            hit = first_at(r["curve"], level)
+            steps.setdefault(r["arm"], []).append(hit["env_steps"] if hit else None)
+        med = {a: statistics.median(v) for a, v in steps.items() if None not in v}
+        line = ", ".join(f"{a} {m:,.0f}" for a, m in med.items()) or "no arm"
+        if "ppo" in med:
+            line += "".join(
+                f"; PPO / {a} {med['ppo'] / m:.1f}x" for a, m in med.items() if a != "ppo"
+            )
+        missing = [a for a in steps if a not in med]
+        if missing:
+            line += f" (not every seed of {', '.join(missing)} reached it)"
+        parts.append(f"to {level:.0%}: {line}")
+    return "Median env steps " + "; ".join(parts) + "."
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,20 +211,34 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bc-steps", type=int, default=100)
     ap.add_argument("--dsrl-steps", type=int, default=200)
     ap.add_argument("--out", default="runs/bench_vla_offpolicy")
+    ap.add_argument("--report", action="store_true", help="re-render the committed result only")
+    ap.add_argument("--reuse", action="store_true", help="keep the arms finished under --out")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    reach, pick = [], []
+    if args.report:  # the markdown again from the JSON (its provenance kept)
+        data = json.loads((RESULTS / "vla_offpolicy.json").read_text())
+        data["reach_summary"] = summary(data["reach"]) if data["reach"] else ""
+        write_results("vla_offpolicy", data, markdown(data), seeds=data["settings"]["seeds"],
+                      keep_provenance=True)  # fmt: skip
+        return
+    data = {"machine": machine(), "settings": vars(args), "held_out_seed": HELD_OUT,
+            "target": TARGET, "reach": [], "pick": [], "reach_summary": ""}  # fmt: skip
+
+    def save() -> None:  # after every arm: a run cut short keeps what it measured
+        data["reach_summary"] = summary(data["reach"]) if data["reach"] else ""
+        write_results("vla_offpolicy", data, markdown(data), seeds=args.seeds)
+
     if args.part in ("reach", "both"):
         for seed in args.seeds:
             for arm in args.arms:
                 steps = args.ppo_steps if arm == "ppo" else args.sac_steps
-                reach.append(reach_arm(arm, seed, steps, args, out))
+                data["reach"].append(reach_arm(arm, seed, steps, args, out))
+                save()
     if args.part in ("pick", "both"):
-        pick = [pick_arm(seed, args, out) for seed in args.seeds]
-    data = {"machine": machine(), "settings": vars(args), "held_out_seed": HELD_OUT,
-            "target": TARGET, "reach": reach, "pick": pick,
-            "reach_summary": summary(reach) if reach else ""}  # fmt: skip
-    write_results("vla_offpolicy", data, markdown(data), seeds=args.seeds)
+        for seed in args.seeds:
+            data["pick"].append(pick_arm(seed, args, out))
+            save()
+    pick = data["pick"]
     print(
         json.dumps({"reach": data["reach_summary"], "pick": [(p["bc"], p["dsrl"]) for p in pick]})
     )
