@@ -30,6 +30,7 @@ from ..schema import (  # noqa: F401  (re-exported: the loader's names live ther
     check_sections,
     choice,
     choices,
+    did_you_mean,
     from_dict,
     leaf_fields,
     type_name,

@@ -16,8 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..registry import ADVANTAGES, EXECUTORS, VLA_HEADS
-from ..schema import did_you_mean
-from ..trainer.config import ConfigError, at_least, choice
+from ..trainer.config import ConfigError, at_least, choice, did_you_mean
 
 OBS_MODES = ("rgb", "state")
 CONTROLS = ("ee", "joint")
