@@ -267,8 +267,8 @@ class ReplayConfig:
     utd: float = 1.0
     """update-to-data ratio: gradient updates per stored transition"""
     learning_starts: int = at_least(1000, 0)
-    """transitions collected with uniform random actions before the first update (0 with
-    demonstrations: RLPD learns from the start)"""
+    """transitions stored before the first update, collected with uniform random actions
+    unless the run has demonstrations (then the policy acts; RLPD sets 0)"""
     n_step: int = at_least(1, 1)
     """n-step returns (1: one-step TD targets)"""
     demos: int = at_least(0, 0)

@@ -4,9 +4,10 @@ Each trainer step, `ReplaySource.collect` runs ``env.steps_per_rollout`` policy 
 env through the one episode loop (`EpisodeRunner.horizon`; episodes continue across steps) and
 its ``on_step`` hook writes every step into the replay buffer (trainer/replay.py: observations
 once per frame, actions, rewards, terminations apart from time limits, the final observation of
-a cut episode). Until ``replay.learning_starts`` transitions are stored the actions are uniform
-(SAC's warm-up: in [-1, 1], or DSRL's noise through the flow); a run with demonstrations
-learns from the first step.
+a cut episode). No update is made until ``replay.learning_starts`` transitions are stored;
+until then the actions are uniform (SAC's warm-up: in [-1, 1], or DSRL's noise through the
+flow), except in a run with demonstrations, where the policy acts from the first step (RLPD
+sets ``learning_starts`` to 0 and updates from it too).
 
 `ReplaySource.minibatches` then yields the step's updates: ``replay.utd`` per stored transition
 (the fraction carried over to the next step), each ``replay.batch_size`` transitions with
