@@ -413,7 +413,9 @@ def with_examples(findings: list[Finding], records: list[dict]) -> list[Finding]
         if hits:
             step, g = (inside or hits)[-1]
             name = f" ({g['id']})" if g.get("id") else ""
-            rewards = " ".join(f"{r['reward']:g}" for r in g["rows"])
+            rewards = " ".join(
+                "nan" if r["reward"] is None else f"{r['reward']:g}" for r in g["rows"]
+            )
             text = next((r["text"] for r in g["rows"] if r.get("text")), "")
             sample = f"; a sample: {text[:120]!r}" if text else ""
             f.example = f"step {step}, group {g['group']}{name}: rewards {rewards}{sample}"

@@ -29,6 +29,7 @@ import gzip
 import io
 import json
 import logging
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -144,12 +145,17 @@ def row_fields(batch: RolloutBatch, r: int) -> dict:
     return out
 
 
-def _rounded(x: Tensor) -> list[float]:
-    return np.round(x.numpy().astype(np.float64), 4).tolist()
+def _rounded(x: Tensor) -> list[float | None]:
+    """4 decimals; a value that is not finite (a critic without its inputs) becomes None (the
+    page's JSON has no NaN)."""
+    return [
+        v if math.isfinite(v) else None for v in np.round(x.numpy().astype(np.float64), 4).tolist()
+    ]
 
 
-def _num(x: Tensor | float) -> float:
-    return round(float(x), 6)
+def _num(x: Tensor | float) -> float | None:
+    v = float(x)
+    return round(v, 6) if math.isfinite(v) else None
 
 
 def thumbnail(image, size: int = 128, quality: int = 70) -> str:

@@ -160,3 +160,14 @@ def test_a_damaged_record_file_is_skipped(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert [r["step"] for r in read_records(tmp_path)] == [1]
     assert "step_000002.json.gz" in caplog.text
+
+
+def test_values_that_are_not_finite_are_recorded_as_null():
+    """The viewer embeds the records as JSON, which has no NaN."""
+    batch = RolloutBatch(
+        tokens=torch.zeros(1, 2, dtype=torch.long), mask=torch.ones(1, 2),
+        group_id=torch.tensor([0]), rewards=torch.tensor([float("nan")]),
+        values_old=torch.tensor([[0.5, float("nan")]]),
+    )  # fmt: skip
+    row = row_fields(batch, 0)
+    assert row["reward"] is None and row["values"] == [0.5, None]
