@@ -243,3 +243,16 @@ def test_metric_series_keeps_the_last_row_of_a_step_and_thins_long_runs():
 def test_view_of_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert main(["view", str(tmp_path)]) == 2
     assert "no metrics.jsonl or rollouts/" in capsys.readouterr().err
+
+
+def test_not_a_number_in_older_records_becomes_null():
+    data = {"run": "r", "metrics": {"steps": [], "series": {}}, "findings": [],
+            "records": [{"step": 1, "groups": [{"group": 0, "rows": [
+                {"reward": float("nan"), "length": 1}]}]}]}  # fmt: skip
+    html = render(data)
+    start = html.index('id="run-data">') + len('id="run-data">')
+    blob = html[start : html.index("</script>", start)]
+    assert (
+        "NaN" not in blob
+        and json.loads(blob)["records"][0]["groups"][0]["rows"][0]["reward"] is None
+    )

@@ -73,6 +73,7 @@ def render(data: dict) -> str:
     """The page's HTML with ``data`` embedded."""
     page = resources.files(__package__).joinpath("view_page")
     html = page.joinpath("page.html").read_text(encoding="utf-8")
+    data = json.loads(json.dumps(data), parse_constant=lambda _: None)  # NaN -> null (JSON)
     blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # stays in its <script>
     return (
         html.replace("/*CSS*/", page.joinpath("view.css").read_text(encoding="utf-8"))
