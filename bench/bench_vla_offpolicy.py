@@ -26,6 +26,7 @@ Writes bench/results/vla_offpolicy.{json,md}.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -34,7 +35,14 @@ from pathlib import Path
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import torch  # noqa: E402  (import torch before any rendering)
-from common import RESULTS, last_model, machine, metrics, write_results  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    last_model,
+    logged_seconds,
+    machine,
+    metrics,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT = 3_000_000
@@ -93,7 +101,7 @@ def reach_arm(name: str, seed: int, steps: int, args, out: Path) -> dict:
                  f"env.eval_seed={HELD_OUT}", f"env.eval_episodes={args.episodes}",
                  "checkpoint.every=0", *extra]  # fmt: skip
     if args.reuse and finished(run_dir, steps):
-        seconds = sum(r.get("time/step", 0.0) + r.get("time/eval", 0.0) for r in metrics(run_dir))
+        seconds = logged_seconds(run_dir)
     else:
         _, seconds = train(recipe, overrides, run_dir)
     points = curve(run_dir)
@@ -106,7 +114,7 @@ def reach_arm(name: str, seed: int, steps: int, args, out: Path) -> dict:
 def held_out(policy, env_cfg, episodes: int) -> float:
     from perceptrl.vla.evaluate import evaluate_policy
 
-    env = env_cfg.__class__(**{**env_cfg.__dict__, "eval_seed": HELD_OUT})
+    env = dataclasses.replace(env_cfg, eval_seed=HELD_OUT)
     return evaluate_policy(policy, env, episodes=episodes)["success_rate"]
 
 

@@ -90,7 +90,7 @@ class ReplayBuffer:
         self.final = {k: torch.zeros(self.F, *v.shape[1:], dtype=v.dtype) for k, v in obs.items()}
         self.final_at = torch.full((C, N), -1, dtype=torch.long)
         self.final_ptr = 0
-        self.ptr, self.size = 0, 0  # the newest row; rows written (at most C)
+        self.ptr = 0  # the row the next `add` writes
         self.gen = torch.Generator().manual_seed(seed)
 
     # ------------------------------------------------------------------ writing
@@ -130,7 +130,6 @@ class ReplayBuffer:
             self.final_at[r, cut] = slots
             self.final_ptr = int((self.final_ptr + len(cut)) % self.F)
         self.ptr = (r + 1) % self.C
-        self.size = min(self.size + 1, self.C)
 
     def drop_newest(self) -> None:
         """Forget the newest row's transitions (their next observations will never come: the
@@ -148,14 +147,15 @@ class ReplayBuffer:
 
     def ready(self) -> int:
         """Transitions that can be sampled."""
-        return int(self._sampleable().sum()) if self.size else 0
+        return int(self._sampleable().sum())
 
     def sample(self, m: int, gamma: float, n_step: int = 1) -> Transitions:
         """``m`` transitions drawn uniformly (with replacement) from those stored, with their
         ``n_step`` returns: rewards summed along the env's row until n steps or the episode's
         end; the bootstrap observation is the one n rows on, or the final one of an episode cut
         inside the window."""
-        flat = self._sampleable().flatten().nonzero().flatten()
+        ok = self._sampleable()
+        flat = ok.flatten().nonzero().flatten()
         if len(flat) == 0:
             raise ValueError("sampling from a replay buffer with no complete transition")
         pick = flat[torch.randint(len(flat), (m,), generator=self.gen)]
@@ -164,7 +164,6 @@ class ReplayBuffer:
         discount = torch.ones(m)
         alive = torch.ones(m, dtype=torch.bool)  # the window has not ended yet
         last = rows.clone()  # the row whose next observation bootstraps
-        ok = self._sampleable()
         for j in range(n_step):
             r = (rows + j) % self.C
             step = alive & ok[r, envs] if j else alive
@@ -176,11 +175,11 @@ class ReplayBuffer:
         discount = torch.where(term, torch.zeros_like(discount), discount)
         nxt = (last + 1) % self.C
         final = self.final_at[last, envs]
+        use = final >= 0  # cut inside the window: its final observation
         obs = {k: v[rows, envs] for k, v in self.obs.items()}
         next_obs = {}
         for k, v in self.obs.items():
             x = v[nxt, envs]
-            use = final >= 0
             if use.any():
                 x = x.clone()
                 x[use] = self.final[k][final[use]]
@@ -200,7 +199,7 @@ class ReplayBuffer:
             "obs": self.obs, "final": self.final, "action": self.action, "reward": self.reward,
             "terminated": self.terminated, "ended": self.ended, "acted": self.acted,
             "final_at": self.final_at, "final_ptr": self.final_ptr, "ptr": self.ptr,
-            "size": self.size, "gen": self.gen.get_state(), "demo": self.is_demo,
+            "gen": self.gen.get_state(), "demo": self.is_demo,
         }  # fmt: skip
 
     @classmethod
@@ -218,5 +217,5 @@ class ReplayBuffer:
         for store in ("obs", "final"):
             for k, v in getattr(self, store).items():
                 v.copy_(state[store][k])
-        self.final_ptr, self.ptr, self.size = (int(state[k]) for k in ("final_ptr", "ptr", "size"))
+        self.final_ptr, self.ptr = int(state["final_ptr"]), int(state["ptr"])
         self.gen.set_state(state["gen"])

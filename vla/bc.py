@@ -24,6 +24,36 @@ from ..trainer.batch import RolloutBatch
 from .episode_runner import CUT, Actor, EpisodeRunner, Rows
 
 
+class Experts:
+    """One ``sim.expert.ScriptedExpert`` per env of ``runner`` (in-process envs: the experts
+    read their privileged state); `reset` is an `EpisodeRunner`'s ``on_reset``, `act` an
+    `Actor`'s ``act`` (the experts act every env step, in ``control="ee"``)."""
+
+    def __init__(self, runner: VecEnv):
+        if runner.async_:
+            raise ValueError(
+                "the scripted experts read the envs' privileged state in-process; set "
+                "env.async_envs=false for `perceptrl sft` on the VLA side"
+            )
+        self.runner = runner
+        self.experts: list[ScriptedExpert | None] = [None] * runner.n
+
+    def reset(self, mask: np.ndarray) -> None:
+        """The envs in ``mask`` [N] started an episode: a fresh expert phase (a new expert
+        when the env itself is new, after a restart)."""
+        envs = self.runner.envs
+        for i in np.flatnonzero(mask):
+            ex = self.experts[i]
+            if ex is None or ex.env is not envs[i].unwrapped:
+                self.experts[i] = ScriptedExpert(envs[i])
+            else:
+                ex.reset()
+
+    def act(self, obs: dict) -> tuple[torch.Tensor, None, None]:
+        """The experts' actions [N, A] (they read the envs' state, not ``obs``)."""
+        return torch.from_numpy(np.stack([ex.act() for ex in self.experts])), None, None
+
+
 class ExpertSource:
     """``next_batch(step)``: ``batch_steps`` expert steps of every env of ``runner``.
 
@@ -37,37 +67,19 @@ class ExpertSource:
     """
 
     def __init__(self, policy, runner: VecEnv, batch_steps: int = 64, chunk: int = 1):
-        if runner.async_:
-            raise ValueError(
-                "behaviour cloning reads the envs' privileged state in-process; set "
-                "env.async_envs=false for `perceptrl sft` on the VLA side"
-            )
         if chunk < 1 or batch_steps < chunk:
             raise ValueError(
                 f"BC targets of chunk={chunk} need 1 <= chunk <= batch_steps={batch_steps}"
             )
+        self.experts = Experts(runner)
         self.policy, self.runner, self.batch_steps, self.chunk = policy, runner, batch_steps, chunk
-        self.experts: list[ScriptedExpert | None] = [None] * runner.n
-        self.loop = EpisodeRunner(runner, on_reset=self._reset_experts)
-
-    def _reset_experts(self, mask: np.ndarray) -> None:
-        """The envs in ``mask`` [N] started an episode: a fresh expert phase (a new expert
-        when the env itself is new, after a restart)."""
-        envs = self.runner.envs
-        for i in np.flatnonzero(mask):
-            ex = self.experts[i]
-            if ex is None or ex.env is not envs[i].unwrapped:
-                self.experts[i] = ScriptedExpert(envs[i])
-            else:
-                ex.reset()
-
-    def _act(self, obs: dict) -> tuple[torch.Tensor, None, None]:
-        """The experts' actions [N, A] (they read the envs' state, not ``obs``)."""
-        return torch.from_numpy(np.stack([ex.act() for ex in self.experts])), None, None
+        self.loop = EpisodeRunner(runner, on_reset=self.experts.reset)
 
     def next_batch(self, step: int) -> RolloutBatch:
         """Expert demonstrations -> batch with the expert actions as targets."""
-        rows = self.loop.horizon(Actor(self.policy.observe, self._act), self.batch_steps).rows
+        rows = self.loop.horizon(
+            Actor(self.policy.observe, self.experts.act), self.batch_steps
+        ).rows
         if self.chunk == 1:
             tokens, mask, rewards, inputs = rows.actions, rows.mask, rows.rewards, rows.inputs
         else:

@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..sim.expert import ScriptedExpert
 from ..sim.vector import VecEnv
 from ..trainer.replay import ReplayBuffer, Transitions
+from .bc import Experts
 from .collect import _Base
 from .config import EnvConfig, ReplayConfig
 from .envs import make_envs
@@ -185,32 +185,21 @@ def record_demos(policy, env_cfg: EnvConfig, cfg: ReplayConfig, seed: int) -> Re
     """``cfg.demos`` scripted-expert episodes on envs of their own, as a replay buffer of the
     policy's observations (RLPD's offline data)."""
     vec = make_envs(env_cfg, seed=seed + DEMO_SEED)
-    experts: list[ScriptedExpert | None] = [None] * vec.n
-
-    def reset_experts(mask: np.ndarray) -> None:
-        for i in np.flatnonzero(mask):
-            if experts[i] is None or experts[i].env is not vec.envs[i].unwrapped:
-                experts[i] = ScriptedExpert(vec.envs[i])
-            else:
-                experts[i].reset()
-
-    def act(obs: dict) -> tuple[Tensor, None, None]:
-        return torch.from_numpy(np.stack([ex.act() for ex in experts])).float(), None, None
-
+    experts = Experts(vec)
     limit = vec.time_limit or 100
     rows = cfg.demos * limit // vec.n + limit + 2
-    holder: dict = {}
+    holder: dict = {}  # the buffer, made at the first step (it takes the observations' shapes)
 
     def store(obs, action, res, running):
         if "buf" not in holder:
             holder["buf"] = ReplayBuffer(rows, vec.n, obs, action.shape[1], seed=seed, demo=True)
-        holder["n"] = holder.get("n", 0) + int(((res.terminated | res.truncated) & running).sum())
         _add(holder["buf"], policy.observe, obs, action, res, running)
 
-    loop = EpisodeRunner(vec, rows=False, on_reset=reset_experts, on_step=store)
+    loop = EpisodeRunner(vec, rows=False, on_reset=experts.reset, on_step=store)
+    episodes = 0
     try:
-        while holder.get("n", 0) < cfg.demos:
-            loop.horizon(Actor(policy.observe, act), limit)
+        while episodes < cfg.demos:
+            episodes += len(loop.horizon(Actor(policy.observe, experts.act), limit).episodes.spec)
     finally:
         vec.close()
     return holder["buf"]
