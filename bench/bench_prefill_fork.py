@@ -50,10 +50,10 @@ def run(args) -> dict:
 
     from perceptrl.vlm.builder import build_policy, load_data
     from perceptrl.vlm.episode import EpisodeSettings
-    from perceptrl.vlm.kv_sampler import TreeShape
     from perceptrl.vlm.rollout import SamplingParams, sample
     from perceptrl.vlm.run_plan import resolve
-    from perceptrl.vlm.tree_rollout import sampled_tokens
+    from perceptrl.vlm.sampler import Rollouts, sampled_tokens
+    from perceptrl.vlm.schedule import TreeShape
     from perceptrl.wiring import load_config
 
     torch.set_num_threads(args.threads)
@@ -75,17 +75,17 @@ def run(args) -> dict:
     def episode_fork():
         policy.episode = fork
         try:
-            return policy.sample(prompts, args.group, sp)
+            return Rollouts(policy).sample(prompts, args.group, sp)
         finally:
             policy.episode = None
 
     def tree_flat():
-        return policy.sample(prompts, args.group, sp)
+        return Rollouts(policy).sample(prompts, args.group, sp)
 
     def tree():
         policy.tree = TreeShape((2, 2, 2), 10)
         try:
-            return policy.sample(prompts, args.group, sp)
+            return Rollouts(policy).sample(prompts, args.group, sp)
         finally:
             policy.tree = None
 

@@ -60,6 +60,7 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path, block: in
     from perceptrl.vlm.policy import VLMPolicy
     from perceptrl.vlm.prompts import PromptConfig
     from perceptrl.vlm.rollout import SamplingParams
+    from perceptrl.vlm.sampler import Rollouts
     from perceptrl.vlm.vllm_rollout import TextProcessor, VLLMEngine, build_tiny_text
 
     path = build_tiny_text(workdir / f"{name}_{block}", seed=0, hidden_size=hidden, layers=layers)
@@ -78,11 +79,11 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path, block: in
 
     def hf(seed):
         torch.manual_seed(seed)
-        return policy.sample(prompts, args.n, sp)
+        return Rollouts(policy).sample(prompts, args.n, sp)
 
     def vllm(seed):
         torch.manual_seed(seed)
-        return engine.sample(prompts, args.n, sp)
+        return Rollouts(policy, engine).sample(prompts, args.n, sp)
 
     if args.turns > 1:
         return episode_row(name, hidden, layers, args, policy, engine, prompts, sp)
@@ -94,12 +95,11 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path, block: in
             t = time.perf_counter()
             batch = fn(1000 + r)
             dt = time.perf_counter() - t
-            if r:
-                timings[key].append((dt, int(batch.mask.sum())))
-        t = time.perf_counter()
-        engine.sync_weights(model)
-        if r:
-            timings["sync"].append((time.perf_counter() - t, 0))
+            sync = engine.sync_stats["weight_sync/seconds"] if key == "vllm" else 0.0
+            if r:  # a vLLM rollout pushes the weights first: timed apart
+                timings[key].append((dt - sync, int(batch.mask.sum())))
+                if key == "vllm":
+                    timings["sync"].append((sync, 0))
     n_params = sum(p.numel() for p in model.parameters())
     row = {"model": name, "hidden": hidden, "layers": layers, "params": n_params}
     row["cpu_affinity"] = sorted(os.sched_getaffinity(0))  # after vLLM bound its threads
@@ -115,7 +115,7 @@ def run_size(name: str, hidden: int, layers: int, args, workdir: Path, block: in
         row["vllm_seconds_per_round"] + sync
     )
     row["ratio_vllm_over_hf"] = row["vllm_tokens_per_s"] / row["hf_tokens_per_s"]
-    row["weight_sync"] = dict(engine.stats)
+    row["weight_sync"] = dict(engine.sync_stats)
     return row
 
 
@@ -142,7 +142,7 @@ def episode_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict
     import torch
 
     from perceptrl.vlm.episode import EpisodeSettings, episode_metrics
-    from perceptrl.vlm.vllm_policy import VLLMRolloutPolicy
+    from perceptrl.vlm.sampler import Rollouts
 
     stop = policy.stop_ids[0]
     policy.model.lm_head.register_forward_hook(
@@ -161,15 +161,15 @@ def episode_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict
     policy.episode = EpisodeSettings(
         env=lambda: _Scripted(args.turns), max_turns=args.turns, max_tokens=args.episode_tokens
     )
-    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     sp = dataclasses.replace(sp, max_new_tokens=args.turn_tokens, return_logprobs=True)
     runs: dict[str, list[dict]] = {"hf": [], "vllm": []}
     for r in range(args.rounds + 1):
-        for key, pol in (("hf", policy), ("vllm", vpolicy)):
+        for key, eng in (("hf", None), ("vllm", engine)):
             torch.manual_seed(1000 + r)
             t = time.perf_counter()
-            batch = pol.sample(prompts, args.n, sp)
+            batch = Rollouts(policy, eng).sample(prompts, args.n, sp)
             dt = time.perf_counter() - t
+            dt -= engine.sync_stats["weight_sync/seconds"] if eng is not None else 0.0
             if r:
                 m = episode_metrics(batch)
                 m["seconds"], m["tokens"] = dt, float(batch.mask.sum())
@@ -197,26 +197,25 @@ def tree_row(name, hidden, layers, args, policy, engine, prompts, sp) -> dict:
 
     import torch
 
-    from perceptrl.vlm.kv_sampler import TreeShape
-    from perceptrl.vlm.tree_rollout import sampled_tokens
-    from perceptrl.vlm.vllm_policy import VLLMRolloutPolicy
+    from perceptrl.vlm.sampler import Rollouts, sampled_tokens
+    from perceptrl.vlm.schedule import TreeShape
 
     shape = TreeShape(tuple(int(b) for b in args.tree.split(",")), args.segment_tokens)
-    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     sp = dataclasses.replace(sp, return_logprobs=True)
-    arms = {f"{e}_{k}": (p, t) for e, p in (("hf", policy), ("vllm", vpolicy))
+    arms = {f"{e}_{k}": (eng, t) for e, eng in (("hf", None), ("vllm", engine))
             for k, t in (("flat", None), ("tree", shape))}  # fmt: skip
     runs: dict[str, list[tuple[float, int, int]]] = {k: [] for k in arms}
     for r in range(args.rounds + 1):
-        for key, (pol, tree) in arms.items():
-            pol.tree = tree
+        for key, (eng, tree) in arms.items():
+            policy.tree = tree
             torch.manual_seed(1000 + r)
             t = time.perf_counter()
-            batch = pol.sample(prompts, shape.leaves, sp)
+            batch = Rollouts(policy, eng).sample(prompts, shape.leaves, sp)
             dt = time.perf_counter() - t
+            dt -= engine.sync_stats["weight_sync/seconds"] if eng is not None else 0.0
             if r:
                 runs[key].append((dt, *sampled_tokens(batch)))
-    policy.tree = vpolicy.tree = None
+    policy.tree = None
     row = {"model": name, "hidden": hidden, "layers": layers, "tree": list(shape.branches)}
     row["segment_tokens"] = shape.segment_tokens
     row["block_size"] = int(engine.llm.llm_engine.vllm_config.cache_config.block_size)
@@ -245,7 +244,7 @@ def tree_markdown(rows: list[dict], args, info: dict) -> str:
         f"of branches [{args.tree}] with {args.segment_tokens}-token segments, up to "
         f"{args.max_new_tokens} new tokens, temperature {args.temperature}. Medians of "
         f"{args.rounds} alternating rounds after a warm-up. Decoded tokens count a shared "
-        "segment once; leaf tokens count it in every leaf (`tree_rollout.sampled_tokens`).",
+        "segment once; leaf tokens count it in every leaf (`sampler.sampled_tokens`).",
         "",
         "| model | engine | KV block | flat s / round | tree s / round | tree / flat time | "
         "decoded tokens flat / tree | leaf tokens tree |",

@@ -145,10 +145,13 @@ def greedy_habits(model: Path, samples: list[dict]) -> dict:
 
     from perceptrl.vlm.policy import VLMPolicy
     from perceptrl.vlm.rollout import SamplingParams
+    from perceptrl.vlm.sampler import Rollouts
 
     policy = VLMPolicy.from_pretrained(model)
     prompts, _ = policy.encode(samples)
-    batch = policy.sample(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW))
+    batch = Rollouts(policy).sample(
+        prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
+    )
     texts = [m["completion"] for m in batch.meta]
     answers = Counter((re.findall(r"<answer>(\d+)", t) or ["none"])[0] for t in texts)
     subs = Counter(n for t in texts for _, n in SUB.findall(t.split("Total:")[0]))

@@ -192,6 +192,7 @@ def test_shared_prefix_matches_plain_forward_on_cuda(tmp_path):
     from perceptrl.datasets.loader import load_samples
     from perceptrl.vlm.policy import VLMPolicy
     from perceptrl.vlm.rollout import SamplingParams
+    from perceptrl.vlm.sampler import Rollouts
     from perceptrl.vlm.tiny import build_tiny
 
     torch.backends.cudnn.allow_tf32 = False  # the patch-embedding convolution, full fp32
@@ -203,7 +204,7 @@ def test_shared_prefix_matches_plain_forward_on_cuda(tmp_path):
     )
     torch.manual_seed(0)
     prompts, _ = policy.encode(samples)
-    batch = policy.sample(prompts, n=3, sampling=SamplingParams(max_new_tokens=12))
+    batch = Rollouts(policy).sample(prompts, n=3, sampling=SamplingParams(max_new_tokens=12))
     batch = batch.select(torch.randperm(len(batch)).tolist())  # rows of a prompt no longer adjacent
     calls = []
     handle = policy.model.register_forward_pre_hook(

@@ -27,6 +27,7 @@ from perceptrl.trainer.engine import build_engine
 from perceptrl.trainer.loop import Trainer
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
+from perceptrl.vlm.sampler import Rollouts
 from perceptrl.wiring import Config
 
 PROMPTS, GROUP = 4, 2
@@ -118,7 +119,7 @@ def main() -> int:
     # rollouts under the engine: each rank its own prompts, lengths differ across ranks
     with engine.rollout_context():
         sampling = SamplingParams(temperature=1.0, max_new_tokens=6 + 5 * engine.rank)
-        gen = policy.generate(samples[engine.rank :: 2][:2], n=2, sampling=sampling)
+        gen = Rollouts(policy).generate(samples[engine.rank :: 2][:2], n=2, sampling=sampling)
     n_tokens = int(engine.all_reduce_sum(gen.mask.sum()))
     with engine.gathered_params():
         if engine.is_main:

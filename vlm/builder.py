@@ -256,7 +256,6 @@ def build_policy(plan: VLMRunPlan, run_dir: Path):
         device=resolve_device(plan.device), gradient_checkpointing=m.gradient_checkpointing,
         trust_remote_code=m.trust_remote_code, share_prefix=m.share_prefix,
         episode=plan.episode.settings() if plan.episode else None, tree=plan.tree,
-        fork=plan.fork,
     )  # fmt: skip
     if m.lora_rank > 0:
         from .lora import apply_lora
@@ -292,11 +291,13 @@ def build_evaluator(evaluation: EvalPlan, val: list[dict]):
     )  # fmt: skip
 
 
-def vllm_policy(engine: EnginePlan, policy, run_dir: Path):
-    """The policy with its rollouts on a colocated vLLM engine (``rollout.engine=vllm``); the
-    engine starts from the policy's weights, written to ``run_dir/rollout_init``, and receives the
-    trainer's weights before every rollout."""
-    from .vllm_policy import VLLMRolloutPolicy
+def rollout_engine(engine: EnginePlan, policy, run_dir: Path):
+    """The rollout engine of ``rollout.engine``: None for the HF engine (the sampler builds it on
+    the policy's model), or a colocated vLLM engine, which starts from the policy's weights,
+    written to ``run_dir/rollout_init``, and receives the trainer's weights before every
+    rollout (``VLLMEngine.session``)."""
+    if engine.name != "vllm":
+        return None
     from .vllm_rollout import VLLMEngine
 
     init = run_dir / "rollout_init"
@@ -305,7 +306,7 @@ def vllm_policy(engine: EnginePlan, policy, run_dir: Path):
         init, policy.processor, engine.vllm, dtype=engine.dtype, stop_ids=policy.stop_ids,
         max_model_len=engine.max_model_len, mm_processor_kwargs=engine.mm_processor_kwargs,
     )  # fmt: skip
-    return VLLMRolloutPolicy.colocate(policy, vllm)
+    return vllm
 
 
 def process_reward(process: ProcessPlan | None, policy):
@@ -336,20 +337,21 @@ def build_trainer(cfg, run_dir: Path, worker: Callable | None = None) -> Trainer
     data = on_rank0(load_data, plan.data, run_dir)
     policy = build_policy(plan, run_dir)
     data = on_rank0(fit_prompts, plan.prompt, policy.processor, data)
-    if plan.engine.name == "vllm":
-        policy = vllm_policy(plan.engine, policy, run_dir)
+    sync = plan.train.pipeline == "sync"
+    rollout_eng = rollout_engine(plan.engine, policy, run_dir) if sync else None
     reward = build_reward(plan.reward, timeout_s=plan.reward_timeout_s)
     engine, ref = engine_and_reference(plan, policy)
     train, rollout, seed = data_shard(
         data.train, plan.rollout, plan.seed, engine.rank, engine.world_size
     )
-    if plan.train.pipeline != "sync":
+    if not sync:
         # every sample: the workers split them, and rank 0 the step's groups over the ranks
         source = pipeline_source(cfg, run_dir, data.train, engine.rank, engine.world_size, worker)
     else:
         source = VLMRolloutSource(
             train, reward, rollout, seed=seed, strict=data.strict, data_skipped=data.skipped,
             process=process_reward(plan.process, policy), guide=guide_trace(plan, train),
+            engine=rollout_eng, fork=plan.fork,
         )  # fmt: skip
     return Trainer(
         cfg, policy, source, run_dir, ref_policy=ref,
@@ -401,13 +403,12 @@ def rollout_worker(cfg, run_dir: str, model: str, train: list[dict], index: int)
     r = plan.rollout
     worker_dir = Path(run_dir) / f"worker_{index}"
     policy = build_policy(plan, worker_dir)
-    if plan.engine.name == "vllm":
-        policy = vllm_policy(plan.engine, policy, worker_dir)
     rollout = dataclasses.replace(r, prompts_per_step=-(-r.prompts_per_step // r.workers))
     reward = build_reward(plan.reward, timeout_s=plan.reward_timeout_s)
     source = VLMRolloutSource(
         train[index :: r.workers], reward, rollout, seed=plan.seed + 7919 * (index + 1),
-        strict=plan.data.strict,
+        strict=plan.data.strict, engine=rollout_engine(plan.engine, policy, worker_dir),
+        fork=plan.fork,
     )  # fmt: skip
     return policy, source
 

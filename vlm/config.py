@@ -260,7 +260,7 @@ class EpisodeConfig:
 class TreeConfig:
     branches: list[int] = field(default_factory=list)
     """children per node at each depth (e.g. [2, 2, 2]: 8 leaves); the product must equal
-    rollout.group_size; empty: flat groups (vlm/tree_rollout.py; on the VLA side, GRPO groups
+    rollout.group_size; empty: flat groups (vlm/sampler.py; on the VLA side, GRPO groups
     that branch from saved simulator states, vla/collect.py)"""
     segment_tokens: int = 16
     """tokens of every segment but the last (the last runs to the stop token or max_new_tokens);

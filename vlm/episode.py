@@ -26,7 +26,7 @@ The environment is a protocol (`EpisodeEnv`: ``reset(samples)``, ``respond(row, 
 subgoals is another implementation of the same two methods. A recipe names one
 (``rollout.episode.env``) from ``perceptrl.registry.EPISODE_ENVS``: ``tools`` (the default,
 ``vlm/tool_env.py``) or another side's.
-`episode_rollout.run_episodes` samples episodes with the KV cache kept across turns;
+`sampler.Rollouts` samples episodes (on either engine);
 `forced_batch` records given turn texts (SFT traces) the same way.
 """
 
@@ -347,16 +347,29 @@ class Tape:
             self.vision[a] = {k: list(v) for k, v in self.vision[b].items()}
             self.logs[a] = copy.deepcopy(self.logs[b])
 
-    def put_text(self, row: int, ids: list[int], logp: list[float] | None = None) -> None:
-        """A whole policy turn of row ``row`` (forced, e.g. an SFT trace, or sampled by an engine
-        that returns whole turns, with their log-probs ``logp``)."""
+    def put_text(self, row: int, ids: list[int], logp: list[float] | None = None,
+                 node: int | None = None) -> None:  # fmt: skip
+        """A whole policy segment of row ``row`` (forced, e.g. an SFT trace, or sampled by an
+        engine that returns whole segments, with their log-probs ``logp`` and tree ``node``)."""
         c, n = int(self.cursor[row]), len(ids)
         self._grow(c + n)
         self.tokens[row, c : c + n] = torch.tensor(ids, dtype=torch.long)
         self.mask[row, c : c + n] = 1.0
         if logp is not None:
             self.logp[row, c : c + n] = torch.tensor(logp, dtype=torch.float32)
+        if node is not None:
+            self.node[row, c : c + n] = node
         self.cursor[row] += n
+
+    def sequence(self, row: int) -> list[int]:
+        """Row ``row``'s tokens so far."""
+        return self.tokens[row, : int(self.cursor[row])].tolist()
+
+    def turn_tokens(self, row: int) -> list[int]:
+        """Row ``row``'s policy tokens since its last observation."""
+        c = int(self.cursor[row])
+        n = int(self.mask[row, :c].flip(0).cumprod(0).sum())
+        return self.tokens[row, c - n : c].tolist()
 
     def put_observation(self, row: int, enc: EncodedObservation) -> None:
         c, n = int(self.cursor[row]), int(enc.ids.numel())
@@ -380,13 +393,22 @@ class Tape:
         return self.tokens[row, :c], extras, vision
 
     def to_batch(self, samples: list[dict], group_id: Tensor, prompts: dict, index: Tensor,
-                 with_logp: bool, rows: Tensor | None = None,
-                 segments: bool = False) -> RolloutBatch:  # fmt: skip
+                 with_logp: bool, rows: Tensor | None = None, segments: bool = False,
+                 episodes: bool = True) -> RolloutBatch:  # fmt: skip
         """The recorded rows (``rows``, in that order; default all) as a `RolloutBatch` (layout
         in the module docstring), with ``segments`` from the tree nodes when asked;
-        ``samples``, ``group_id`` and ``index`` are per returned row."""
+        ``samples``, ``group_id`` and ``index`` are per returned row. Not ``episodes``
+        (single-turn rows): no observation inputs, and ``meta`` holds the sample only."""
         r = torch.arange(len(self.cursor)) if rows is None else rows
-        T = max(int(self.cursor[r].max()), 1)
+        T = max(int(self.cursor[r].max()), 1) if len(r) else 1
+        if not episodes:
+            return RolloutBatch(
+                tokens=self.tokens[r, :T].clone(), mask=self.mask[r, :T].clone(),
+                group_id=group_id, prompts=prompts, prompt_index=index,
+                logp_rollout=self.logp[r, :T].clone() if with_logp else None,
+                segments=self.node[r, :T].clone() if segments else None,
+                meta=[{"sample": s} for s in samples],
+            )  # fmt: skip
         inputs: dict[str, Any] = {"obs_mask": self.obs[r, :T].clone()}
         for k, v in self.extras.items():
             inputs[f"obs_{k}"] = v[r, :T].clone()

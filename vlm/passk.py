@@ -24,6 +24,7 @@ from .episode import episode_context
 from .prompts import PromptConfig, encode_prompts
 from .report import _order, modality, save_figure
 from .rollout import SamplingParams
+from .sampler import Rollouts
 
 CORRECT = 0.5
 """an answer is correct when its correctness reward is at least this"""
@@ -76,7 +77,7 @@ def evaluate_pass_k(
         enc, _ = encode_prompts(policy.processor, chunk, prompt, strict=strict, indices=idx)
         if not enc:
             continue
-        b = policy.sample(enc, n, sp)
+        b = Rollouts(policy).sample(enc, n, sp)
         totals, _, _ = reward(
             [m["completion"] for m in b.meta], [m["sample"] for m in b.meta], episode_context(b)
         )

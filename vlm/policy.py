@@ -41,11 +41,10 @@ from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
 from . import rollout
 from .episode import EpisodeSettings
-from .kv_sampler import TreeShape
 from .model import check_model_dir, load_vlm
 from .prompts import EncodedPrompt, PromptConfig, encode_prompts, vision_token_ids
 from .rollout import BANNED_LOGIT, SamplingParams
-from .tree_rollout import TreeSampler
+from .schedule import TreeShape
 
 OBS_PREFIX = "obs_"
 """``RolloutBatch.inputs`` keys of episode observations (see ``vlm/episode.py``)."""
@@ -70,7 +69,8 @@ def disable_dropout(model: nn.Module) -> None:
 
 
 class VLMPolicy:
-    """A VLM as an RL policy: ``evaluate`` for the trainer, ``generate``/``sample`` for rollouts.
+    """A VLM as an RL policy: ``encode`` for prompts, ``evaluate`` for the trainer. Rollouts are
+    sampled by ``vlm/sampler.py`` (`Rollouts`) on an engine, with the settings kept here.
 
     Args:
         model: an ``AutoModelForImageTextToText`` model.
@@ -80,12 +80,9 @@ class VLMPolicy:
             so this is the one place the rollout temperature is set.
         episode: multi-turn settings (budgets, the environment that answers a turn); None
             samples one completion per row.
-        tree: how completions branch (``vlm/tree_rollout.py``; for episodes a segment is a
-            turn); None samples flat groups. Used when a call asks for ``tree.leaves``
-            completions per prompt.
-        fork: single-turn groups prefill each prompt once and fork its KV cache
-            (``vlm/tree_rollout.py``); False samples with ``generate`` on G copies
-            (``rollout.sample``), for models whose cache cannot fork rows.
+        tree: how completions branch (``vlm/schedule.py``; for episodes a segment is a turn);
+            None samples flat groups. Used when a call asks for ``tree.leaves`` completions
+            per prompt.
     """
 
     def __init__(
@@ -98,7 +95,6 @@ class VLMPolicy:
         share_prefix: bool = True,
         episode: EpisodeSettings | None = None,
         tree: TreeShape | None = None,
-        fork: bool = True,
     ):
         self.model = model
         self.processor = processor
@@ -108,10 +104,7 @@ class VLMPolicy:
         self.episode = episode
         """multi-turn rollouts (the rollout source and the evaluator read it); None: one turn"""
         self.tree = tree
-        """single-turn tree shape (None: flat groups)"""
-        self.fork = fork
-        self._sampler = None
-        self._tree_sampler = None
+        """tree shape (None: flat groups)"""
         self.stop_ids = rollout.stop_token_ids(model, processor)
         self.pad_id = rollout.pad_token_id(processor, self.stop_ids)
         self.banned_ids = vision_token_ids(processor)
@@ -141,7 +134,6 @@ class VLMPolicy:
         share_prefix: bool = True,
         episode: EpisodeSettings | None = None,
         tree: TreeShape | None = None,
-        fork: bool = True,
         **load_kwargs,
     ) -> VLMPolicy:
         """Load a local model directory (see ``load_vlm`` for ``load_kwargs``)."""
@@ -151,7 +143,7 @@ class VLMPolicy:
         model, processor = load_vlm(path, **load_kwargs)
         return cls(
             model, processor, prompt, sampling, share_prefix=share_prefix, episode=episode,
-            tree=tree, fork=fork,
+            tree=tree,
         )  # fmt: skip
 
     @property
@@ -446,7 +438,7 @@ class VLMPolicy:
         ref_model.requires_grad_(False)
         ref = VLMPolicy(
             ref_model, self.processor, self.prompt, self.sampling,
-            share_prefix=self.share_prefix, episode=self.episode, tree=self.tree, fork=self.fork,
+            share_prefix=self.share_prefix, episode=self.episode, tree=self.tree,
         )  # fmt: skip
         return ref.eval()
 
@@ -457,33 +449,6 @@ class VLMPolicy:
     ) -> tuple[list[EncodedPrompt], list[dict]]:
         """Prompts for ``samples`` with this policy's prompt settings (see ``encode_prompts``)."""
         return encode_prompts(self.processor, samples, self.prompt, strict=strict, indices=indices)
-
-    def sample(
-        self, prompts: list[EncodedPrompt], n: int, sampling: SamplingParams | None = None
-    ) -> RolloutBatch:
-        """``n`` completions per encoded prompt, or ``n`` episodes when the policy has
-        ``episode`` settings (see ``vlm/episode_rollout.py``), with ``sampling`` (default: the
-        policy's own, the distribution ``evaluate`` scores); rewards not filled. Completions are
-        the leaves of ``tree`` when it has ``n`` leaves, else flat groups, both from the
-        prefill-once sampler (``vlm/tree_rollout.py``; ``generate`` when ``fork`` is off)."""
-        sp = sampling or self.sampling
-        shape = self.tree if self.tree is not None and self.tree.leaves == n else None
-        if self.episode is None:
-            if not self.fork:
-                return rollout.sample(self.model, self.processor, prompts, n, sp)
-            if self._tree_sampler is None:
-                self._tree_sampler = TreeSampler(
-                    self.model, self.processor, self.stop_ids, self.pad_id, self.banned_ids
-                )
-            return self._tree_sampler.sample(prompts, shape or TreeShape.flat(n), sp)
-        if self._sampler is None or self._sampler.settings is not self.episode:
-            from .episode_rollout import EpisodeSampler
-
-            self._sampler = EpisodeSampler(
-                self.model, self.processor, self.episode, self.stop_ids, self.pad_id,
-                self.banned_ids,
-            )  # fmt: skip
-        return self._sampler.sample(prompts, n, sp, shape)
 
     def completions_batch(
         self, samples: list[dict], completions: list[str] | list[list[str]]
@@ -502,13 +467,6 @@ class VLMPolicy:
             )
         prompts, _ = self.encode(samples, strict=True)
         return rollout.completions_batch(self.processor, prompts, completions, self.stop_ids)
-
-    def generate(
-        self, samples: list[dict], n: int = 1, sampling: SamplingParams | None = None
-    ) -> RolloutBatch:
-        """Encode ``samples`` (strict about images) and sample ``n`` completions for each."""
-        prompts, _ = self.encode(samples, strict=True)
-        return self.sample(prompts, n, sampling)
 
 
 @dataclass

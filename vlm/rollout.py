@@ -1,8 +1,9 @@
-"""HF rollout engine: batched sampling of G completions per prompt with ``model.generate``.
+"""Batched sampling of G completions per prompt with ``model.generate``, and the helpers every
+HF path shares (collation, prompt tables, generation mode, stop tokens).
 
-Training rollouts use the prefill-once tree sampler by default (``vlm/tree_rollout.py``,
-``rollout.sampler=fork``); this engine serves ``rollout.sampler=generate``, greedy evaluation
-and the judge, and its helpers (collation, prompt tables, generation mode) serve both.
+Training rollouts go through the sampler driver (``vlm/sampler.py``) by default
+(``rollout.sampler=fork``); ``generate`` serves ``rollout.sampler=generate`` (flat groups, for
+models whose cache cannot fork rows), greedy evaluation and the judge.
 
 Prompts are left-padded for generation (KV cache on), rows are packed into generate calls by a
 token budget (prompt + completion tokens per call), and the result is a ``RolloutBatch`` whose

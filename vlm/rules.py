@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..registry import ADVANTAGES
 from ..trainer.config import ConfigError
-from .kv_sampler import TreeShape
+from .schedule import TreeShape
 
 
 def check_vlm(cfg) -> None:
@@ -40,11 +40,11 @@ def check_tree(r) -> None:
     episodes = r.episode.enabled
     if r.engine == "hf" and r.sampler != "fork":
         raise ConfigError(f"{where} needs rollout.sampler=fork on the HF engine")
-    if r.engine == "vllm" and (episodes or t.allocate != "uniform"):
+    if r.engine == "vllm" and t.allocate != "uniform":
         raise ConfigError(
-            f"{where} on rollout.engine=vllm grows single-turn trees with "
-            "rollout.tree.allocate=uniform (entropy needs the next-token distribution, which vLLM "
-            "does not return; episode trees fork the HF cache); use rollout.engine=hf"
+            f"{where} on rollout.engine=vllm needs rollout.tree.allocate=uniform (entropy "
+            "needs the next-token distribution at a fork, which vLLM does not return); use "
+            "rollout.engine=hf for entropy forks"
         )
     if episodes and len(t.branches) > r.episode.max_turns:
         raise ConfigError(

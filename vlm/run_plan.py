@@ -22,9 +22,9 @@ from ..registry import EPISODE_ENVS, GENERATORS
 from ..trainer.config import TrainConfig
 from .config import ModelConfig, RolloutConfig, VLLMConfig
 from .episode import EpisodeEnv, EpisodeSettings
-from .kv_sampler import TreeShape
 from .prompts import PromptConfig
 from .rollout import SamplingParams
+from .schedule import TreeShape
 from .tool_env import resolve_tools
 from .tools import Tool
 

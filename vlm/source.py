@@ -30,7 +30,7 @@ from .episode import episode_context, episode_metrics, summarize
 from .process import ProcessMonitor
 from .prompts import EncodedPrompt, PromptConfig, encode_prompt, encode_prompts
 from .records import describe_group
-from .tree_rollout import sampled_tokens
+from .sampler import Rollouts, sampled_tokens
 
 RewardFn = Callable[
     [list[str], list[dict], RewardContext], tuple[list[float], dict[str, list[float]], dict]
@@ -146,6 +146,8 @@ class VLMRolloutSource:
         data_skipped: dict[str, int] | None = None,
         process=None,
         guide: Callable[[dict], str | list[str]] | None = None,
+        engine=None,
+        fork: bool = True,
     ):
         if not samples:
             raise ValueError("VLMRolloutSource needs at least one sample")
@@ -160,6 +162,9 @@ class VLMRolloutSource:
         """process reward (``vlm/process.py``: ``(batch, correct) -> ([B, T], stats)``)"""
         self.guide = guide if cfg.guide else None
         """``rollout.guide``: a sample's reference trace (``run.guide_traces``)"""
+        self.engine, self.fork = engine, fork
+        """the rollout engine (``vlm/sampler.py``; None: the HF engine on the policy's model)"""
+        self._rollouts: Rollouts | None = None
         self.monitor = ProcessMonitor()
         self.epoch, self.pos, self.skipped_total = 0, 0, 0
         self._order: np.ndarray | None = None
@@ -195,6 +200,12 @@ class VLMRolloutSource:
         self.skipped_total += skipped
         return prompts, skipped
 
+    def rollouts(self, policy) -> Rollouts:
+        """The sampler driver over this source's engine for ``policy``."""
+        if self._rollouts is None or self._rollouts.policy is not policy:
+            self._rollouts = Rollouts(policy, self.engine, fork=self.fork)
+        return self._rollouts
+
     # ---- RolloutSource ----------------------------------------------------------------------
 
     def collect(self, policy, step: int) -> tuple[RolloutBatch, dict[str, float]]:
@@ -202,7 +213,7 @@ class VLMRolloutSource:
         t0 = time.perf_counter()
         prompts, skipped = self._next_prompts(policy)
         with _step_rng(self.seed, step, policy.device):
-            batch = policy.sample(
+            batch = self.rollouts(policy).sample(
                 prompts, self.cfg.group_size - (self.cfg.guide if self.guide else 0)
             )
             shuffled = self._shuffled_rollouts(policy, prompts, step) if self.tgrpo_key else None
@@ -298,7 +309,7 @@ class VLMRolloutSource:
         if not shuf:
             return None
         n = self.cfg.tgrpo_shuffled or self.cfg.group_size
-        b = policy.sample(shuf, n)
+        b = self.rollouts(policy).sample(shuf, n)
         gid = torch.tensor(groups).repeat_interleave(n)
         return b, gid
 
@@ -398,7 +409,7 @@ def _greedy(policy, prompts: list[EncodedPrompt], max_new_tokens: int, token_bud
     if getattr(policy, "episode", None) is None:
         return rollout.greedy(policy.model, policy.processor, prompts, max_new_tokens, token_budget)
     sp = rollout.SamplingParams(0.0, max_new_tokens=max_new_tokens, token_budget=token_budget)
-    return policy.sample(prompts, 1, sp)
+    return Rollouts(policy).sample(prompts, 1, sp)
 
 
 def evaluate_accuracy(

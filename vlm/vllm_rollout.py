@@ -1,9 +1,10 @@
-"""vLLM rollout engine: the HF engine's interface (``sample(prompts, n, sp) -> RolloutBatch``) on
-vLLM's offline ``LLM`` API, colocated with training in the trainer's process.
+"""vLLM rollout engine: the engine protocol of the sampler driver (``vlm/sampler.py``) on vLLM's
+offline ``LLM`` API, colocated with training in the trainer's process.
 
-One rollout phase (``vlm/vllm_policy.py``, ``VLLMRolloutPolicy.sample``): wake the engine's weights -> push the trainer's
-current weights in flat buckets -> wake the KV cache -> generate ``n`` completions per prompt with
-the sampled tokens' log-probs -> sleep (weights offloaded, KV cache dropped) so that the update
+One rollout (``VLLMEngine.session``): wake the engine's weights -> push the trainer's current
+weights in flat buckets -> wake the KV cache -> the driver's segments, one request per live row
+carrying its whole sequence (prompt, turns, observations) so vLLM's prefix cache holds what rows
+and turns share, with the sampled tokens' log-probs -> sleep (weights offloaded, KV cache dropped) so that the update
 gets the accelerator memory back. The weights are pushed before every rollout, i.e. after every
 update (and after a resume), never per parameter: each bucket is one contiguous buffer (one copy,
 one transfer) that the engine's worker unpacks into views and loads with vLLM's in-place reload
@@ -37,20 +38,23 @@ multimodal models need a GPU build of vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch import Tensor, nn
 
-from ..trainer.batch import RolloutBatch
 from . import rollout
 from .config import VLLMConfig
+from .episode import stop_string_end
 from .prompts import EncodedPrompt, load_images, vision_token_ids
 from .rollout import SamplingParams
+from .schedule import END_FULL, END_LENGTH, END_STOP, END_STOP_STRING, forked_rows
 
 VISION_LOGIT_BIAS = -100.0
 """Logit bias of vision placeholder tokens (vLLM clamps biases to [-100, 100])."""
@@ -233,6 +237,10 @@ class VLLMEngine:
         mm_processor_kwargs: image bounds for vLLM's processor (``min_pixels``/``max_pixels``).
     """
 
+    name = "vllm"
+    next_token_distribution = False
+    """no next-token logits at a fork (``rollout.tree.allocate=entropy`` is refused)"""
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -262,9 +270,13 @@ class VLLMEngine:
         self.stop_ids = stop_ids or rollout.stop_token_ids(None, processor)
         self.pad_id = rollout.pad_token_id(processor, self.stop_ids)
         self.vision_ids = vision_token_ids(processor)
+        self.banned = self.vision_ids
+        """never sampled (a logit bias; see `strip_vision_tokens`)"""
         self.on_cpu = not torch.cuda.is_available()
         self.sleeping = False
         self.stats: dict[str, float] = {}
+        self.sync_stats: dict[str, float] = {}
+        """the last rollout's weight push (`sync_weights`)"""
         kwargs: dict = dict(
             model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=self.opts.seed,
             max_model_len=max_model_len, enforce_eager=self.opts.enforce_eager,
@@ -329,19 +341,6 @@ class VLLMEngine:
 
     # ---- sampling -------------------------------------------------------------------------------
 
-    def request(self, p: EncodedPrompt) -> dict:
-        """vLLM prompt of one encoded prompt: token ids with collapsed placeholders, plus images."""
-        ids = p.input_ids.tolist()
-        if not self.vision_ids or not any(t in self.vision_ids for t in ids):
-            return {"prompt_token_ids": ids}
-        if "pixel_values_videos" in p.vision:
-            raise NotImplementedError("video prompts are not wired to the vLLM engine yet")
-        images = load_images(p.sample)
-        return {
-            "prompt_token_ids": collapse_vision_runs(ids, self.vision_ids),
-            "multi_modal_data": {"image": images},
-        }
-
     def sampling_params(self, sp: SamplingParams, n: int, seed: int | None):
         from vllm import SamplingParams as VSP
 
@@ -353,30 +352,6 @@ class VLLMEngine:
             logit_bias={i: VISION_LOGIT_BIAS for i in self.vision_ids} or None,
             skip_special_tokens=False, ignore_eos=False,
         )  # fmt: skip
-
-    def sample(self, prompts: list[EncodedPrompt], n: int, sp: SamplingParams) -> RolloutBatch:
-        """``n`` completions per prompt, laid out as ``rollout.sample`` does (rows of a prompt
-        adjacent, right-padded tokens, mask through the stop token), with ``logp_rollout`` always
-        filled. Per-request seeds come from the torch RNG, so a seeded step is reproducible."""
-        reqs = [self.request(p) for p in prompts]
-        base = int(torch.randint(0, 2**30, ()))
-        params = [self.sampling_params(sp, n, base + i * n) for i in range(len(prompts))]
-        outs = self.llm.generate(reqs, params, use_tqdm=False)
-        rows, lps, stripped = [], [], 0
-        for p, out in zip(prompts, outs):
-            check_prompt_ids(
-                p.input_ids.tolist(), list(out.prompt_token_ids), p.sample.get("id"),
-                self.vision_ids,
-            )  # fmt: skip
-            if len(out.outputs) != n:
-                raise RuntimeError(f"vLLM returned {len(out.outputs)} completions, asked {n}")
-            for c in out.outputs:
-                ids, lp, cut = self.read_completion(c)
-                stripped += cut
-                rows.append(ids)
-                lps.append(lp)
-        self.stats["rollout/vision_tokens_stripped"] = float(stripped)
-        return self._batch(prompts, n, rows, lps)
 
     def read_completion(self, c) -> tuple[list[int], list[float], bool]:
         """A vLLM completion's token ids and sampled log-probs, cut before its first vision
@@ -397,37 +372,133 @@ class VLLMEngine:
             done.append(self.read_completion(out.outputs[0]))
         return done
 
-    def _batch(self, prompts, n, rows: list[list[int]], lps: list[list[float]]) -> RolloutBatch:
-        T = max(max((len(r) for r in rows), default=1), 1)
-        tokens = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
-        logp = torch.zeros((len(rows), T))
-        for i, (r, lp) in enumerate(zip(rows, lps)):
-            tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            logp[i, : len(lp)] = torch.tensor(lp)
-        mask = rollout.completion_mask(tokens, self.stop_ids)
-        mask *= (torch.arange(T) < torch.tensor([len(r) for r in rows]).unsqueeze(1)).float()
-        lengths = mask.sum(1).long().tolist()
-        texts = self.processor.batch_decode(
-            [r[:k] for r, k in zip(rows, lengths)], skip_special_tokens=True
-        )
-        stops = set(self.stop_ids)
-        meta = [
-            {
-                "sample": prompts[i // n].sample,
-                "completion": texts[i],
-                "truncated": not (lengths[i] and rows[i][lengths[i] - 1] in stops),
-            }
-            for i in range(len(rows))
-        ]
-        return RolloutBatch(
-            tokens=tokens,
-            mask=mask,
-            group_id=rollout.repeated_index(len(prompts), n),
-            logp_rollout=logp * mask,
-            prompts=rollout.prompt_table(prompts),
-            prompt_index=rollout.repeated_index(len(prompts), n),
-            meta=meta,
-        )
+    # ---- the engine protocol (``vlm/sampler.py`` drives it) -----------------------------------
+
+    @contextlib.contextmanager
+    def session(self, model: nn.Module):
+        """A rollout: wake the weights, push ``model``'s, wake the KV cache; sleep afterwards
+        (the update gets the accelerator memory back)."""
+        self.wake_up(["weights"])
+        self.sync_stats = self.sync_weights(model)
+        self.wake_up(["kv_cache"])
+        self.stats["rollout/vision_tokens_stripped"] = 0.0
+        try:
+            yield
+        finally:
+            self.sleep()
+
+    def open(self, prompts: list[EncodedPrompt], prompt_of: Tensor, rows: int) -> VLLMRows:
+        """Rows ``0 .. rows-1`` continuing prompts ``prompt_of`` (nothing runs yet: a request
+        carries a row's whole sequence and the prefix cache holds what rows share). Request
+        seeds start from one draw of the torch RNG, so a seeded rollout repeats."""
+        return VLLMRows(
+            torch.arange(rows), prompts, prompt_of, RowImages(prompts, self.vision_ids),
+            int(torch.randint(0, 2**30, ())), len(prompt_of),
+        )  # fmt: skip
+
+    def fork(self, state: VLLMRows, idx: Tensor, clone) -> None:
+        def clone_rows(src: Tensor) -> Tensor:
+            dst = clone(src)
+            for a, b in zip(dst.tolist(), src.tolist()):
+                state.images.copy(b, a)
+            return dst
+
+        state.rows = forked_rows(state.rows, idx, clone_rows)
+
+    def keep(self, state: VLLMRows, idx: Tensor) -> None:
+        state.rows = state.rows[idx]
+
+    def next_logits(self, state: VLLMRows) -> None:
+        return None  # vLLM returns no next-token distribution (entropy forks are refused)
+
+    def decode(self, state: VLLMRows, tape, sp: SamplingParams, limit: Tensor, node: Tensor,
+               stops: tuple[str, ...] = (), leaves: bool = False,
+               final: bool = False) -> Tensor:  # fmt: skip
+        """One request per live row (its prompt and its tape so far), up to ``limit[i]`` new
+        tokens, cut after a stop string as the HF engine, checking every token, would end it;
+        written to ``tape``. ``leaves``: rows that stop (and all after a ``final`` segment)
+        leave. Returns [L] why each segment ended, as `HFEngine.decode`."""
+        rows = state.rows.tolist()
+        reason = torch.full((len(rows),), END_LENGTH)
+        go = [i for i in range(len(rows)) if int(limit[i]) > 0]
+        seqs, reqs, params, ids_of = [], [], [], []
+        for i in go:
+            r, u = rows[i], int(state.prompt_of[rows[i]])
+            seq = state.prompts[u].input_ids.tolist() + tape.sequence(r)
+            seqs.append(seq)
+            reqs.append(state.images.request(seq, u, r))
+            turn = replace(sp, max_new_tokens=int(limit[i]))
+            params.append(self.sampling_params(turn, 1, state.seed + state.round * state.width + r))
+            ids_of.append(state.prompts[u].sample.get("id"))
+        outs = self.complete_rows(seqs, reqs, params, ids_of) if go else []
+        decode = lambda ids: self.processor.batch_decode([ids], skip_special_tokens=True)[0]  # noqa: E731
+        for i, (ids, lp, cut) in zip(go, outs):
+            self.stats["rollout/vision_tokens_stripped"] += cut
+            at = stop_string_end(decode, ids, stops)
+            if at:
+                ids, lp, reason[i] = ids[:at], lp[:at], END_STOP_STRING
+            elif ids and ids[-1] in self.stop_ids and not cut:
+                reason[i] = END_STOP
+            elif not cut and len(ids) < int(limit[i]):
+                reason[i] = END_FULL
+            tape.put_text(rows[i], ids, lp, int(node[i]))
+        state.round += 1
+        if leaves:
+            self.keep(state, torch.zeros(0, dtype=torch.long) if final else
+                      (reason != END_STOP).nonzero().squeeze(1))  # fmt: skip
+        return reason
+
+    def extend(self, state: VLLMRows, tape, encs: list) -> None:
+        """The observations are on ``tape``; their images go with the rows' next requests."""
+        for row, enc in zip(state.rows.tolist(), encs):
+            state.images.observe(row, enc)
+
+
+@dataclass
+class VLLMRows:
+    """The live rows of a vLLM rollout: a row is its prompt plus its tape; nothing else lives
+    on the engine between requests but the prefix cache."""
+
+    rows: Tensor
+    prompts: list[EncodedPrompt]
+    prompt_of: Tensor
+    """the driver's prompt of every tape row"""
+    images: RowImages
+    seed: int
+    width: int
+    """tape rows (request seeds are ``seed + round * width + row``)"""
+    round: int = 0
+
+
+class RowImages:
+    """The images each row's requests carry: its prompt's, then its observations' in order
+    (text-only sequences send none)."""
+
+    def __init__(self, prompts: list[EncodedPrompt], vision_ids: list[int]):
+        self.prompts, self.vision_ids = prompts, vision_ids
+        self.prompt_images: dict[int, list[Image.Image]] = {}
+        self.observed: dict[int, list[Image.Image]] = {}
+
+    def observe(self, row: int, enc) -> None:
+        if enc.num_images:
+            self.observed.setdefault(row, []).extend(enc.images)
+
+    def copy(self, src: int, dst: int) -> None:
+        """Row ``dst`` forks from row ``src``: the same images so far."""
+        self.observed[dst] = list(self.observed.get(src, []))
+
+    def request(self, seq: list[int], u: int, row: int) -> dict:
+        vis = set(self.vision_ids)
+        if not vis or not any(t in vis for t in seq):
+            return {"prompt_token_ids": seq}
+        if "pixel_values_videos" in self.prompts[u].vision:
+            raise NotImplementedError("video prompts are not wired to the vLLM engine yet")
+        if u not in self.prompt_images:
+            self.prompt_images[u] = load_images(self.prompts[u].sample)
+        return {
+            "prompt_token_ids": collapse_vision_runs(seq, self.vision_ids),
+            "multi_modal_data": {"image": self.prompt_images[u] + self.observed.get(row, [])},
+        }
 
 
 def _repack_embeddings(model: nn.Module) -> None:

@@ -14,6 +14,7 @@ from PIL import Image, ImageDraw
 from perceptrl.vlm.episode import EpisodeSettings, episode_metrics, stop_string_end
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
+from perceptrl.vlm.sampler import Rollouts
 from perceptrl.vlm.tiny import ARCHS
 from perceptrl.vlm.tools import Observation
 
@@ -74,7 +75,7 @@ def run(policy, samples, env, n=2, seed=0, **settings) -> object:
     prompts, _ = policy.encode(samples)
     torch.manual_seed(seed)
     sp = SamplingParams(max_new_tokens=40, return_logprobs=True)
-    return policy.sample(prompts, n, sp)
+    return Rollouts(policy).sample(prompts, n, sp)
 
 
 def forwards(policy, batch, share: bool):
@@ -238,7 +239,7 @@ def test_budgets_end_episodes_with_their_reason(tiny_dirs, samples, settings, sp
     torch.manual_seed(0)
     bias = 0.0 if stop == "turn_length" else 8.0
     with short_turns(pol, bias):
-        b = pol.sample(prompts, 2, SamplingParams(**{"max_new_tokens": 20, **sp}))
+        b = Rollouts(pol).sample(prompts, 2, SamplingParams(**{"max_new_tokens": 20, **sp}))
     logs = [m["episode"] for m in b.meta]
     assert {e["stop"] for e in logs} == {stop}
     assert all(e["images"] <= settings.get("max_images", 9) for e in logs)
@@ -270,7 +271,7 @@ def test_batches_keep_their_keys_when_only_some_rows_observe(tiny_dirs, samples)
     prompts, _ = pol.encode(samples[:3])
     torch.manual_seed(0)
     with short_turns(pol):
-        b = pol.sample(
+        b = Rollouts(pol).sample(
             prompts, 2, SamplingParams(max_new_tokens=30, token_budget=600, return_logprobs=True)
         )
         assert [m["episode"]["turns"] for m in b.meta] == [2, 2, 1, 1, 1, 1]
@@ -301,7 +302,9 @@ def test_an_image_the_processor_refuses_is_an_error_observation(tiny_dirs, sampl
     prompts, _ = pol.encode(samples[:1])
     torch.manual_seed(0)
     with short_turns(pol):
-        b = pol.sample(prompts, 2, SamplingParams(max_new_tokens=20, return_logprobs=True))
+        b = Rollouts(pol).sample(
+            prompts, 2, SamplingParams(max_new_tokens=20, return_logprobs=True)
+        )
         logp, _ = forwards(pol, b, share=True)
     logs = [m["episode"] for m in b.meta]
     assert all(e["turns"] == 2 and e["images"] == 0 for e in logs)
@@ -324,8 +327,8 @@ def test_episode_trees_fork_after_a_turn_and_score_as_sampled(pol, samples, bran
     """Episodes of 3 turns grown as a tree that forks after turns: 4 leaves per prompt, rows
     below a fork share its turns and observations token for token, segments name the turns,
     and the training forward matches the sampled log-probs."""
-    from perceptrl.vlm.kv_sampler import TreeShape
-    from perceptrl.vlm.tree_rollout import sampled_tokens
+    from perceptrl.vlm.sampler import sampled_tokens
+    from perceptrl.vlm.schedule import TreeShape
 
     pol.tree = TreeShape(branches, segment_tokens=1)
     try:

@@ -10,11 +10,11 @@ import contextlib
 import pytest
 import torch
 
-from perceptrl.vlm.kv_sampler import TreeShape, _allocate
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
+from perceptrl.vlm.sampler import Rollouts, sampled_tokens
+from perceptrl.vlm.schedule import TreeShape, _allocate
 from perceptrl.vlm.tiny import ARCHS
-from perceptrl.vlm.tree_rollout import sampled_tokens
 
 TOL = 1e-5
 """float32 on the CPU: training-forward log-probs equal the sampled ones to this"""
@@ -46,7 +46,7 @@ def sample(policy, samples, shape, max_new=24, seed=0):
     policy.tree = shape
     torch.manual_seed(seed)
     try:
-        return policy.sample(
+        return Rollouts(policy).sample(
             prompts, shape.leaves, SamplingParams(max_new_tokens=max_new, return_logprobs=True)
         )
     finally:

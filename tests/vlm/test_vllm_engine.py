@@ -1,6 +1,7 @@
-"""The vLLM rollout engine on a real vLLM (the CPU build runs a tiny text-only Qwen2): engine
-start, n samples per prompt, log-probs against the trainer's, bucketed weight sync, seeded
-reproducibility and two training steps with rollouts on vLLM. Run with ``make test-vllm``."""
+"""The vLLM rollout engine on a real vLLM (the CPU build runs a tiny text-only Qwen2) under the
+one sampler driver (``vlm/sampler.py``): engine start, n samples per prompt, log-probs against
+the trainer's, bucketed weight sync, seeded reproducibility, episodes, trees, trees of episodes
+and training steps with rollouts on vLLM. Run with ``make test-vllm``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from perceptrl.vlm.config import VLLMConfig  # noqa: E402
 from perceptrl.vlm.policy import VLMPolicy  # noqa: E402
 from perceptrl.vlm.prompts import PromptConfig  # noqa: E402
 from perceptrl.vlm.rollout import SamplingParams  # noqa: E402
-from perceptrl.vlm.vllm_policy import VLLMRolloutPolicy  # noqa: E402
+from perceptrl.vlm.sampler import Rollouts, sampled_tokens  # noqa: E402
+from perceptrl.vlm.schedule import TreeShape  # noqa: E402
 from perceptrl.vlm.vllm_rollout import TextProcessor, VLLMEngine, build_tiny_text  # noqa: E402
 from perceptrl.wiring import Config  # noqa: E402
 
@@ -41,6 +43,18 @@ def setup(tmp_path_factory):
     return policy, engine, prompts
 
 
+def vllm_sample(policy, engine, prompts, n, sp, sync=True):
+    """``n`` rollouts per prompt on ``engine`` (the policy's weights pushed first unless
+    ``sync`` is off: then the engine keeps what it has)."""
+    if sync:
+        return Rollouts(policy, engine).sample(prompts, n, sp)
+    push, engine.sync_weights = engine.sync_weights, lambda model: {}
+    try:
+        return Rollouts(policy, engine).sample(prompts, n, sp)
+    finally:
+        engine.sync_weights = push
+
+
 def _gap(policy, batch, temperature=1.0):
     policy.sampling = dataclasses.replace(policy.sampling, temperature=temperature)
     with torch.no_grad():
@@ -51,7 +65,9 @@ def _gap(policy, batch, temperature=1.0):
 def test_engine_samples_n_completions_per_prompt(setup):
     policy, engine, prompts = setup
     torch.manual_seed(0)
-    batch = engine.sample(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=10))
+    batch = vllm_sample(
+        policy, engine, prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=10)
+    )
     B, T = batch.tokens.shape
     assert B == 12 and 1 <= T <= 10
     assert batch.group_id.tolist() == [g for g in range(3) for _ in range(4)]
@@ -73,7 +89,7 @@ def test_rollout_logprobs_match_the_trainer(setup, temperature):
     policy, engine, prompts = setup
     torch.manual_seed(1)
     sp = SamplingParams(temperature=temperature, max_new_tokens=12)
-    batch = engine.sample(prompts, 2, sp)
+    batch = vllm_sample(policy, engine, prompts, 2, sp)
     assert _gap(policy, batch, temperature) < 1e-4  # processed log-probs = tempered trainer's
 
 
@@ -88,9 +104,9 @@ def test_weight_sync_in_buckets_reaches_every_parameter(setup):
                 for name, p in policy.model.named_parameters():
                     if group in name:
                         p.add_(torch.randn(p.shape, generator=g) * 0.05)
-            stale = _gap(policy, engine.sample(prompts, 2, sp))
+            stale = _gap(policy, vllm_sample(policy, engine, prompts, 2, sp, sync=False))
             stats = engine.sync_weights(policy.model)
-            synced = _gap(policy, engine.sample(prompts, 2, sp))
+            synced = _gap(policy, vllm_sample(policy, engine, prompts, 2, sp, sync=False))
             assert stale > 1e-3, group  # the engine really had the old weights
             assert synced < 1e-4, group  # and now has the trainer's
         assert stats["weight_sync/buckets"] >= 2  # 1 MiB buckets of a ~2.6 MB model
@@ -110,19 +126,20 @@ def test_a_batch_larger_than_one_engine_step(setup):
     qs = [f"{q} ({i})" for i in range(3) for q in QUESTIONS][:8]
     prompts, _ = policy.encode([{"id": i, "question": q} for i, q in enumerate(qs)])
     torch.manual_seed(3)
-    batch = engine.sample(prompts, 8, SamplingParams(temperature=1.0, max_new_tokens=4))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=4)
+    batch = vllm_sample(policy, engine, prompts, 8, sp)
     assert batch.tokens.shape[0] == 64 and (batch.mask.sum(1) >= 1).all()
 
 
 def test_seeded_rollouts_repeat(setup):
-    _, engine, prompts = setup
+    policy, engine, prompts = setup
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     torch.manual_seed(7)
-    a = engine.sample(prompts, 3, sp)
+    a = vllm_sample(policy, engine, prompts, 3, sp)
     torch.manual_seed(7)
-    b = engine.sample(prompts, 3, sp)
+    b = vllm_sample(policy, engine, prompts, 3, sp)
     torch.manual_seed(8)
-    c = engine.sample(prompts, 3, sp)
+    c = vllm_sample(policy, engine, prompts, 3, sp)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logp_rollout, b.logp_rollout)
     assert not torch.equal(a.tokens[:, :4], c.tokens[:, :4])
 
@@ -150,12 +167,11 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
         return totals, {"length": totals}, {}
 
     samples = [{"id": i, "question": q} for i, q in enumerate(QUESTIONS)]
-    source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0)
+    source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0, engine=engine)
     policy.sampling = resolve(cfg).sampling  # the rollouts' settings, built once from the recipe
-    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     try:
-        trainer = Trainer(cfg, vpolicy, source, tmp_path, engine=build_engine(vpolicy, cfg.train))
+        trainer = Trainer(cfg, policy, source, tmp_path, engine=build_engine(policy, cfg.train))
         m1 = trainer.train_step()
         trainer.step += 1
         changed = any(not torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
@@ -167,7 +183,7 @@ def test_training_steps_with_vllm_rollouts(setup, tmp_path):
     for m in (m1, m2):
         assert m["rollout_gap/abs_max"] < 1e-4  # rollout on the current weights
         assert m["tis/capped_frac"] == 0.0 and m["tis/weight_mean"] == pytest.approx(1.0)
-    assert vpolicy.sync_stats["weight_sync/buckets"] >= 2
+    assert engine.sync_stats["weight_sync/buckets"] >= 2
 
 
 # ---- multi-turn episodes on the engine --------------------------------------------------------
@@ -227,11 +243,11 @@ def test_episodes_on_vllm_score_like_the_trainer(setup, turns):
 
     policy, engine, prompts = setup
     policy.episode = EpisodeSettings(env=lambda: TextEnv(turns), max_tokens=160)
-    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     try:
         with short_turns(policy, engine):
             torch.manual_seed(turns)
-            batch = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=16))
+            sp = SamplingParams(temperature=1.0, max_new_tokens=16)
+            batch = vllm_sample(policy, engine, prompts, 2, sp)
             gap = _gap(policy, batch)
     finally:
         policy.episode = None
@@ -272,7 +288,7 @@ def test_a_stop_string_cuts_a_vllm_turn_where_the_hf_sampler_stops(setup, first_
         policy.episode = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=160, stop=stop)
         torch.manual_seed(7)
         sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-        return VLLMRolloutPolicy.colocate(policy, engine).sample(prompts[:1], 2, sp)
+        return vllm_sample(policy, engine, prompts[:1], 2, sp)
 
     try:
         with short_turns(policy, engine, bias=-100.0):  # turns never end by the stop token
@@ -313,15 +329,12 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path):
         return totals, {"length": totals}, {}
 
     samples = [{"id": i, "question": q} for i, q in enumerate(QUESTIONS)]
-    source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0)
+    source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0, engine=engine)
     policy.sampling = resolve(cfg).sampling
     policy.episode = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=120)
-    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     try:
         with short_turns(policy, engine):
-            trainer = Trainer(
-                cfg, vpolicy, source, tmp_path, engine=build_engine(vpolicy, cfg.train)
-            )
+            trainer = Trainer(cfg, policy, source, tmp_path, engine=build_engine(policy, cfg.train))
             m1 = trainer.train_step()
             trainer.step += 1
             m2 = trainer.train_step()
@@ -362,9 +375,9 @@ def test_a_text_tool_runs_in_vllm_episodes(setup):
             opt.zero_grad()
             loss.backward()
             opt.step()
-        vpolicy = VLLMRolloutPolicy.colocate(policy, engine)  # syncs the taught weights
-        torch.manual_seed(0)
-        out = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=24))
+        torch.manual_seed(0)  # the rollout pushes the taught weights first
+        sp = SamplingParams(temperature=1.0, max_new_tokens=24)
+        out = vllm_sample(policy, engine, prompts, 2, sp)
         gap = _gap(policy, out)
     finally:
         policy.episode = None
@@ -386,16 +399,13 @@ def test_trees_on_vllm_share_segments_and_score_like_the_trainer(setup, bias):
     token for token, a full tree decodes fewer tokens than its leaves hold, branches that stop
     hand their leaves to live ones, and the engine's log-probs equal the training forward's
     (which scores shared segments once)."""
-    from perceptrl.vlm.kv_sampler import TreeShape
-    from perceptrl.vlm.tree_rollout import sampled_tokens
-
     policy, engine, prompts = setup
     policy.tree = TreeShape((2, 2), 6)
-    vpolicy = VLLMRolloutPolicy.colocate(policy, engine)
     try:
         with short_turns(policy, engine, bias):
             torch.manual_seed(2)
-            b = vpolicy.sample(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=16))
+            sp = SamplingParams(temperature=1.0, max_new_tokens=16)
+            b = vllm_sample(policy, engine, prompts, 4, sp)
             gap = _gap(policy, b)
     finally:
         policy.tree = None
@@ -421,6 +431,48 @@ def test_trees_on_vllm_share_segments_and_score_like_the_trainer(setup, bias):
         assert all(c <= 4 for c in torch.bincount(b.group_id).tolist())
 
 
+class ForkingTextEnv(TextEnv):
+    """`TextEnv` whose episodes fork (trees of episodes): the copy continues its count."""
+
+    def fork(self, src, dst):
+        while len(self.turns) <= dst:
+            self.turns.append(0)
+        self.turns[dst] = self.turns[src]
+
+
+def test_episode_trees_on_vllm_share_turns_and_score_like_the_trainer(setup):
+    """Trees of 3-turn episodes forking after the first and second turns, on vLLM (the HF cache
+    was their only engine before): rows below a fork share its turns and observations token for
+    token, segments name the turns, and the engine's log-probs equal the training forward's."""
+    from perceptrl.vlm.episode import EpisodeSettings
+
+    policy, engine, prompts = setup
+    policy.episode = EpisodeSettings(env=lambda: ForkingTextEnv(3), max_tokens=200)
+    policy.tree = TreeShape((1, 2, 2), 1)
+    try:
+        with short_turns(policy, engine):
+            torch.manual_seed(4)
+            sp = SamplingParams(temperature=1.0, max_new_tokens=12)
+            b = vllm_sample(policy, engine, prompts, 4, sp)
+            gap = _gap(policy, b)
+    finally:
+        policy.episode = policy.tree = None
+    assert gap < 1e-4
+    assert b.segments is not None and b.group_id.tolist() == sorted(b.group_id.tolist())
+    whole = 0
+    for g in range(3):
+        rows = (b.group_id == g).nonzero().squeeze(1)
+        assert 1 <= len(rows) <= 4
+        first = b.segments[rows, 0]
+        assert first.unique().numel() == 1  # one first turn per prompt
+        end = int((b.segments[rows[0]] == first[0]).sum())  # the shared first turn
+        for r in rows[1:]:
+            assert torch.equal(b.tokens[r, :end], b.tokens[rows[0], :end])
+        whole += sum(m["episode"]["turns"] == 3 for m in [b.meta[int(r)] for r in rows])
+    assert whole >= 4  # most episodes ran their three turns and forked twice
+    assert sampled_tokens(b)[0] < sampled_tokens(b)[1]  # shared turns decoded once
+
+
 # Tests that start an engine of their own come last: when one is freed, vLLM tears down the
 # process's parallel groups, which the module's engine needs.
 
@@ -443,33 +495,35 @@ def _engine_recipe(*overrides: str):
 def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
     """``rollout.engine=vllm`` glue: the policy is saved, vLLM starts from that directory with
     the recipe's settings, and its rollouts score like the trainer's."""
-    from perceptrl.vlm.builder import vllm_policy
+    from perceptrl.vlm.builder import rollout_engine
     from perceptrl.vlm.run_plan import resolve
 
     policy, _, prompts = setup
-    vpolicy = vllm_policy(resolve(_engine_recipe()).engine, policy, tmp_path)
+    engine = rollout_engine(resolve(_engine_recipe()).engine, policy, tmp_path)
     assert (tmp_path / "rollout_init" / "config.json").exists()
-    assert vpolicy.engine.llm.llm_engine.model_config.max_model_len == 256 + 64
+    assert engine.llm.llm_engine.model_config.max_model_len == 256 + 64
     torch.manual_seed(5)
-    batch = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=6))
-    assert vpolicy.sync_stats["weight_sync/buckets"] == 1  # 256 MiB buckets: one for this model
+    sp = SamplingParams(temperature=1.0, max_new_tokens=6)
+    batch = vllm_sample(policy, engine, prompts, 2, sp)
+    assert engine.sync_stats["weight_sync/buckets"] == 1  # 256 MiB buckets: one for this model
     assert _gap(policy, batch) < 1e-4
 
 
 def test_wiring_runs_tool_episodes_on_the_engine(setup, tmp_path):
     """A recipe with tools and ``rollout.engine=vllm`` is no longer refused: its engine holds a
     whole episode (prompt + ``rollout.episode.max_tokens``) and its rollouts are episodes."""
-    from perceptrl.vlm.builder import vllm_policy
+    from perceptrl.vlm.builder import rollout_engine
     from perceptrl.vlm.run_plan import resolve
 
     policy, _, prompts = setup
     plan = resolve(_engine_recipe("rollout.episode.tools=[zoom]", "rollout.episode.max_tokens=300"))
     policy.episode = plan.episode.settings()
     try:
-        vpolicy = vllm_policy(plan.engine, policy, tmp_path)
-        assert vpolicy.engine.llm.llm_engine.model_config.max_model_len == 256 + 300
+        engine = rollout_engine(plan.engine, policy, tmp_path)
+        assert engine.llm.llm_engine.model_config.max_model_len == 256 + 300
         torch.manual_seed(5)
-        batch = vpolicy.sample(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=6))
+        sp = SamplingParams(temperature=1.0, max_new_tokens=6)
+        batch = vllm_sample(policy, engine, prompts, 2, sp)
     finally:
         policy.episode = None
     assert all("episode" in m for m in batch.meta)  # the random model calls no tool: one turn

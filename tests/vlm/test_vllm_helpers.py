@@ -14,6 +14,7 @@ from perceptrl.trainer import algos
 from perceptrl.trainer.config import AlgoConfig, ConfigError
 from perceptrl.trainer.corrections import token_tis
 from perceptrl.vlm.prompts import PromptConfig, encode_prompt, vision_token_ids
+from perceptrl.vlm.sampler import Rollouts
 from perceptrl.vlm.vllm_rollout import (
     PromptMismatchError,
     TextProcessor,
@@ -178,7 +179,9 @@ def test_text_model_runs_through_policy_and_hf_engine(text_model):
     prompts, _ = policy.encode([{"id": 0, "question": "How many red circles are there?"}])
     assert policy.banned_ids == [] and prompts[0].vision == {}
     torch.manual_seed(0)
-    batch = policy.sample(prompts, 2, SamplingParams(max_new_tokens=6, return_logprobs=True))
+    batch = Rollouts(policy).sample(
+        prompts, 2, SamplingParams(max_new_tokens=6, return_logprobs=True)
+    )
     assert batch.tokens.shape[0] == 2
     with torch.no_grad():
         logp = policy.evaluate(batch).logp
@@ -186,7 +189,7 @@ def test_text_model_runs_through_policy_and_hf_engine(text_model):
     assert gap["rollout_gap/abs_max"] < 1e-4  # HF engine and trainer agree at T = 1
     # the rollouts' temperature is the policy's: evaluate scores the tempered distribution
     policy.sampling = SamplingParams(max_new_tokens=6, temperature=0.7, return_logprobs=True)
-    batch = policy.sample(prompts, 2)
+    batch = Rollouts(policy).sample(prompts, 2)
     with torch.no_grad():
         logp = policy.evaluate(batch).logp
     gap = algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)

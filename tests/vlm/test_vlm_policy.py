@@ -8,6 +8,7 @@ from perceptrl.trainer.policy import Policy
 from perceptrl.vlm import rollout
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import BANNED_LOGIT, SamplingParams
+from perceptrl.vlm.sampler import Rollouts
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,7 @@ def batch(policy, samples) -> RolloutBatch:
     torch.manual_seed(0)
     prompts, _ = policy.encode(samples)
     sp = SamplingParams(max_new_tokens=20, return_logprobs=True)
-    return policy.sample(prompts, n=3, sampling=sp)
+    return Rollouts(policy).sample(prompts, n=3, sampling=sp)
 
 
 def naive_logp_entropy(policy: VLMPolicy, b: RolloutBatch, i: int):
@@ -179,7 +180,7 @@ def test_one_policy_gradient_step_changes_parameters(policy, tiny_dirs, samples)
     """A GRPO-shaped update (group-normalised rewards, token-mean loss) on a fresh copy."""
     pol = VLMPolicy.from_pretrained(tiny_dirs[policy.model.config.model_type])
     torch.manual_seed(0)
-    b = pol.generate(samples[:2], n=4, sampling=SamplingParams(max_new_tokens=12))
+    b = Rollouts(pol).generate(samples[:2], n=4, sampling=SamplingParams(max_new_tokens=12))
     rewards = torch.tensor([float(len(m["completion"]) % 3) for m in b.meta])
     grouped = rewards.view(2, 4)
     adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(
@@ -228,7 +229,9 @@ def test_completions_batch_scores_given_texts(policy, samples):
 def test_mixed_text_only_and_image_rows(policy, samples):
     text_only = {**samples[0], "id": "t", "images": [], "question": "Say yes."}
     torch.manual_seed(0)
-    b = policy.generate([text_only, samples[1]], n=2, sampling=SamplingParams(max_new_tokens=8))
+    b = Rollouts(policy).generate(
+        [text_only, samples[1]], n=2, sampling=SamplingParams(max_new_tokens=8)
+    )
     assert b.prompts["pixel_values"][0] is None and b.prompts["pixel_values"][1] is not None
     with torch.no_grad():
         logp = policy.evaluate(b).logp

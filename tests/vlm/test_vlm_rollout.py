@@ -4,6 +4,7 @@ import torch
 
 from perceptrl.vlm import rollout
 from perceptrl.vlm.rollout import SamplingParams, completion_mask
+from perceptrl.vlm.sampler import Rollouts
 
 
 def test_completion_mask_includes_first_stop_only():
@@ -44,7 +45,7 @@ def test_sample_groups_masks_and_text(policy, samples):
     prompts, _ = policy.encode(samples[:3])
     torch.manual_seed(0)
     sp = SamplingParams(max_new_tokens=24, token_budget=200)  # several generate calls
-    b = policy.sample(prompts, n=4, sampling=sp)
+    b = Rollouts(policy).sample(prompts, n=4, sampling=sp)
     B, T = b.tokens.shape
     assert B == 12 and T <= 24
     assert b.group_id.tolist() == [0] * 4 + [1] * 4 + [2] * 4
@@ -78,7 +79,7 @@ def test_eos_is_kept_and_stops_generation(policy, samples):
     bias[im_end] = 50.0
     hook = head.register_forward_hook(lambda module, inp, out: out + bias)
     try:
-        b = policy.sample(prompts, n=3, sampling=SamplingParams(max_new_tokens=8))
+        b = Rollouts(policy).sample(prompts, n=3, sampling=SamplingParams(max_new_tokens=8))
     finally:
         hook.remove()
     assert b.tokens.shape == (6, 1)
@@ -103,7 +104,7 @@ def test_shipped_generation_config_does_not_leak(policy, samples):
     gc.top_k, gc.repetition_penalty, gc.max_new_tokens = 1, 1.5, 2
     try:
         torch.manual_seed(1)
-        b = policy.sample(prompts, n=4, sampling=SamplingParams(max_new_tokens=12))
+        b = Rollouts(policy).sample(prompts, n=4, sampling=SamplingParams(max_new_tokens=12))
     finally:
         gc.top_k, gc.repetition_penalty, gc.max_new_tokens = saved
     assert b.tokens.shape[1] > 2
