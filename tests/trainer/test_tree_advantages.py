@@ -7,13 +7,23 @@ flat limits."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
 from perceptrl.registry import ADVANTAGES
-from perceptrl.trainer.advantages import AdvantageInputs, masked_whiten
+from perceptrl.trainer.advantages import (
+    AdvantageInputs,
+    adv_metrics,
+    broadcast_rows,
+    group_baseline,
+    group_index,
+    masked_whiten,
+    seq_rewards,
+)
 from perceptrl.trainer.config import AlgoConfig
+from perceptrl.trainer.tree_advantages import tree_index
 
 # One prompt, branches [2, 2]: nodes 1 and 2 below the root, 3 and 4 below 1, 5 and 6 below 2;
 # one token per node (TreePO's uids A#1-0#2-0 ... A#1-1#2-3).
@@ -221,3 +231,215 @@ def test_prime_without_whitening_returns_the_returns():
     # process: 2 p - (0.5 + 0) -> [[1.5, -0.5], [-0.5, -0.5]]; outcome +-1 on the last token
     close(adv, [[1 + 0.5 * (1.5 - 0.5), 1 - 0.25], [-1 - 0.5, -1 - 0.25]])
     assert torch.equal(adv, ret)
+
+
+# ----------------------------------------------------------------------------- vectorised = per-row
+# The former per-row implementation of treepo and treerl (trainer/tree_advantages.py before its
+# vectorisation), kept unchanged as an oracle: each row's path rebuilt as a list of tuple keys,
+# node statistics in dicts, Python loops over rows. The estimators must match it on random trees.
+
+
+def _ref_tree_paths(segments, mask, inv):
+    out = []
+    for b in range(mask.shape[0]):
+        g = int(inv[b])
+        if segments is None:
+            out.append([(g,), (g, "row", b)])
+            continue
+        seq = segments[b][(mask[b] > 0) & (segments[b] > 0)].tolist()
+        path = [(g,)]
+        for n in seq:
+            if path[-1] != (g, n):
+                path.append((g, n))
+        out.append(path if len(path) > 1 else [(g,), (g, "row", b)])
+    return out
+
+
+def _ref_leaf_rewards(paths, r):
+    below = {}
+    for path, rb in zip(paths, r):
+        for node in path:
+            below.setdefault(node, []).append(rb)
+    return below
+
+
+def _ref_mean(xs):
+    return sum(xs) / len(xs)
+
+
+def _reference_treepo(inp, cfg):
+    mask = inp.mask
+    r = seq_rewards(inp.rewards, mask)
+    inv, _ = group_index(inp.group_id)
+    paths = _ref_tree_paths(inp.segments, mask, inv)
+    below = _ref_leaf_rewards(paths, r.tolist())
+    deepest = max(len(p) for p in paths) - 1
+    score = torch.zeros_like(r)
+    for b, path in enumerate(paths):
+        rb, root = float(r[b]), below[path[0]]
+        entries = [(rb - (_ref_mean(root) if len(root) > 1 else 0.0), len(root))]
+        for node in path[1:deepest]:
+            sub = below[node]
+            uniform = max(sub) == min(sub)
+            if len(sub) > 1 and not (cfg.treepo_drop_uniform_subgroups and uniform):
+                entries.append((rb - _ref_mean(sub), len(sub)))
+        if cfg.treepo_weighting == "average":
+            score[b] = sum(a for a, _ in entries) / len(entries)
+        else:
+            score[b] = sum(a * n for a, n in entries) / sum(n for _, n in entries)
+    adv = masked_whiten(broadcast_rows(score, mask), mask)
+    depth = sum(len(p) - 1 for p in paths) / max(len(paths), 1)
+    _, _, _, group_std = group_baseline(r, inp.group_id)
+    zero = (group_std <= cfg.eps).float().mean()
+    return adv, adv, adv_metrics(adv, mask, tree_depth=depth, group_zero_std_frac=zero)
+
+
+def _ref_node_values(paths, r, groups, scale):
+    loo = []
+    for path, rb in zip(paths, r.tolist()):
+        k, total = len(groups[path[0]]), sum(groups[path[0]])
+        loo.append(rb - (total - rb) / (k - 1) if k > 1 else 0.0)
+    value = {}
+    for node, rs in _ref_leaf_rewards(paths, loo).items():
+        div = {"sqrt": len(rs) ** 0.5, "count": len(rs), "none": 1.0}[scale]
+        value[node] = 0.0 if len(node) == 1 else _ref_mean(rs) / div
+    return value
+
+
+def _ref_segment_credit(values, mode):
+    local = [v - p for p, v in zip(values, values[1:])]
+    if mode == "ancestors":
+        return [sum(v - a for a in values[: i + 1]) / (i + 1) for i, v in enumerate(values[1:])]
+    if mode == "value":
+        return values[1:]
+    for i in range(1, len(local)):
+        if abs(local[i]) < 1e-8:
+            local[i] = local[i - 1]
+    if mode == "local":
+        return local
+    return [g + v for g, v in zip(local, values[1:])]
+
+
+def _reference_treerl(inp, cfg):
+    mask, segments = inp.mask, inp.segments
+    r = seq_rewards(inp.rewards, mask)
+    inv, _ = group_index(inp.group_id)
+    paths = _ref_tree_paths(segments, mask, inv)
+    groups = _ref_leaf_rewards([p[:1] for p in paths], r.tolist())
+    value = _ref_node_values(paths, r, groups, cfg.treerl_value_scale)
+    adv = torch.zeros_like(mask, dtype=r.dtype)
+    for b, path in enumerate(paths):
+        if len(groups[path[0]]) < 2:
+            continue
+        credit = _ref_segment_credit([value[n] for n in path], cfg.treerl_credit)
+        if path[1][1] == "row":
+            adv[b] = credit[0]
+            continue
+        for node, c in zip(path[1:], credit):
+            adv[b][segments[b] == node[1]] = c
+    adv = torch.where(mask > 0, adv, 0.0)
+    return adv, adv, adv_metrics(adv, mask)
+
+
+def _random_group(rng, n_leaves_max):
+    """One random tree: [(path of node ids, tokens per node)] per leaf, ids shuffled."""
+    depth = rng.randint(1, 3)
+    leaves, next_id = [], [0]
+
+    def grow(path, d):
+        if d == depth or (d > 0 and rng.random() < 0.2):
+            leaves.append(path)  # d < depth: a row that ended before the last depth
+            return
+        for _ in range(rng.choice([1, 1, 2, 2, 3])):
+            if len(leaves) >= n_leaves_max:
+                return
+            next_id[0] += 1
+            grow([*path, next_id[0]], d + 1)
+
+    grow([], 0)
+    if n_leaves_max > 1 and rng.random() < 0.3:
+        leaves.append(rng.choice(leaves))  # two rows on one path: their leaf is a subgroup
+    ids = list(range(1, next_id[0] + 1))
+    rng.shuffle(ids)  # numbering order is not depth order
+    sizes = {n: rng.randint(1, 3) for n in range(1, next_id[0] + 1)}
+    return [[(ids[n - 1], sizes[n]) for n in path] for path in leaves if path]
+
+
+def _random_tree_batch(seed):
+    """Several groups of random trees (one of them a single leaf), rows shuffled, masked holes,
+    binary or graded rewards (so some subgroups are uniform), per-row or per-token rewards."""
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rows, groups = [], []
+    for g in range(rng.randint(1, 5)):
+        tree = _random_group(rng, 1 if g == 0 else 8)
+        rows += tree
+        groups += [rng.randint(0, 3) * 10 + g] * len(tree)  # sparse, unordered group ids
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    T = max(sum(k for _, k in rows[i]) for i in order) + rng.randint(0, 2)
+    seg, mask = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T)
+    for b, i in enumerate(order):
+        toks = [n for n, k in rows[i] for _ in range(k)]
+        seg[b, : len(toks)] = torch.tensor(toks)
+        mask[b, : len(toks)] = (torch.rand(len(toks), generator=gen) > 0.15).float()  # holes
+    if rng.random() < 0.2:
+        mask[rng.randrange(len(rows))] = 0  # a row with no valid token
+    values = [0.0, 1.0] if rng.random() < 0.6 else [0.0, 0.25, 0.5, 1.0]
+    r = torch.tensor([rng.choice(values) for _ in order])
+    if rng.random() < 0.3:  # per-token rewards, summed over valid tokens
+        r = r[:, None] * torch.rand(len(rows), T, generator=gen)
+    group = torch.tensor([groups[i] for i in order])
+    return AdvantageInputs(r, mask, group, segments=seg)
+
+
+def _random_flat_batch(seed):
+    """No segments: four groups (one of them of one row), rows shuffled, masked holes."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = [1] + torch.randint(1, 6, (3,), generator=g).tolist()  # a group of one
+    group = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
+    B = len(group)
+    r = torch.randint(0, 2, (B,), generator=g).float()
+    mask = (torch.rand(B, 4, generator=g) > 0.2).float()
+    return AdvantageInputs(r, mask, group[torch.randperm(B, generator=g)])
+
+
+OPTIONS = {
+    "treepo": [{"treepo_weighting": w, "treepo_drop_uniform_subgroups": d}
+               for w in ("average", "group_size") for d in (False, True)],
+    "treerl": [{"treerl_value_scale": s, "treerl_credit": c}
+               for s in ("sqrt", "count", "none")
+               for c in ("state_value", "local", "value", "ancestors")],
+}  # fmt: skip
+REFERENCE = {"treepo": _reference_treepo, "treerl": _reference_treerl}
+
+
+def test_tree_index_reads_each_rows_path():
+    # UNEVEN: row 0 stops at depth 1; a masked token inside a node does not split it
+    mask = UNEVEN_MASK.clone()
+    mask[1, 1] = 0  # row 1 loses node 4: its path is 2, 6
+    tree = tree_index(UNEVEN_SEGMENTS, mask, torch.zeros(5, dtype=torch.long))
+    ids = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9])  # dense index = id - 1 here (sorted keys)
+    want = [[1, -1, -1], [2, 6, -1], [2, 4, 7], [2, 5, 8], [3, 9, -1]]
+    path = torch.where(tree.path >= 0, ids[tree.path.clamp(min=0)], -1)
+    assert path.tolist() == want and tree.n_nodes == 9
+    assert tree.length.tolist() == [1, 2, 3, 3, 2]
+    assert tree.token_depth.tolist() == [[0, -1, -1], [0, -1, 1], [0, 1, 2], [0, 1, 2], [0, 1, 1]]
+    flat = tree_index(None, torch.ones(3, 2), torch.tensor([0, 0, 1]))  # one node per row
+    assert flat.path.tolist() == [[2], [1], [0]] and flat.token_depth.eq(0).all()
+
+
+@pytest.mark.parametrize("name", ["treepo", "treerl"])
+@pytest.mark.parametrize("flat", [False, True], ids=["tree", "flat"])
+def test_vectorised_estimators_match_the_per_row_reference(name, flat):
+    for seed in range(40 if not flat else 10):
+        inp = _random_flat_batch(seed) if flat else _random_tree_batch(seed)
+        for options in OPTIONS[name]:
+            cfg = AlgoConfig(**options)
+            adv, ret, metrics = ADVANTAGES.get(name)(inp, cfg)
+            want_adv, want_ret, want_metrics = REFERENCE[name](inp, cfg)
+            where = f"seed {seed}, {options}"
+            torch.testing.assert_close(adv, want_adv, atol=1e-6, rtol=0, msg=where)
+            torch.testing.assert_close(ret, want_ret, atol=1e-6, rtol=0, msg=where)
+            assert metrics.keys() == want_metrics.keys(), where
+            for key, value in want_metrics.items():
+                assert metrics[key] == pytest.approx(value, abs=1e-6), (where, key)
