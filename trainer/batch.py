@@ -22,6 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+SAMPLED, GUIDE = 0, 1
+"""``RolloutBatch.origin``: a row the policy sampled; a reference trace it scores (guide rows)"""
+
 
 @dataclass
 class RolloutBatch:
@@ -58,6 +61,9 @@ class RolloutBatch:
     """[B, T] long: the tree node each token was sampled in (tree rollouts, ``vlm/tree_rollout.py``),
     numbered 1, 2, ... within a group, 0 on padding; rows of a group that carry the same node
     share that segment (a common prefix). None for flat groups."""
+    origin: Tensor | None = None
+    """[B] long: how each row was made, `SAMPLED` by the policy or `GUIDE` (a reference trace
+    the policy scores, ``rollout.guide``); None: every row sampled."""
     step_rewards: Tensor | None = None
     """[B, T] process rewards (a score per reasoning step, on the step's last token), next to the
     outcome ``rewards``; estimators that take them keep the two apart (``prime``), the others
@@ -132,6 +138,12 @@ class RolloutBatch:
         rows = self.prompt_index.tolist()
         return {k: [v[u] for u in rows] for k, v in self.prompts.items()}
 
+    def row_origin(self) -> Tensor:
+        """[B] `origin`, `SAMPLED` where the batch has none."""
+        if self.origin is not None:
+            return self.origin
+        return torch.full((len(self),), SAMPLED, dtype=torch.long, device=self.group_id.device)
+
     def split(self, size: int) -> list[RolloutBatch]:
         """Consecutive chunks of at most ``size`` rows."""
         n = len(self)
@@ -153,6 +165,8 @@ class RolloutBatch:
                 out[f.name] = {k: _cat([v[k] for v in vals]) for k in keys}
             elif f.name == "meta":
                 out["meta"] = [m for v in vals for m in v]
+            elif f.name == "origin" and any(v is not None for v in vals):
+                out[f.name] = torch.cat([b.row_origin() for b in batches])
             elif vals[0] is None:
                 out[f.name] = None
             else:

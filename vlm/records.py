@@ -4,7 +4,7 @@ their observation texts and images. Read by `perceptrl view`."""
 
 from __future__ import annotations
 
-from ..trainer.batch import RolloutBatch
+from ..trainer.batch import GUIDE, RolloutBatch
 from ..trainer.records import thumbnail
 from .prompts import load_images
 
@@ -34,7 +34,7 @@ def describe_group(processor, batch: RolloutBatch, rows: list[int]) -> tuple[dic
             "truncated": bool(m.get("truncated", False)),
             "components": m.get("components", {}),
         }
-        if m.get("guide"):
+        if batch.origin is not None and int(batch.origin[r]) == GUIDE:
             row["guide"] = True
         if "episode" in m:
             row["turns"] = _turns(m["episode"])

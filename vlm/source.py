@@ -23,7 +23,7 @@ import torch
 
 from ..datasets.loader import DataError
 from ..rewards.registry import RewardContext
-from ..trainer.batch import RolloutBatch
+from ..trainer.batch import GUIDE, RolloutBatch
 from . import rollout
 from .config import RolloutConfig, tgrpo_correct_key  # noqa: F401  (tgrpo_correct_key: re-exported)
 from .episode import episode_context, episode_metrics, summarize
@@ -264,7 +264,7 @@ class VLMRolloutSource:
     def _with_guide(self, policy, prompts: list[EncodedPrompt], sampled: RolloutBatch):
         """``sampled`` with ``rollout.guide`` rows of each prompt's reference trace added to its
         group (the policy scores the trace's tokens; an episode's turns run in its environment),
-        rows of one group adjacent; guide rows carry ``meta["guide"]``."""
+        rows of one group adjacent; guide rows have ``origin`` `GUIDE`."""
         k = self.cfg.guide
         samples = [p.sample for p in prompts for _ in range(k)]
         try:
@@ -277,8 +277,7 @@ class VLMRolloutSource:
         guided.group_id = (
             torch.arange(len(prompts)).repeat_interleave(k).to(sampled.group_id.device)
         )
-        for m in guided.meta:
-            m["guide"] = True
+        guided.origin = torch.full_like(guided.group_id, GUIDE)
         batch = RolloutBatch.concat([sampled, guided])
         return batch.select(torch.argsort(batch.group_id.cpu(), stable=True))
 
@@ -286,10 +285,15 @@ class VLMRolloutSource:
     def _sampled(batch: RolloutBatch, metrics: dict) -> RolloutBatch:
         """The rows the policy sampled (all but guide rows), after adding the guide rows'
         count and mean reward to ``metrics``: the episode metrics describe the policy."""
-        guide = [i for i, m in enumerate(batch.meta) if m.get("guide")]
+        if batch.origin is None:
+            return batch
+        is_guide = (batch.origin == GUIDE).cpu()
+        guide, own = (
+            is_guide.nonzero().squeeze(1).tolist(),
+            (~is_guide).nonzero().squeeze(1).tolist(),
+        )
         if not guide:
             return batch
-        own = [i for i, m in enumerate(batch.meta) if not m.get("guide")]
         metrics["rollout/guide_rows"] = float(len(guide))
         metrics["reward/guide_mean"] = float(batch.rewards[guide].mean())
         metrics["reward/sampled_mean"] = float(batch.rewards[own].mean())

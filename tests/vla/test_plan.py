@@ -15,6 +15,7 @@ from PIL import Image
 
 from perceptrl.datasets.plan_tasks import SPLIT_BASE, generate, reasoning_trace
 from perceptrl.rewards import RewardContext, build_reward
+from perceptrl.trainer.batch import GUIDE
 from perceptrl.trainer.config import ConfigError
 from perceptrl.trainer.metrics import read_metrics
 from perceptrl.vla.executors import OracleExecutor
@@ -181,7 +182,7 @@ def test_guide_rows_are_executed_oracle_plans_and_training_raises_them(tmp_path)
     src, policy = trainer.source, trainer.policy
     batch, m = src.collect(policy, 0)
     assert batch.group_id.tolist() == [0, 0, 1, 1]
-    guide = [i for i, x in enumerate(batch.meta) if x.get("guide")]
+    guide = (batch.origin == GUIDE).nonzero().squeeze(1).tolist()
     assert guide == [1, 3]
     for i in guide:
         e = batch.meta[i]["episode"]
@@ -287,16 +288,16 @@ def test_pass_k_of_a_planner_counts_completed_tasks(tmp_path, monkeypatch):
     import torch
 
     from perceptrl.vlm.episode import forced_batch
-    from perceptrl.vlm.policy import VLMPolicy
+    from perceptrl.vlm.sampler import Rollouts
 
-    def half_oracle(policy, prompts, n, sp):
+    def half_oracle(rollouts, prompts, n, sp):
         samples = [p.sample for p in prompts for _ in range(n)]
         traces = [reasoning_trace(s) if j % n == 0 else ["<done/>"] for j, s in enumerate(samples)]
-        b = forced_batch(policy, samples, traces)
+        b = forced_batch(rollouts.policy, samples, traces)
         b.group_id = torch.arange(len(prompts)).repeat_interleave(n)
         return b
 
-    monkeypatch.setattr(VLMPolicy, "sample", half_oracle)
+    monkeypatch.setattr(Rollouts, "sample", half_oracle)
     cfg = load_config("configs/plan_grpo.yaml", TINY)
     side(cfg).run_pass_k({"oracle": cfg}, tmp_path, [1, 2], 2)
     saved = json.loads((tmp_path / "passk.json").read_text())["oracle"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from perceptrl.trainer.batch import GUIDE
 from perceptrl.trainer.policy import RolloutSource
 from perceptrl.vlm.config import RolloutConfig
 from perceptrl.vlm.prompts import ImageLoadError
@@ -156,7 +157,7 @@ def test_guide_rows_join_each_group_and_the_metrics_describe_the_samples(
     src = VLMRolloutSource(samples, toy_reward, cfg, seed=7, guide=trace)
     batch, m = src.collect(policy, step=0)
     assert len(batch) == 6 and batch.group_id.tolist() == [0, 0, 1, 1, 2, 2]
-    guide = [i for i, x in enumerate(batch.meta) if x.get("guide")]
+    guide = (batch.origin == GUIDE).nonzero().squeeze(1).tolist()
     assert guide == [1, 3, 5]
     tok = policy.processor.tokenizer
     for i in guide:
