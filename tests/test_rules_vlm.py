@@ -91,7 +91,6 @@ INVALID: dict[str, tuple[str, list[str]]] = {
         "rollout.tree.allocate",
         [*VLLM, *TREE, "rollout.tree.allocate=entropy"],
     ),
-    "episode tree on vLLM": ("rollout.engine", [*VLLM, *TREE, *ZOOM]),
     "episode tree deeper than its turns": (
         "rollout.episode.max_turns",
         [
@@ -169,7 +168,6 @@ PLAN_SIDE = {
     "implicit PRM of episodes": ("rollout.process_reward", ["rollout.process_reward=implicit_prm"]),
     "estimator that needs a critic": ("algo.adv_estimator", ["algo.adv_estimator=gae"]),
     "guide rows with TIS": ("algo.tis_cap", ["rollout.guide=1", "algo.tis_cap=2.0"]),
-    "episode tree on vLLM": ("rollout.engine", [*VLLM, *TREE]),
     "unknown reward": ("rollout.reward", ["rollout.reward={plan_succes: 1.0}"]),
 }
 
@@ -242,3 +240,9 @@ def test_an_evaluation_leaves_the_recipe_alone(tmp_path: Path):
     before = dataclasses.asdict(cfg)
     data = eval_data(resolve(cfg), tmp_path)
     assert (len(data.train), len(data.val)) == (0, 2) and dataclasses.asdict(cfg) == before
+
+
+def test_episode_trees_load_on_either_engine():
+    """Trees of episodes run on vLLM as on HF (one sampler driver): no longer refused."""
+    for engine in ("hf", "vllm"):
+        load_config(None, [f"rollout.engine={engine}", *TREE, *ZOOM])

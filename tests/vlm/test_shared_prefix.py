@@ -10,6 +10,7 @@ from perceptrl.trainer.batch import RolloutBatch
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
 from perceptrl.vlm.tiny import build_tiny
+from perceptrl.vlm.sampler import Rollouts
 
 LENGTHS = [9, 3, 12, 1, 7, 12, 5, 10, 2, 11, 6, 4]
 """completion lengths of the 12 rows (right padding differs per row)"""
@@ -40,7 +41,7 @@ def batch(pol, samples) -> RolloutBatch:
     """4 prompts of different lengths (left padding) x 3 completions, shuffled rows."""
     torch.manual_seed(0)
     prompts, _ = pol.encode([samples[i] for i in (0, 1, 2, 4)])
-    b = pol.sample(prompts, n=3, sampling=SamplingParams(max_new_tokens=12))
+    b = Rollouts(pol).sample(prompts, n=3, sampling=SamplingParams(max_new_tokens=12))
     assert len({p.input_ids.numel() for p in prompts}) > 1  # prompts really differ in length
     return with_lengths(b, [5, 0, 9, 1, 11, 3, 7, 2, 10, 4, 8, 6])
 
@@ -102,7 +103,7 @@ def test_text_only_and_mixed_prompts(pol, samples):
     torch.manual_seed(1)
     for chosen in (text, [text[0], samples[1], text[1]]):
         prompts, _ = pol.encode(chosen)
-        b = pol.sample(prompts, n=3, sampling=SamplingParams(max_new_tokens=12))
+        b = Rollouts(pol).sample(prompts, n=3, sampling=SamplingParams(max_new_tokens=12))
         b = with_lengths(b, list(range(len(b)))[::-1])
         logp, ent, shapes, grads = scored(pol, b, share=True, grad=True)
         ref_logp, ref_ent, _, ref = scored(pol, b, share=False, grad=True)
@@ -116,7 +117,7 @@ def test_text_only_and_mixed_prompts(pol, samples):
 def test_no_shared_rows_keep_one_forward(pol, samples):
     prompts, _ = pol.encode(samples[:3])
     torch.manual_seed(2)
-    b = pol.sample(prompts, n=1, sampling=SamplingParams(max_new_tokens=6))
+    b = Rollouts(pol).sample(prompts, n=1, sampling=SamplingParams(max_new_tokens=6))
     _, _, shapes, _ = scored(pol, b, share=True)
     assert shapes == [(3, shapes[0][1])]
 
