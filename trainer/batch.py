@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .segments import Segments
+
 SAMPLED, GUIDE = 0, 1
 """``RolloutBatch.origin``: a row the policy sampled; a reference trace it scores (guide rows)"""
 
@@ -57,10 +59,11 @@ class RolloutBatch:
     policy_version: Tensor | None = None
     """[B] long: the version of the weights (optimizer updates applied) that produced each row,
     filled by an asynchronous pipeline (trainer/pipeline.py); rows never span a weight change."""
-    segments: Tensor | None = None
-    """[B, T] long: the tree node each token was sampled in (tree rollouts, ``vlm/tree_rollout.py``),
-    numbered 1, 2, ... within a group, 0 on padding; rows of a group that carry the same node
-    share that segment (a common prefix). None for flat groups."""
+    segments: Segments | None = None
+    """The rows' structure as data (``trainer/segments.py``): the segment of every token (policy
+    or observation), each segment's parent, first column and length. Every VLM batch has one
+    (a flat group: one policy segment per row); a VLA tree's too; None: every row one segment.
+    Kept on the host."""
     origin: Tensor | None = None
     """[B] long: how each row was made, `SAMPLED` by the policy or `GUIDE` (a reference trace
     the policy scores, ``rollout.guide``); None: every row sampled."""
@@ -88,7 +91,7 @@ class RolloutBatch:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name in ("prompts", "prompt_index"):
+            if f.name in ("prompts", "prompt_index", "segments"):
                 out[f.name] = v
             elif f.name == "inputs":
                 out["inputs"] = {
@@ -109,6 +112,8 @@ class RolloutBatch:
             lambda t: t[idx_t.to(t.device)],
             lambda xs: [xs[i] for i in idx_l],
         )
+        if self.segments is not None:
+            out.segments = self.segments.select(idx_t)
         if self.prompt_index is not None:
             used, out.prompt_index = torch.unique(self.prompt_index[idx_t], return_inverse=True)
             keep = used.tolist()
@@ -124,7 +129,7 @@ class RolloutBatch:
 
         moved = self._map(lambda t: t.to(device), move_list)
         moved.prompts = {k: move_list(v) for k, v in self.prompts.items()}
-        moved.meta = self.meta  # metadata and prompt_index (structure) stay on the host
+        moved.meta = self.meta  # metadata, prompt_index and segments (structure) stay on the host
         return moved
 
     def num_prompts(self) -> int:
@@ -137,6 +142,14 @@ class RolloutBatch:
             return {}
         rows = self.prompt_index.tolist()
         return {k: [v[u] for u in rows] for k, v in self.prompts.items()}
+
+    def tree_ids(self) -> Tensor | None:
+        """[B, T] the segment ids of a tree's policy tokens (0 elsewhere; rows holding one id
+        share that segment), on ``mask``'s device, as the tree estimators read them; None
+        unless the rows branch."""
+        if self.segments is None or not self.segments.branches:
+            return None
+        return self.segments.token_ids().to(self.mask.device)
 
     def row_origin(self) -> Tensor:
         """[B] `origin`, `SAMPLED` where the batch has none."""
@@ -165,6 +178,10 @@ class RolloutBatch:
                 out[f.name] = {k: _cat([v[k] for v in vals]) for k in keys}
             elif f.name == "meta":
                 out["meta"] = [m for v in vals for m in v]
+            elif f.name == "segments" and any(v is not None for v in vals):
+                out[f.name] = Segments.concat(
+                    [Segments.flat(b.mask) if v is None else v for b, v in zip(batches, vals)]
+                )
             elif f.name == "origin" and any(v is not None for v in vals):
                 out[f.name] = torch.cat([b.row_origin() for b in batches])
             elif vals[0] is None:

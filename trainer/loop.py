@@ -347,7 +347,7 @@ class Trainer:
             rewards = algos.token_rewards(rewards, batch.mask) + algo.process_coef * steps
         have = {
             "values": batch.values_old, "bootstrap_value": batch.bootstrap_value,
-            "segments": batch.segments, "step_rewards": batch.step_rewards,
+            "segments": batch.tree_ids(), "step_rewards": batch.step_rewards,
         }  # fmt: skip
         inp = AdvantageInputs(
             rewards, batch.mask, batch.group_id, **{k: have[k] for k in self.advantage_needs}

@@ -132,7 +132,7 @@ def row_fields(batch: RolloutBatch, r: int) -> dict:
     if bool((mask[:n] == 0).any()):
         out["mask"] = mask[:n].int().tolist()
     per_pos = {
-        "adv": batch.advantages, "logp": batch.logp_old, "nodes": batch.segments,
+        "adv": batch.advantages, "logp": batch.logp_old, "nodes": batch.tree_ids(),
         "step_rewards": batch.step_rewards, "values": batch.values_old,
         "returns": batch.returns if batch.values_old is not None else None,  # else = adv
         "rewards": batch.rewards if rewards.dim() else None,

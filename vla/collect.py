@@ -51,6 +51,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..sim.vector import VecEnv
 from ..trainer.batch import RolloutBatch
+from ..trainer.segments import POLICY, Segments
 from .config import EnvConfig
 from .envs import make_envs
 from .episode_runner import END_NAMES, Actor, EpisodeRunner, Episodes, EpisodeSpecs
@@ -344,12 +345,14 @@ class GRPOCollector(_Base):
                     torch.cat([R.inputs[key][r] for _, R, r, _ in parts])
                 )
         lens = torch.tensor([len(t) for t in tokens])
+        mask = (torch.arange(int(lens.max()))[None] < lens[:, None]).float()
+        group = torch.tensor([nodes[i].group for i in leaves])
         return RolloutBatch(
-            tokens=pad_sequence(tokens, batch_first=True),
-            mask=(torch.arange(int(lens.max()))[None] < lens[:, None]).float(), inputs=inputs,
-            rewards=torch.tensor([float(nodes[i].success) for i in leaves]),
-            group_id=torch.tensor([nodes[i].group for i in leaves]),
-            segments=pad_sequence(seg_ids, batch_first=True),
+            tokens=pad_sequence(tokens, batch_first=True), mask=mask, inputs=inputs,
+            rewards=torch.tensor([float(nodes[i].success) for i in leaves]), group_id=group,
+            segments=Segments.from_tokens(
+                pad_sequence(seg_ids, batch_first=True), mask.long() * POLICY, group, True
+            ),
             meta=[dict(nodes[i].meta) for i in leaves],
         )  # fmt: skip
 

@@ -9,7 +9,9 @@ trainer needs nothing new:
 
 * ``tokens`` [B, T]: every token after the prompt, policy and observation, right-padded;
 * ``mask`` [B, T]: 1 on the policy's own tokens only (the loss), 0 on observations and padding;
-* ``inputs["obs_mask"]`` [B, T]: 1 on observation tokens (in the context, out of the loss);
+* ``segments`` (``trainer/segments.py``): each turn a policy segment, each observation an
+  observation segment (in the context, out of the loss: ``segments.attention()`` is what a
+  forward attends to), in a tree shared by the rows below a fork;
 * ``inputs["obs_<key>"]`` [B, T]: per-token processor outputs of the observations (Qwen's
   ``mm_token_type_ids``: which positions are image placeholders), 0 elsewhere;
 * ``inputs["obs_pixel_values"]``, ``inputs["obs_image_grid_thw"]`` (any vision key the
@@ -22,12 +24,10 @@ reaches earlier turns), and ``VLMPolicy.evaluate`` places every observation imag
 in the training forward (see ``vlm/policy.py``).
 
 The environment is a protocol (`EpisodeEnv`: ``reset(samples)``, ``respond(row, text)``):
-`tool_env.ToolEnv` answers tool calls (``vlm/tools.py``); a simulator executing a planner's
-subgoals is another implementation of the same two methods. A recipe names one
-(``rollout.episode.env``) from ``perceptrl.registry.EPISODE_ENVS``: ``tools`` (the default,
-``vlm/tool_env.py``) or another side's.
-`sampler.Rollouts` samples episodes (on either engine);
-`forced_batch` records given turn texts (SFT traces) the same way.
+`tool_env.ToolEnv` answers tool calls; a simulator executing a planner's subgoals is another.
+A recipe names one (``rollout.episode.env``) from ``perceptrl.registry.EPISODE_ENVS``.
+`sampler.Rollouts` samples episodes (on either engine); `forced_batch` records given turn
+texts (SFT traces) the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from torch import Tensor
 
 from ..rewards.registry import RewardContext
 from ..trainer.batch import RolloutBatch
+from ..trainer.segments import OBSERVATION, POLICY, Segments
 from .tools import Observation
 
 STOP_REASONS = (
@@ -372,18 +373,20 @@ class Tape:
         return self.tokens[row, c - n : c].tolist()
 
     def put_observation(self, row: int, enc: EncodedObservation) -> None:
+        """An observation of row ``row`` at its cursor; its segment id is the turn's it answers
+        (rows that share the turn share the observation)."""
         c, n = int(self.cursor[row]), int(enc.ids.numel())
         self._grow(c + n)
         self.tokens[row, c : c + n] = enc.ids
         self.obs[row, c : c + n] = 1.0
+        self.node[row, c : c + n] = self.node[row, c - 1] if c else 0
         for k, v in enc.extras.items():
             self.extras[k][row, c : c + n] = v
         for k, v in enc.vision.items():
             self.vision[row].setdefault(k, []).append(v)
         self.cursor[row] += n
-        log = self.logs[row]
-        log.images += enc.num_images
-        log.vision_tokens += enc.num_vision_tokens
+        self.logs[row].images += enc.num_images
+        self.logs[row].vision_tokens += enc.num_vision_tokens
 
     def row_sequence(self, row: int) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """Row ``row`` so far: ids [C], per-token extras [C], observation vision (concatenated)."""
@@ -393,23 +396,26 @@ class Tape:
         return self.tokens[row, :c], extras, vision
 
     def to_batch(self, samples: list[dict], group_id: Tensor, prompts: dict, index: Tensor,
-                 with_logp: bool, rows: Tensor | None = None, segments: bool = False,
+                 with_logp: bool, rows: Tensor | None = None, branches: bool = False,
                  episodes: bool = True) -> RolloutBatch:  # fmt: skip
         """The recorded rows (``rows``, in that order; default all) as a `RolloutBatch` (layout
-        in the module docstring), with ``segments`` from the tree nodes when asked;
-        ``samples``, ``group_id`` and ``index`` are per returned row. Not ``episodes``
-        (single-turn rows): no observation inputs, and ``meta`` holds the sample only."""
+        in the module docstring) with its segment table (``branches``: the rows of a prompt
+        fork, a tree); ``samples``, ``group_id`` and ``index`` (the prompt of each) are per
+        returned row. Not ``episodes`` (single-turn rows): no observation inputs, and ``meta``
+        holds the sample only."""
         r = torch.arange(len(self.cursor)) if rows is None else rows
         T = max(int(self.cursor[r].max()), 1) if len(r) else 1
+        kind = torch.where(self.mask[r, :T] > 0, POLICY, 0)
+        kind = torch.where(self.obs[r, :T] > 0, OBSERVATION, kind)
+        segments = Segments.from_tokens(self.node[r, :T], kind, index, branches)
         if not episodes:
             return RolloutBatch(
                 tokens=self.tokens[r, :T].clone(), mask=self.mask[r, :T].clone(),
                 group_id=group_id, prompts=prompts, prompt_index=index,
                 logp_rollout=self.logp[r, :T].clone() if with_logp else None,
-                segments=self.node[r, :T].clone() if segments else None,
-                meta=[{"sample": s} for s in samples],
+                segments=segments, meta=[{"sample": s} for s in samples],
             )  # fmt: skip
-        inputs: dict[str, Any] = {"obs_mask": self.obs[r, :T].clone()}
+        inputs: dict[str, Any] = {}
         for k, v in self.extras.items():
             inputs[f"obs_{k}"] = v[r, :T].clone()
         vision = [self.vision[i] for i in r.tolist()]
@@ -424,8 +430,7 @@ class Tape:
         return RolloutBatch(
             tokens=self.tokens[r, :T].clone(), mask=self.mask[r, :T].clone(), group_id=group_id,
             logp_rollout=self.logp[r, :T].clone() if with_logp else None, inputs=inputs,
-            segments=self.node[r, :T].clone() if segments else None,
-            prompts=prompts, prompt_index=index, meta=meta,
+            segments=segments, prompts=prompts, prompt_index=index, meta=meta,
         )  # fmt: skip
 
 
@@ -561,7 +566,8 @@ def episode_metrics(batch: RolloutBatch, prefix: str = "episode") -> dict[str, f
     if not logs:
         return {}
     m = summarize(logs, prefix)
-    m[f"{prefix}/obs_tokens_mean"] = float(batch.inputs["obs_mask"].sum()) / len(logs)
+    obs = 0.0 if batch.segments is None else float(batch.segments.mask(OBSERVATION).sum())
+    m[f"{prefix}/obs_tokens_mean"] = obs / len(logs)
     rounds = max(len(e["turn_seconds"]) for e in logs)
     for k in range(rounds):
         secs = [e["turn_seconds"][k] for e in logs if len(e["turn_seconds"]) > k]

@@ -19,7 +19,7 @@ B * (P + T). Positions (3-D M-RoPE) are the model's own ``get_rope_index`` of th
 continued by the completions.
 
 Episodes (``policy.episode``, see ``vlm/episode.py``): a row's completion holds observation
-tokens between the policy's turns (``inputs["obs_mask"]``), image placeholders included. Both
+tokens between the policy's turns (observation segments of ``batch.segments``), image placeholders included. Both
 forwards attend to them (attention = policy tokens + observations) while the loss mask stays on
 the policy's tokens; each row's observation images follow its prompt's images in the vision
 inputs, so every image lands at its place, and positions come from ``get_rope_index`` over the
@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from ..trainer.batch import RolloutBatch
 from ..trainer.policy import Evaluation
+from ..trainer.segments import OBSERVATION
 from . import rollout
 from .episode import EpisodeSettings
 from .model import check_model_dir, load_vlm
@@ -486,53 +487,42 @@ class TreeLevel:
 
 
 def tree_levels(batch: RolloutBatch) -> list[TreeLevel] | None:
-    """The depths of a tree batch when its segments are aligned (every row's d-th segment starts
-    at the same column, as the tree sampler writes them) and the completions hold no
-    observations; None otherwise (the forward then shares the prompts only)."""
+    """The depths of a tree batch, read from its segment table: each depth's segments in the
+    order rows first hold them, their parents and each row's own. Needs the segments of a depth
+    aligned (all starting at one column, as a single-turn tree's are) and no observations;
+    None otherwise (the forward then shares the prompts only)."""
     seg = batch.segments
-    if seg is None or OBS_PREFIX + "mask" in batch.inputs and batch.inputs["obs_mask"].any():
+    if seg is None or not seg.branches or bool((seg.kind == OBSERVATION).any()):
         return None
-    seg, mask = seg.cpu(), batch.mask.cpu() > 0
-    B, T = seg.shape
-    change = torch.zeros_like(seg, dtype=torch.bool)
-    change[:, 0] = True
-    change[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    change &= mask
-    starts = sorted(set(change.nonzero()[:, 1].tolist()))
-    if not starts or starts[0] != 0:
-        return None
-    for b in range(B):  # every row's segment starts must be a prefix of the common ones
-        mine = change[b].nonzero().squeeze(1).tolist()
-        if mine != starts[: len(mine)]:
+    depth = seg.depth()
+    starts = []
+    for d in range(int(depth.max()) + 1):
+        first = seg.start[depth == d]
+        if not len(first) or bool((first != first[0]).any()):
             return None
-    bounds = [*starts, T]
-    group = batch.group_id.cpu()
-    levels: list[TreeLevel] = []
-    prev_of_row = batch.prompt_index.cpu().clone()
-    for a, b_ in zip(bounds, bounds[1:]):
-        keys, rows, parent = {}, [], []
-        of_row = torch.zeros(B, dtype=torch.long)  # rows that ended: any node, never read
-        for r in range(B):
-            if not mask[r, a]:
-                continue  # the row ended before this depth
-            k = (int(group[r]), int(seg[r, a]))
-            if k not in keys:
-                keys[k] = len(rows)
-                rows.append(r)
-                parent.append(int(prev_of_row[r]))
-            elif int(prev_of_row[r]) != parent[keys[k]]:
-                return None  # one node under two parents: not a tree
-            of_row[r] = keys[k]
-        levels.append(TreeLevel((a, b_), torch.tensor(rows), torch.tensor(parent), of_row))
-        prev_of_row = of_row
-    return levels if all(len(lv.rows) for lv in levels) else None
+        starts.append(int(first[0]))
+    if starts[0] != 0 or starts != sorted(set(starts)):
+        return None
+    bounds, levels = [*starts, batch.tokens.shape[1]], []
+    place = torch.zeros(len(seg), dtype=torch.long)  # each segment's place in its depth
+    for d, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        nodes = (depth == d).nonzero().squeeze(1)
+        nodes = nodes[torch.argsort(seg.holder[nodes], stable=True)]
+        place[nodes] = torch.arange(len(nodes))
+        rows = seg.holder[nodes]
+        parent = batch.prompt_index.cpu()[rows] if d == 0 else place[seg.parent[nodes]]
+        at = seg.node[:, a]  # each row's segment at the depth's first column (-1: it ended)
+        of_row = torch.where(at >= 0, place[at.clamp(min=0)], 0)
+        levels.append(TreeLevel((a, b), rows, parent, of_row))
+    return levels
 
 
 def completion_attention(batch: RolloutBatch) -> Tensor:
     """[B, T] 1 where a completion position is attended: the policy's tokens and the
-    observations of an episode (``inputs["obs_mask"]``), 0 on padding."""
-    obs = batch.inputs.get(OBS_PREFIX + "mask")
-    return batch.mask if obs is None else (batch.mask + obs.to(batch.mask.device)).clamp(max=1)
+    observations of an episode (the segment table's), 0 on padding."""
+    if batch.segments is None:
+        return batch.mask
+    return batch.segments.attention().to(batch.mask.device)
 
 
 def _obs_vision(batch: RolloutBatch, device) -> dict[str, Tensor]:

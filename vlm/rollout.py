@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..trainer.batch import RolloutBatch
+from ..trainer.segments import Segments
 from .prompts import EncodedPrompt, vision_token_ids
 
 BANNED_LOGIT = -1e9
@@ -278,6 +279,7 @@ def sample(
         mask=mask,
         group_id=index.to(tokens.device),
         logp_rollout=logp_rollout,
+        segments=Segments.flat(mask),
         prompts=prompt_table(prompts),
         prompt_index=index,
         meta=meta,
@@ -316,6 +318,7 @@ def completions_batch(
         tokens=tokens,
         mask=mask,
         group_id=torch.arange(len(rows)),
+        segments=Segments.flat(mask),
         prompts=prompt_table(prompts),
         prompt_index=torch.arange(len(rows)),
         meta=meta,

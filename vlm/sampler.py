@@ -187,7 +187,7 @@ class _Run:
             depth += 1
             if depth < D and len(state.rows):
                 self._fork(state, depth)
-        return self._to_batch(segments=D > 1)
+        return self._to_batch(branches=D > 1)
 
     def _segment(self, state, node: Tensor, depth: int) -> bool:
         """One single-turn segment of every live row. Returns whether it was the last."""
@@ -250,7 +250,7 @@ class _Run:
 
         self.engine.fork(state, idx, clone)
 
-    def _to_batch(self, segments: bool) -> RolloutBatch:
+    def _to_batch(self, branches: bool) -> RolloutBatch:
         """The recorded rows, grouped by prompt (a prompt's rows in tape order)."""
         order = torch.arange(self.used)
         order = order[torch.argsort(self.prompt_of[order] * (self.used + 1) + order)]
@@ -258,7 +258,7 @@ class _Run:
         samples = [self.prompts[u].sample for u in index.tolist()]
         batch = self.tape.to_batch(
             samples, index.clone(), prompt_table(self.prompts), index, self.sp.return_logprobs,
-            rows=order, segments=segments, episodes=self.settings is not None,
+            rows=order, branches=branches, episodes=self.settings is not None,
         )  # fmt: skip
         if self.settings is None:
             cursor = self.tape.cursor[order].tolist()
@@ -274,12 +274,4 @@ def sampled_tokens(batch: RolloutBatch) -> tuple[int, int]:
     """(tokens the sampler decoded, tokens of the leaves): a segment shared by k leaves counts
     once in the first, k times in the second. Equal for flat groups."""
     leaf = int(batch.mask.sum())
-    if batch.segments is None:
-        return leaf, leaf
-    nodes = batch.group_id.cpu()[:, None] * (int(batch.segments.max()) + 1) + batch.segments.cpu()
-    valid = (batch.mask.cpu() > 0) & (batch.segments.cpu() > 0)
-    keys, counts = torch.unique(nodes[valid], return_counts=True)
-    sharing = torch.zeros_like(keys)  # leaves that carry each node
-    for row_nodes, row_valid in zip(nodes, valid):
-        sharing += torch.isin(keys, row_nodes[row_valid]).long()
-    return int((counts // sharing.clamp(min=1)).sum()), leaf
+    return (leaf if batch.segments is None else batch.segments.decoded()), leaf

@@ -372,7 +372,7 @@ class VLMRolloutSource:
             "rollout/samples": float(len(batch)),
             "rollout/zero_std_groups": _mean(float(max(v) == min(v)) for v in groups.values()),
         }
-        if batch.segments is not None:
+        if batch.segments is not None and batch.segments.branches:
             sampled, leaf = sampled_tokens(batch)
             m["rollout/sampled_tokens"] = float(sampled)
             m["rollout/tree_token_ratio"] = sampled / max(leaf, 1)

@@ -1,6 +1,7 @@
 import torch
 
 from perceptrl.trainer.batch import RolloutBatch
+from perceptrl.trainer.segments import POLICY, Segments
 
 
 def _batch(B=6, T=5):
@@ -80,14 +81,20 @@ def test_select_and_concat_keep_the_prompts_rows_use():
 
 
 def test_tree_fields_survive_select_and_concat():
-    """Dynamic sampling selects groups and concatenates refills: segments pad with 0 (no node)
-    and step rewards with 0, so the tree estimators read the same trees."""
+    """Dynamic sampling selects groups and concatenates refills: the segment table keeps the
+    selected rows' segments (renumbered; padding none) and step rewards pad with 0, so the tree
+    estimators read the same trees."""
     a = _batch(B=4, T=3)
-    a.segments = torch.tensor([[1, 1, 3], [1, 1, 4], [2, 2, 5], [2, 2, 6]])
+    ids = torch.tensor([[1, 1, 3], [1, 1, 4], [2, 2, 5], [2, 2, 6]])
+    a.segments = Segments.from_tokens(ids, torch.full((4, 3), POLICY), a.group_id, True)
     a.step_rewards = torch.ones(4, 3)
     b = _batch(B=2, T=5)
-    b.segments = torch.tensor([[1, 2, 2, 2, 2], [1, 3, 3, 3, 0]])
+    ids = torch.tensor([[1, 2, 2, 2, 2], [1, 3, 3, 3, 0]])
+    kind = torch.where(ids > 0, POLICY, 0)
+    b.segments = Segments.from_tokens(ids, kind, b.group_id, True)
     b.step_rewards = torch.zeros(2, 5)
     both = RolloutBatch.concat([a.select([2, 3]), b])
-    assert both.segments.tolist() == [[2, 2, 5, 0, 0], [2, 2, 6, 0, 0], *b.segments.tolist()]
+    assert both.tree_ids().tolist() == [
+        [1, 1, 2, 0, 0], [1, 1, 3, 0, 0], [4, 5, 5, 5, 5], [4, 6, 6, 6, 0]
+    ]  # fmt: skip
     assert both.step_rewards.shape == (4, 5) and both.step_rewards[:2, 3:].abs().sum() == 0

@@ -20,6 +20,9 @@ from perceptrl.trainer.records import (
     record_files,
     row_fields,
 )
+from perceptrl.trainer.segments import OBSERVATION as OB
+from perceptrl.trainer.segments import POLICY as P
+from perceptrl.trainer.segments import Segments
 
 
 def fit(cfg, policy, source, run_dir, resume=False):
@@ -137,14 +140,17 @@ def test_pick_groups_and_row_fields_of_an_episode_batch():
     batch = RolloutBatch(
         tokens=torch.zeros(2, 6, dtype=torch.long), mask=mask, group_id=torch.tensor([7, 7]),
         rewards=torch.tensor([1.0, 0.0]), advantages=torch.ones(2, 6) * 0.5,
-        segments=torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 3, 0, 0, 0]]),
+        segments=Segments.from_tokens(
+            torch.tensor([[1, 1, 1, 1, 2, 0], [1, 1, 3, 0, 0, 0]]),
+            torch.tensor([[P, P, OB, OB, P, 0], [P, P, P, 0, 0, 0]]), torch.tensor([7, 7]), True,
+        ),
         step_rewards=torch.zeros(2, 6),
     )  # fmt: skip
     assert pick_groups(batch, 4) == [[0, 1]]
     row = row_fields(batch, 0)
     assert row["length"] == 3 and row["mask"] == [1, 1, 0, 0, 1]
-    assert row["nodes"] == [1, 1, 2, 2, 2] and row["adv"] == [0.5] * 5
-    assert "mask" not in row_fields(batch, 1) and row_fields(batch, 1)["nodes"] == [1, 1, 3]
+    assert row["nodes"] == [1, 1, 0, 0, 3] and row["adv"] == [0.5] * 5  # observations: 0
+    assert "mask" not in row_fields(batch, 1) and row_fields(batch, 1)["nodes"] == [1, 1, 4]
 
 
 def test_a_damaged_record_file_is_skipped(tmp_path, caplog):

@@ -18,6 +18,7 @@ from perceptrl.rewards import RewardContext, build_reward
 from perceptrl.trainer.batch import GUIDE
 from perceptrl.trainer.config import ConfigError
 from perceptrl.trainer.metrics import read_metrics
+from perceptrl.trainer.segments import OBSERVATION
 from perceptrl.vla.executors import OracleExecutor
 from perceptrl.vla.plan_env import INVALID, PlanEnv, PlanSettings
 from perceptrl.vlm.run_plan import resolve
@@ -163,7 +164,7 @@ def test_oracle_traces_are_executed_as_sft_targets(tmp_path):
     batch = forced_batch(policy, data.train[:2], [reasoning_trace(s) for s in data.train[:2]])
     for m in batch.meta:
         assert m["episode"]["info"]["planner/success"] == 1.0
-    assert batch.inputs["obs_mask"].sum() > 0 and all(
+    assert batch.segments.mask(OBSERVATION).sum() > 0 and all(
         v is not None for v in batch.inputs["obs_pixel_values"]
     )
 

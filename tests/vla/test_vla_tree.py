@@ -72,18 +72,18 @@ def test_tree_groups_share_trunks_and_keep_group_size_leaves():
     assert batch.segments is not None and batch.tokens.shape[-1] == 5
     for g in (0, 1):
         rows = (batch.group_id == g).nonzero().flatten().tolist()
-        root = {int(batch.segments[r, 0]) for r in rows}
+        root = {int(batch.segments.node[r, 0]) for r in rows}
         assert len(root) == 1  # one root segment per group
         for r in rows:  # every leaf: 3 root steps, 3 middle steps, then its own, 10 in all
             assert int(batch.mask[r].sum()) == 10
-            assert len(torch.unique_consecutive(batch.segments[r, :10])) == 3
+            assert len(torch.unique_consecutive(batch.segments.node[r, :10])) == 3
         first = rows[0]
         for r in rows[1:]:  # the trunk's actions and observations are shared
             torch.testing.assert_close(batch.tokens[r, :3], batch.tokens[first, :3])
             torch.testing.assert_close(
                 batch.inputs["objects"][r][:4], batch.inputs["objects"][first][:4]
             )
-        mids = {int(batch.segments[r, 3]) for r in rows}
+        mids = {int(batch.segments.node[r, 3]) for r in rows}
         assert len(mids) == 2  # two middle nodes, two leaves each
         # siblings start from the same saved state and then differ (independent sampling)
         assert not torch.equal(batch.tokens[rows[0], 6:], batch.tokens[rows[1], 6:])

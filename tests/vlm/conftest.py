@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -136,3 +137,110 @@ def first_stop():
         raise AssertionError(f"no usable stop string in the turn {decode(ids)!r}")
 
     return pick
+
+
+# ---- the vLLM lanes' helpers (tests/vlm/test_vllm_*.py) -------------------------------------------
+
+
+def _vllm_sample(policy, engine, prompts, n, sp, sync=True):
+    """``n`` rollouts per prompt on ``engine`` (the policy's weights pushed first unless
+    ``sync`` is off: then the engine keeps what it has)."""
+    from perceptrl.vlm.sampler import Rollouts
+
+    if sync:
+        return Rollouts(policy, engine).sample(prompts, n, sp)
+    push, engine.sync_weights = engine.sync_weights, lambda model: {}
+    try:
+        return Rollouts(policy, engine).sample(prompts, n, sp)
+    finally:
+        engine.sync_weights = push
+
+
+def _rollout_gap(policy, batch, temperature=1.0) -> float:
+    """Largest gap between the engine's log-probs and the training forward's at ``temperature``."""
+    from perceptrl.trainer import algos
+
+    policy.sampling = dataclasses.replace(policy.sampling, temperature=temperature)
+    with torch.no_grad():
+        logp = policy.evaluate(batch).logp
+    return algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)["rollout_gap/abs_max"]
+
+
+@contextlib.contextmanager
+def _short_turns(policy, engine, bias: float = 6.0):
+    """Add ``bias`` to the stop tokens' logits in both engines (a hook on the trainer's LM head,
+    a logit bias on vLLM's requests, which its processed log-probs include): > 0 so a random
+    tiny model closes its turns after a few tokens, -100 so that it never stops."""
+    stops = torch.tensor(policy.stop_ids)
+
+    def hook(module, args, out):
+        return out.index_add(-1, stops, torch.full((*out.shape[:-1], len(stops)), bias))
+
+    handle = policy.model.lm_head.register_forward_hook(hook)
+    make = engine.sampling_params
+
+    def biased(sp, n, seed):
+        p = make(sp, n, seed)
+        p.logit_bias = {**(p.logit_bias or {}), **dict.fromkeys(policy.stop_ids, bias)}
+        return p
+
+    engine.sampling_params = biased
+    try:
+        yield
+    finally:
+        handle.remove()
+        del engine.sampling_params
+
+
+def _tree_rollout(policy, engine, prompts, bias: float):
+    """(batch, gap): [2, 2] trees of 6-token segments, 16 new tokens, seed 2, the stop tokens'
+    logits moved by ``bias``, on ``engine``; the gap to the training forward."""
+    from perceptrl.vlm.rollout import SamplingParams
+    from perceptrl.vlm.schedule import TreeShape
+
+    policy.tree = TreeShape((2, 2), 6)
+    try:
+        with _short_turns(policy, engine, bias):
+            torch.manual_seed(2)
+            b = _vllm_sample(policy, engine, prompts, 4, SamplingParams(max_new_tokens=16))
+            return b, _rollout_gap(policy, b)
+    finally:
+        policy.tree = None
+
+
+def _check_tree(b, policy, groups: int, bias: float) -> None:
+    """A [2, 2] tree of 6-token segments and 16 new tokens per leaf, ``groups`` prompts: a
+    prompt's rows adjacent, a leaf ends with a stop token unless truncated; with no stop
+    (``bias`` < 0) siblings share their first segment token for token and differ after it;
+    with early stops, leaves of depth one and two, never more than 4 per prompt."""
+    from perceptrl.vlm.sampler import sampled_tokens
+
+    assert b.group_id.tolist() == sorted(b.group_id.tolist())
+    for i, m in enumerate(b.meta):
+        n = int(b.mask[i].sum())
+        assert (int(b.tokens[i, n - 1]) in policy.stop_ids) != m["truncated"]
+    if bias >= 0:
+        short = b.mask.sum(1) <= 6
+        assert short.any() and (~short).any()
+        assert all(c <= 4 for c in torch.bincount(b.group_id).tolist())
+        return
+    assert len(b) == 4 * groups and b.mask.sum() == 4 * groups * 16
+    assert sampled_tokens(b) == (groups * (2 * 6 + 4 * 10), 4 * groups * 16)
+    for g in range(groups):
+        rows = (b.group_id == g).nonzero().squeeze(1)
+        seg = b.segments.node[rows]
+        assert seg[:, :6].unique().numel() == 2 and seg[:, 6:].unique().numel() == 4
+        for node in seg[:, 0].unique():
+            pair = rows[seg[:, 0] == node]
+            assert torch.equal(b.tokens[pair[0], :6], b.tokens[pair[1], :6])
+            assert not torch.equal(b.tokens[pair[0], 6:], b.tokens[pair[1], 6:])
+
+
+@pytest.fixture(scope="session")
+def kit():
+    """The vLLM tests' helpers: ``sample`` (rollouts on an engine), ``gap`` (engine vs
+    training log-probs), ``short_turns`` (stop-token bias in both engines), ``tree_rollout`` and ``check_tree``."""
+    return types.SimpleNamespace(
+        sample=_vllm_sample, gap=_rollout_gap, short_turns=_short_turns,
+        tree_rollout=_tree_rollout, check_tree=_check_tree,
+    )  # fmt: skip

@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from perceptrl.trainer.segments import OBSERVATION
 from perceptrl.vlm.episode import EpisodeSettings, episode_metrics, stop_string_end
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
@@ -100,7 +101,7 @@ def test_training_forward_matches_the_sampled_logprobs(pol, samples, turns, imag
         assert {m["episode"]["stop"] for m in b.meta} == {"answer"}
         n_img = int(torch.isin(b.tokens, torch.tensor(pol.banned_ids)).sum())
         assert (n_img > 0) == (image and turns > 1)  # tool images sit inside the completions
-        assert torch.equal(b.inputs["obs_mask"] * b.mask, torch.zeros_like(b.mask))
+        assert torch.equal(b.segments.mask(OBSERVATION) * b.mask, torch.zeros_like(b.mask))
         for share in (True, False):
             logp, calls = forwards(pol, b, share)
             gap = ((logp - b.logp_rollout) * b.mask).abs().max()
@@ -153,7 +154,10 @@ def test_observations_are_turns_of_the_chat_template(pol, samples):
         b = run(pol, samples[:1], ScriptedEnv(3), n=1)
     ep = b.meta[0]["episode"]
     ids = torch.cat(
-        [b.prompts["prompt_ids"][0], b.tokens[0, : int((b.mask + b.inputs["obs_mask"]).sum())]]
+        [
+            b.prompts["prompt_ids"][0],
+            b.tokens[0, : int((b.mask + b.segments.mask(OBSERVATION)).sum())],
+        ]
     )
     decoded = pol.processor.tokenizer.decode(ids)
     decoded = re.sub(r"(<\|image_pad\|>)+", "<|image_pad|>", decoded)
@@ -191,9 +195,9 @@ def test_a_stop_string_ends_the_turn_and_the_observation_closes_it(pol, samples,
     assert b.tokens[0, :j].tolist() == ids[:j] and ep["texts"][0] == decode(ids[:j])
     assert ep["texts"][0].endswith(stop)
     assert int(b.tokens[0, j]) == pol.stop_ids[0]  # closed by the observation, not sampled
-    assert float(b.mask[0, j]) == 0.0 and float(b.inputs["obs_mask"][0, j]) == 1.0
+    assert float(b.mask[0, j]) == 0.0 and float(b.segments.mask(OBSERVATION)[0, j]) == 1.0
     assert ep["turns"] == 2 and ep["observations"] == ["Look 1."]
-    used = int((b.mask + b.inputs["obs_mask"]).sum(1)[0])
+    used = int((b.mask + b.segments.mask(OBSERVATION)).sum(1)[0])
     decoded = tok.decode(torch.cat([b.prompts["prompt_ids"][0], b.tokens[0, :used]]))
     decoded = re.sub(r"(<\|image_pad\|>)+", "<|image_pad|>", decoded)
     question = [{"type": "image"}, {"type": "text", "text": samples[0]["question"]}]
@@ -243,7 +247,9 @@ def test_budgets_end_episodes_with_their_reason(tiny_dirs, samples, settings, sp
     logs = [m["episode"] for m in b.meta]
     assert {e["stop"] for e in logs} == {stop}
     assert all(e["images"] <= settings.get("max_images", 9) for e in logs)
-    assert int((b.mask + b.inputs["obs_mask"]).sum(1).max()) <= settings.get("max_tokens", 300)
+    assert int((b.mask + b.segments.mask(OBSERVATION)).sum(1).max()) <= settings.get(
+        "max_tokens", 300
+    )
     m = episode_metrics(b)
     assert m[f"episode/stop/{stop}"] == 1.0
     if stop == "max_turns":
@@ -339,15 +345,17 @@ def test_episode_trees_fork_after_a_turn_and_score_as_sampled(pol, samples, bran
         pol.tree = None
     assert len(b) == 8 and b.group_id.tolist() == [0] * 4 + [1] * 4
     assert [m["episode"]["turns"] for m in b.meta] == [3] * 8
-    obs = b.inputs["obs_mask"]
+    obs = b.segments.mask(OBSERVATION)
     for g in range(2):
         rows = list(range(4 * g, 4 * g + 4))
-        first = b.segments[rows, 0]  # a completion starts with its first turn
+        first = b.segments.node[rows, 0]  # a completion starts with its first turn
         assert len(set(first.tolist())) == branches[0]
         for i in rows:
             for j in rows:
-                if b.segments[i, 0] == b.segments[j, 0]:  # the same first turn: same history
-                    end = int((b.segments[i] == b.segments[i, 0]).nonzero().max()) + 1
+                if (
+                    b.segments.node[i, 0] == b.segments.node[j, 0]
+                ):  # the same first turn: same history
+                    end = int((b.segments.node[i] == b.segments.node[i, 0]).nonzero().max()) + 1
                     end += int(obs[i, end:].cumprod(0).sum())  # and its observation
                     assert torch.equal(b.tokens[i, :end], b.tokens[j, :end])
     decoded, leaf = sampled_tokens(b)

