@@ -7,11 +7,11 @@ to the G rows. Arms, on the same encoded prompts:
 
 * ``hf_generate``: ``vlm/rollout.py`` ``sample``, ``model.generate`` on G copies of each prompt
   (the vision tower and the prompt's prefill run G times; ``rollout.sampler=generate``);
-* ``episode_fork``: the episode sampler with an environment that ends every episode after its
-  first turn (how the fork was first measured);
-* ``tree_flat``: ``vlm/tree_rollout.py``, the default single-turn path (a flat group is a tree
-  of depth one; stopped rows leave the cache, a completion's last token is not fed back);
-* ``tree``: the same sampler growing ``configs/vlm_clevr_tree.yaml``'s tree (branches [2, 2, 2],
+* ``episode_fork``: the sampler driver (``vlm/sampler.py``) on the HF engine with an environment
+  that ends every episode after its first turn (how the fork was first measured);
+* ``tree_flat``: the driver's default single-turn path (a flat group is a tree of depth one;
+  stopped rows leave the cache, a completion's last token is not fed back);
+* ``tree``: the same driver growing ``configs/vlm_clevr_tree.yaml``'s tree (branches [2, 2, 2],
   10-token segments): G leaves per prompt, shared segments sampled once.
 
 Each: the shipped base (``vlm_clevr`` recipe), ``--prompts`` x ``--group`` rows, temperature
@@ -120,9 +120,9 @@ def markdown(d: dict) -> str:
     s, r = d["settings"], d["arms"]
     names = {
         "hf_generate": "`model.generate` on G copies of each prompt",
-        "episode_fork": "prefill once, fork (episode sampler, one turn)",
-        "tree_flat": "prefill once, fork (tree sampler, depth one: the default)",
-        "tree": "tree sampler, branches [2, 2, 2], 10-token segments",
+        "episode_fork": "prefill once, fork (one-turn episodes)",
+        "tree_flat": "prefill once, fork (a flat group, depth one: the default)",
+        "tree": "branches [2, 2, 2], 10-token segments",
     }
     hf = r["hf_generate"]
     md = [

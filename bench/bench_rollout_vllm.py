@@ -18,7 +18,7 @@ close after a few tokens; the table reports each round's seconds per turn index,
 whether a turn costs its new tokens or its history.
 
 ``--tree B1,B2,... --segment-tokens S`` compares flat groups of prod(B) completions with trees of
-that shape on each engine (the HF tree sampler forks its KV cache; vLLM sends each branch as a
+that shape on each engine (the HF engine forks its KV cache; vLLM sends each branch as a
 request and its prefix cache holds the shared segments): decoded tokens and seconds per round.
 
     make bench-vllm   # or, inside the vLLM venv: python bench/bench_rollout_vllm.py
@@ -275,7 +275,7 @@ def episode_markdown(rows: list[dict], args, info: dict) -> str:
         "environment answers each turn but the last with a one-line text observation. Both "
         f"engines add {args.stop_bias} to the stop token's logit so that random models close "
         f"their turns. Medians of {args.rounds} alternating rounds after a warm-up. HF: the "
-        "episode sampler, KV cache kept across turns; vLLM: each turn resends the history, "
+        "KV cache kept across turns; vLLM: each turn resends the history, "
         "which its prefix cache holds.",
         "",
         "| model | engine | tokens/s | s per round | turns / episode | obs tokens / episode | "
@@ -297,9 +297,9 @@ def episode_markdown(rows: list[dict], args, info: dict) -> str:
         "(measured in the same rounds). vLLM's prefix caching was "
         + ("on" if all(r["prefix_caching"] for r in rows) else "off in some rows")
         + ": it reuses whole KV blocks only, so with vLLM's CPU default of 128 tokens a history "
-        "shorter than a block is recomputed every turn (and the n copies of a prompt are not "
-        "shared), which `rollout.vllm.block_size` changes. CPU numbers only (the multimodal "
-        "episode path needs a GPU build of vLLM).",
+        "shorter than a block is recomputed every turn, which `rollout.vllm.block_size` "
+        "changes (a prompt's first turns are one request of n completions, one prefill). CPU "
+        "numbers only.",
     ]
     return "\n".join(lines)
 

@@ -364,16 +364,18 @@ class VLLMEngine:
         return strip_vision_tokens(list(c.token_ids), lp, self.vision_ids)
 
     def complete_rows(self, seqs: list[list[int]], requests: list[dict], params: list,
-                      sample_ids: list) -> list[tuple[list[int], list[float], bool]]:  # fmt: skip
-        """One completion per row: ``requests[i]`` sends row i's whole sequence so far,
-        ``seqs[i]`` (episodes and trees continue rows this way; vLLM's prefix cache holds what
-        rows share), with its own ``params[i]``. The prompt vLLM saw must equal ``seqs[i]``
-        (`check_prompt_ids`, naming ``sample_ids[i]``). Returns `read_completion` per row."""
+                      sample_ids: list) -> list[list[tuple[list[int], list[float], bool]]]:  # fmt: skip
+        """``params[i].n`` completions of ``requests[i]``, which sends a row's whole sequence so
+        far, ``seqs[i]`` (episodes and trees continue rows this way; vLLM's prefix cache holds
+        what rows share). The prompt vLLM saw must equal ``seqs[i]`` (`check_prompt_ids`,
+        naming ``sample_ids[i]``). Returns `read_completion` of each completion, per request."""
         outs = self.llm.generate(requests, params, use_tqdm=False)
         done = []
-        for seq, out, sample_id in zip(seqs, outs, sample_ids):
+        for seq, out, p, sample_id in zip(seqs, outs, params, sample_ids):
             check_prompt_ids(seq, list(out.prompt_token_ids), sample_id, self.vision_ids)
-            done.append(self.read_completion(out.outputs[0]))
+            if len(out.outputs) != p.n:
+                raise RuntimeError(f"vLLM returned {len(out.outputs)} completions, asked {p.n}")
+            done.append([self.read_completion(c) for c in out.outputs])
         return done
 
     # ---- the engine protocol (``vlm/sampler.py`` drives it) -----------------------------------
@@ -420,23 +422,31 @@ class VLLMEngine:
                final: bool = False) -> Tensor:  # fmt: skip
         """One request per live row (its prompt and its tape so far), up to ``limit[i]`` new
         tokens, cut after a stop string as the HF engine, checking every token, would end it;
-        written to ``tape``. ``leaves``: rows that stop (and all after a ``final`` segment)
-        leave. Returns [L] why each segment ended, as `HFEngine.decode`."""
+        written to ``tape``. Rows of one prompt with nothing written yet are one request of as
+        many completions (one prefill). ``leaves``: rows that stop (and all after a ``final``
+        segment) leave. Returns [L] why each segment ended, as `HFEngine.decode`."""
         rows = state.rows.tolist()
         reason = torch.full((len(rows),), END_LENGTH)
-        go = [i for i in range(len(rows)) if int(limit[i]) > 0]
+        asks: dict[tuple, list[int]] = {}  # a request -> the live rows it samples for
+        for i in range(len(rows)):
+            if int(limit[i]) > 0:
+                fresh = int(tape.cursor[rows[i]]) == 0
+                key = (int(state.prompt_of[rows[i]]), int(limit[i])) if fresh else ("row", i)
+                asks.setdefault(key, []).append(i)
         seqs, reqs, params, ids_of = [], [], [], []
-        for i in go:
-            r, u = rows[i], int(state.prompt_of[rows[i]])
+        for group in asks.values():
+            r, u = rows[group[0]], int(state.prompt_of[rows[group[0]]])
             seq = state.prompts[u].input_ids.tolist() + tape.sequence(r)
             seqs.append(seq)
             reqs.append(state.images.request(seq, u, r))
-            turn = replace(sp, max_new_tokens=int(limit[i]))
-            params.append(self.sampling_params(turn, 1, state.seed + state.round * state.width + r))
+            turn = replace(sp, max_new_tokens=int(limit[group[0]]))
+            seed = state.seed + state.round * state.width + r
+            params.append(self.sampling_params(turn, len(group), seed))
             ids_of.append(state.prompts[u].sample.get("id"))
-        outs = self.complete_rows(seqs, reqs, params, ids_of) if go else []
+        outs = self.complete_rows(seqs, reqs, params, ids_of) if asks else []
+        done = [(i, c) for group, cs in zip(asks.values(), outs) for i, c in zip(group, cs)]
         decode = lambda ids: self.processor.batch_decode([ids], skip_special_tokens=True)[0]  # noqa: E731
-        for i, (ids, lp, cut) in zip(go, outs):
+        for i, (ids, lp, cut) in done:
             self.stats["rollout/vision_tokens_stripped"] += cut
             at = stop_string_end(decode, ids, stops)
             if at:
