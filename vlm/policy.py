@@ -9,21 +9,23 @@ The batch says which rows share a prompt (``prompts`` stored once, ``prompt_inde
 the vision tower runs once per prompt and the model gets the features per row
 (``mm_encoder_outputs``, Qwen2/2.5-VL).
 
-Shared prefix (``share_prefix``, on by default, Qwen2/2.5-VL): when rows share a prompt, the
-forward runs in two passes instead, as in Prefix Grouper. The U distinct prompts go through the
-model once (left-padded, vision included) and leave their per-layer keys/values; those are
-indexed out to the B rows (the indexing is differentiable, so each completion's gradient flows
-back into its shared prompt) and the completions [B, T] attend to them. Same log-probs and
-gradients as one forward over [B, P + T] (tested), with U * P + B * T tokens instead of
-B * (P + T). Positions (3-D M-RoPE) are the model's own ``get_rope_index`` of the prompts,
-continued by the completions.
+The segment walk (``share_prefix``, on by default, Qwen2/2.5-VL): when rows share a prompt, the
+forward walks the batch's segment table instead (``batch.segments``, ``trainer/segments.py``), as
+Prefix Grouper does for one level. The U distinct prompts go through the model once (left-padded,
+vision included) and leave their per-layer keys/values; then each level's distinct segments run
+once on their parents' keys/values: a tree's depths (`tree_levels`, read from the table), or one
+level of whole rows (`row_level`: flat groups, episodes). The indexing of the parents' caches is
+differentiable, so a shared segment's gradient is the sum over the rows below it. Same log-probs
+and gradients as one forward over [B, P + T] (tested), with U * P + (distinct segment tokens)
+instead of B * (P + T). Positions (3-D M-RoPE) are the model's own ``get_rope_index`` of the
+prompts, continued by the segments.
 
 Episodes (``policy.episode``, see ``vlm/episode.py``): a row's completion holds observation
-tokens between the policy's turns (observation segments of ``batch.segments``), image placeholders included. Both
-forwards attend to them (attention = policy tokens + observations) while the loss mask stays on
-the policy's tokens; each row's observation images follow its prompt's images in the vision
-inputs, so every image lands at its place, and positions come from ``get_rope_index`` over the
-whole sequence (the shared-prefix path computes them for prompt and completion together).
+tokens between the policy's turns (observation segments of ``batch.segments``), image
+placeholders included. Both forwards attend to them (``segments.attention()``) while the loss
+mask stays on the policy's tokens; each row's observation images follow its prompt's images in
+the vision inputs, so every image lands at its place, and positions come from
+``get_rope_index`` over the whole sequence.
 """
 
 from __future__ import annotations
@@ -189,11 +191,7 @@ class VLMPolicy:
                 "prompt_index, as rollout.sample fills them)"
             )
         if batch.num_prompts() < len(batch) and self._prefix_applies(batch):
-            levels = tree_levels(batch)
-            if levels is not None:
-                logits = self._tree_logits(batch, levels)
-            else:
-                logits = self._shared_prefix_logits(batch)
+            logits = self._level_logits(batch, tree_levels(batch) or [row_level(batch)])
         else:
             logits = self._full_logits(batch)
         if self.banned_ids:
@@ -257,9 +255,13 @@ class VLMPolicy:
             return False
         return not hasattr(next(self.model.parameters()), "ds_id")  # ZeRO-3 partitioned
 
-    def _shared_prefix_logits(self, batch: RolloutBatch) -> Tensor:
-        """Two passes: the U distinct prompts once, then the B completions on their keys/values
-        (row b attends to prompt ``batch.prompt_index[b]``).
+    def _level_logits(self, batch: RolloutBatch, levels: list[TreeLevel]) -> Tensor:
+        """The walk over the segment table: the U distinct prompts once, then each level's
+        distinct segments once on their parents' keys/values (``levels``: a tree's depths, or
+        one level of whole rows, `row_level`), instead of every row re-running what it shares.
+        The indexing of parents' caches is differentiable, so a shared segment's gradient is the
+        sum over the rows below it, as in one forward per row. Observation images among whole
+        rows go with their level, at the positions of whole rows (``get_rope_index``).
 
         Returns:
             [B, T, V]: the prompt's last position predicts token 0, completion position t-1
@@ -267,79 +269,46 @@ class VLMPolicy:
         """
         device, T = self.device, batch.tokens.shape[1]
         kwargs = rollout.collate(batch.prompts, self.pad_id, device)  # [U, P], vision of U
-        idx = batch.prompt_index.to(device)  # [B]
         obs_vision = _obs_vision(batch, device)
-        if obs_vision:  # images among the completions: positions of whole rows
+        row_pos = None
+        if obs_vision:  # images among the completions (one level, whole rows)
             full = self._sequence_kwargs(batch, device, pixels=False)
             fpos = self._prompt_positions(full)  # [3, B, P + T]
             first = torch.zeros(batch.num_prompts(), dtype=torch.long, device=device)
+            idx = batch.prompt_index.to(device)
             first.scatter_(0, idx.flip(0), torch.arange(len(batch), device=device).flip(0))
             P = kwargs["input_ids"].shape[1]
-            pos, cpos = fpos[:, first, :P], fpos[:, :, P:]  # [3, U, P], [3, B, T]
+            pos, row_pos = fpos[:, first, :P], fpos[:, :, P:]  # [3, U, P], [3, B, T]
         else:
             pos = self._prompt_positions(kwargs)  # [3, U, P]
-            start = pos.amax(dim=(0, 2))[idx] + 1  # [B]: text continues after the prompt
-            cpos = (start[:, None] + torch.arange(T, device=device)).expand(3, -1, -1)
-        if self._keep_arg:
-            kwargs["logits_to_keep"] = 1
-        out = self.model(**kwargs, position_ids=pos, use_cache=True)
-        cache = out.past_key_values
-        cache.batch_select_indices(idx)  # K/V [U, h, P, d] -> [B, h, P, d], differentiable
-        attn = torch.cat(
-            [kwargs["attention_mask"][idx], completion_attention(batch).to(device, torch.long)],
-            dim=1,
-        )  # [B, P + T]
-        out2 = self.model(
-            input_ids=batch.tokens.to(device),
-            attention_mask=attn,
-            position_ids=cpos,  # [3, B, T]
-            past_key_values=cache,
-            use_cache=True,
-            **obs_vision,  # the observation images, row by row
-        )
-        first_logits = out.logits[:, -1:][idx]  # [B, 1, V]
-        return torch.cat([first_logits, out2.logits[:, :-1]], dim=1)  # [B, T, V]
-
-    def _tree_logits(self, batch: RolloutBatch, levels: list[TreeLevel]) -> Tensor:
-        """Tree rollouts: the prompts once, then each depth's distinct segments once on their
-        parents' keys/values (``levels``, see `tree_levels`), instead of every leaf re-running
-        the segments it shares. The indexing of parents' caches is differentiable, so a shared
-        segment's gradient is the sum over the leaves below it, as in one forward per leaf.
-
-        Returns:
-            [B, T, V] as `_shared_prefix_logits`.
-        """
-        device, T = self.device, batch.tokens.shape[1]
-        kwargs = rollout.collate(batch.prompts, self.pad_id, device)  # [U, P]
-        pos = self._prompt_positions(kwargs)
-        start = pos.amax(dim=(0, 2)) + 1  # [U]: where each prompt's text continues
         if self._keep_arg:
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs, position_ids=pos, use_cache=True)
         cache, attn = out.past_key_values, kwargs["attention_mask"]
-        tokens = batch.tokens.to(device)
-        mask = batch.mask.to(device, torch.long)
-        parts, node_start = [], start  # node_start: [N] text position of the level's parent end
+        tokens, seen = batch.tokens.to(device), completion_attention(batch).to(device, torch.long)
+        parts, node_start = [], pos.amax(dim=(0, 2)) + 1  # [N] where each parent's text ends
         for lv in levels:
             parent = lv.parent.to(device)
             cache.batch_select_indices(parent)  # differentiable gather of the parents' K/V
             rows, (a, b) = lv.rows.to(device), lv.cols
             node_start = node_start[parent]
-            attn = torch.cat([attn[parent], mask[rows, a:b]], dim=1)
-            cpos = (node_start[:, None] + a + torch.arange(b - a, device=device)).expand(3, -1, -1)
+            attn = torch.cat([attn[parent], seen[rows, a:b]], dim=1)
+            if row_pos is None:
+                cpos = node_start[:, None] + a + torch.arange(b - a, device=device)
+                cpos = cpos.expand(3, -1, -1)
+            else:
+                cpos = row_pos[:, rows, a:b]
             out_l = self.model(
                 input_ids=tokens[rows, a:b], attention_mask=attn, position_ids=cpos,
-                past_key_values=cache, use_cache=True,
+                past_key_values=cache, use_cache=True, **obs_vision,
             )  # fmt: skip
             cache = out_l.past_key_values
             parts.append(out_l.logits)  # [N_d, b - a, V]
-        # row b's logits at column j come from the node holding column j at that depth
-        cols = []
-        for lv, logits in zip(levels, parts):
-            cols.append(logits[lv.of_row.to(device)])  # [B, b - a, V] (rows past a leaf: any)
-        full = torch.cat(cols, dim=1)  # [B, T, V]: position j predicts token j + 1
-        first = out.logits[:, -1:][batch.prompt_index.to(device)]  # [B, 1, V]
-        return torch.cat([first, full[:, : T - 1]], dim=1)
+        # row b's logits at column j come from the segment holding column j at that depth
+        cols = [x if lv.whole_rows else x[lv.of_row.to(device)] for lv, x in zip(levels, parts)]
+        full_logits = torch.cat(cols, dim=1)  # [B, T, V]: position j predicts token j + 1
+        first_logits = out.logits[:, -1:][batch.prompt_index.to(device)]  # [B, 1, V]
+        return torch.cat([first_logits, full_logits[:, : T - 1]], dim=1)
 
     def _prompt_positions(self, kwargs: dict) -> Tensor:
         """Position ids [3, U, P] of left-padded prompts, as the model derives them in a plain
@@ -484,6 +453,16 @@ class TreeLevel:
     of_row: Tensor
     """[B] each row's segment at this depth (a row that ended before it: 0, never read under
     the mask)"""
+    whole_rows: bool = False
+    """the level is every row's whole completion, in row order (`row_level`)"""
+
+
+def row_level(batch: RolloutBatch) -> TreeLevel:
+    """One level of whole rows below their prompts: how rows that share only their prompt
+    (flat groups, episodes, trees whose depths are not aligned) walk the table."""
+    B, T = batch.tokens.shape[:2]
+    rows = torch.arange(B)
+    return TreeLevel((0, T), rows, batch.prompt_index.cpu(), rows, whole_rows=True)
 
 
 def tree_levels(batch: RolloutBatch) -> list[TreeLevel] | None:
