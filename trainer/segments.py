@@ -21,7 +21,7 @@ on the host, as ``prompt_index`` does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -47,6 +47,9 @@ class Segments:
     """[N] long: the first row that holds it (its tokens are read there)"""
     branches: bool = False
     """rows branch from shared segments below the prompt (the schedule forks: a tree)"""
+    vision: list = field(default_factory=list)
+    """[N] each observation segment's vision inputs (``pixel_values``, ``image_grid_thw`` ...),
+    stored once however many rows hold it; None for the others (empty: no images anywhere)"""
 
     def __len__(self) -> int:
         return int(self.parent.numel())
@@ -108,7 +111,7 @@ class Segments:
         parent = self.parent[order]
         parent = torch.where(parent >= 0, rank[parent.clamp(min=0)], -1)
         return Segments(node, parent, self.kind[order], self.start[order], self.length[order],
-                        self.holder[order], self.branches)  # fmt: skip
+                        self.holder[order], self.branches, _pick(self.vision, order))  # fmt: skip
 
     # ---- readers ------------------------------------------------------------------------------
 
@@ -136,6 +139,46 @@ class Segments:
         tree estimators read (rows holding the same id share that segment)."""
         return torch.where(self.mask(POLICY) > 0, self.node + 1, 0)
 
+    def attach_vision(self, observed: list[list[dict]]) -> None:
+        """Set `vision` from each row's observations' vision inputs in order (``observed[b]``:
+        one dict per observation segment of row b, {} for a text one), once per segment, from
+        the first row holding it (rows below a fork hold the same)."""
+        if not any(v for row in observed for v in row):
+            return
+        vision: list = [None] * len(self)
+        on = self.mask(OBSERVATION) > 0
+        for b, row in enumerate(observed):
+            for s, v in zip(self.node[b][on[b]].unique_consecutive().tolist(), row):
+                if vision[s] is None and v:
+                    vision[s] = v
+        self.vision = vision
+
+    def row_vision(self) -> dict[str, list[Tensor | None]]:
+        """Each row's observation vision inputs, its observation segments' in order, per key
+        (None for a row without); {} when the batch has no observation images."""
+        if not any(v for v in self.vision):
+            return {}
+        keys = sorted({k for v in self.vision if v for k in v})
+        on = self.mask(OBSERVATION) > 0
+        out: dict[str, list[Tensor | None]] = {k: [] for k in keys}
+        for row in range(self.node.shape[0]):
+            segs = [
+                s for s in self.node[row][on[row]].unique_consecutive().tolist() if self.vision[s]
+            ]
+            for k in keys:
+                parts = [self.vision[s][k] for s in segs if k in self.vision[s]]
+                out[k].append(torch.cat(parts) if parts else None)
+        return out
+
+    def shares_vision(self) -> bool:
+        """Whether an observation segment with images is held by more than one row."""
+        if not any(v for v in self.vision):
+            return False
+        rows = torch.arange(self.node.shape[0])[:, None].expand_as(self.node)
+        pairs = torch.unique(torch.stack([self.node, rows], -1)[self.node >= 0], dim=0)
+        held = torch.bincount(pairs[:, 0], minlength=len(self))
+        return any(held[s] > 1 for s, v in enumerate(self.vision) if v)
+
     def decoded(self) -> int:
         """Tokens the sampler decoded: every policy segment once, however many rows hold it."""
         return int(self.length[self.kind == POLICY].sum())
@@ -156,7 +199,7 @@ class Segments:
         holder = torch.full((len(used),), node.numel(), dtype=torch.long)
         holder = holder.scatter_reduce(0, node[valid], rows[valid], "amin")
         return Segments(node, parent, self.kind[used], self.start[used], self.length[used],
-                        holder, self.branches)  # fmt: skip
+                        holder, self.branches, _pick(self.vision, used))  # fmt: skip
 
     @staticmethod
     def concat(parts: list[Segments]) -> Segments:
@@ -169,8 +212,16 @@ class Segments:
             parents.append(torch.where(p.parent >= 0, p.parent + n, -1))
             holders.append(p.holder + b)
             n, b = n + len(p), b + p.node.shape[0]
+        vision = []
+        if any(p.vision for p in parts):
+            vision = [v for p in parts for v in (p.vision or [None] * len(p))]
         return Segments(
             torch.cat(nodes), torch.cat(parents), torch.cat([p.kind for p in parts]),
             torch.cat([p.start for p in parts]), torch.cat([p.length for p in parts]),
-            torch.cat(holders), any(p.branches for p in parts),
+            torch.cat(holders), any(p.branches for p in parts), vision,
         )  # fmt: skip
+
+
+def _pick(vision: list, idx: Tensor) -> list:
+    """``vision`` at segments ``idx`` (empty stays empty)."""
+    return [vision[i] for i in idx.tolist()] if vision else []

@@ -14,9 +14,8 @@ trainer needs nothing new:
   forward attends to), in a tree shared by the rows below a fork;
 * ``inputs["obs_<key>"]`` [B, T]: per-token processor outputs of the observations (Qwen's
   ``mm_token_type_ids``: which positions are image placeholders), 0 elsewhere;
-* ``inputs["obs_pixel_values"]``, ``inputs["obs_image_grid_thw"]`` (any vision key the
-  processor returns, prefixed ``obs_``): one entry per row, the row's observation images in order
-  (None for a row without any).
+* ``segments.vision``: each observation segment's vision inputs (any vision key the processor
+  returns), stored once however many rows hold it (``segments.row_vision()``: per row).
 
 The structure is written down when the episode is recorded, never rediscovered from token
 values. The estimators treat the observation holes in ``mask`` as interior holes (a later reward
@@ -310,7 +309,8 @@ class Tape:
         self.node = torch.zeros((rows, width), dtype=torch.long)
         self.extras = {k: torch.zeros((rows, width), dtype=t) for k, t in keys.extras.items()}
         self.cursor = torch.zeros(rows, dtype=torch.long)
-        self.vision: list[dict[str, list[Tensor]]] = [{} for _ in range(rows)]
+        self.observed: list[list[dict[str, Tensor]]] = [[] for _ in range(rows)]
+        """each row's observations' vision inputs, in order ({} for a text observation)"""
         self.logs = [EpisodeLog() for _ in range(rows)]
 
     def _grow(self, width: int) -> None:
@@ -345,7 +345,7 @@ class Tape:
                     *self.extras.values()):  # fmt: skip
             buf[d] = buf[s_]
         for a, b in zip(dst, src):
-            self.vision[a] = {k: list(v) for k, v in self.vision[b].items()}
+            self.observed[a] = list(self.observed[b])
             self.logs[a] = copy.deepcopy(self.logs[b])
 
     def put_text(self, row: int, ids: list[int], logp: list[float] | None = None,
@@ -382,8 +382,7 @@ class Tape:
         self.node[row, c : c + n] = self.node[row, c - 1] if c else 0
         for k, v in enc.extras.items():
             self.extras[k][row, c : c + n] = v
-        for k, v in enc.vision.items():
-            self.vision[row].setdefault(k, []).append(v)
+        self.observed[row].append(enc.vision)
         self.cursor[row] += n
         self.logs[row].images += enc.num_images
         self.logs[row].vision_tokens += enc.num_vision_tokens
@@ -392,7 +391,8 @@ class Tape:
         """Row ``row`` so far: ids [C], per-token extras [C], observation vision (concatenated)."""
         c = int(self.cursor[row])
         extras = {k: v[row, :c] for k, v in self.extras.items()}
-        vision = {k: torch.cat(v) for k, v in self.vision[row].items()}
+        keys = {k for v in self.observed[row] for k in v}
+        vision = {k: torch.cat([v[k] for v in self.observed[row] if k in v]) for k in keys}
         return self.tokens[row, :c], extras, vision
 
     def to_batch(self, samples: list[dict], group_id: Tensor, prompts: dict, index: Tensor,
@@ -418,9 +418,7 @@ class Tape:
         inputs: dict[str, Any] = {}
         for k, v in self.extras.items():
             inputs[f"obs_{k}"] = v[r, :T].clone()
-        vision = [self.vision[i] for i in r.tolist()]
-        for k in self.keys.vision:  # the same keys in every batch, observations or not
-            inputs[f"obs_{k}"] = [torch.cat(v[k]) if k in v else None for v in vision]
+        segments.attach_vision([self.observed[i] for i in r.tolist()])
         meta = []
         for s, log in zip(samples, [self.logs[i] for i in r.tolist()]):
             last = log.texts[-1] if log.texts else ""

@@ -25,7 +25,9 @@ tokens between the policy's turns (observation segments of ``batch.segments``), 
 placeholders included. Both forwards attend to them (``segments.attention()``) while the loss
 mask stays on the policy's tokens; each row's observation images follow its prompt's images in
 the vision inputs, so every image lands at its place, and positions come from
-``get_rope_index`` over the whole sequence.
+``get_rope_index`` over the whole sequence. An observation is stored once however many rows
+hold it (``segments.vision``); when rows share one (a tree of episodes) and the model takes
+image features (Qwen2/2.5-VL), its image goes through the vision tower once.
 """
 
 from __future__ import annotations
@@ -216,10 +218,7 @@ class VLMPolicy:
         and attended where they hold policy or observation tokens; a row's observation images
         follow its prompt's, and the observations' per-token inputs fill the completion part."""
         rows = batch.row_prompts()
-        for key, per_row in batch.inputs.items():
-            k = key[len(OBS_PREFIX) :]
-            if not key.startswith(OBS_PREFIX) or not isinstance(per_row, list):
-                continue
+        for k, per_row in _row_obs_vision(batch).items():
             if not pixels and k.startswith("pixel_values"):
                 continue
             mine = rows.get(k, [None] * len(batch))
@@ -269,7 +268,7 @@ class VLMPolicy:
         """
         device, T = self.device, batch.tokens.shape[1]
         kwargs = rollout.collate(batch.prompts, self.pad_id, device)  # [U, P], vision of U
-        obs_vision = _obs_vision(batch, device)
+        obs_vision = self._observation_inputs(batch, device)
         row_pos = None
         if obs_vision:  # images among the completions (one level, whole rows)
             full = self._sequence_kwargs(batch, device, pixels=False)
@@ -333,15 +332,23 @@ class VLMPolicy:
         batch has videos."""
         if "pixel_values" not in kwargs or "pixel_values_videos" in kwargs:
             return
-        B, U = len(batch), batch.num_prompts()
+        U = batch.num_prompts()
         pix = batch.prompts.get("pixel_values", [None] * U)
         grids = batch.prompts.get("image_grid_thw", [None] * U)
-        opix = batch.inputs.get(OBS_PREFIX + "pixel_values", [None] * B)
-        ogrids = batch.inputs.get(OBS_PREFIX + "image_grid_thw", [None] * B)
         sources = [("p", u, pix[u], grids[u]) for u in range(U) if pix[u] is not None]
-        sources += [("o", b, opix[b], ogrids[b]) for b in range(B) if opix[b] is not None]
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
+        per = self._image_features(sources + _obs_sources(batch))
+        rows = _obs_segments_of_rows(batch)
+        images = [
+            f
+            for b, u in enumerate(batch.prompt_index.tolist())
+            for f in per.get(("p", u), []) + [f for s in rows[b] for f in per.get(("o", s), [])]
+        ]
+        del kwargs["pixel_values"]
+        kwargs["mm_encoder_outputs"] = _encoder_outputs(images)
 
+    def _image_features(self, sources: list[tuple]) -> dict[tuple, list[Tensor]]:
+        """The vision tower once over ``sources`` ((kind, id, pixel_values, image_grid_thw)
+        each): ``{(kind, id): [one [tokens_i, D] feature per image]}``."""
         feats = self.model.get_image_features(
             torch.cat([s[2] for s in sources]).to(self.device),
             torch.cat([s[3] for s in sources]).to(self.device),
@@ -351,13 +358,23 @@ class VLMPolicy:
         for kind, i, _, g in sources:
             per[kind, i] = list(feats[k : k + g.shape[0]])
             k += g.shape[0]
+        return per
+
+    def _observation_inputs(self, batch: RolloutBatch, device) -> dict:
+        """The vision inputs of every row's observation images, in row order: their pixels, or,
+        when rows share an observation (a tree of episodes) and the model takes image features,
+        each observation segment's features computed once and handed to every row holding it."""
+        seg = batch.segments
+        if seg is None or not (self._share_vision and seg.shares_vision()):
+            return _obs_vision(batch, device)
+        per = self._image_features(_obs_sources(batch))
         images = [
-            f
-            for b, u in enumerate(batch.prompt_index.tolist())
-            for f in per.get(("p", u), []) + per.get(("o", b), [])
+            f for segs in _obs_segments_of_rows(batch) for s in segs for f in per.get(("o", s), [])
         ]
-        del kwargs["pixel_values"]
-        kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=images)}
+        out = {
+            k: v for k, v in _obs_vision(batch, device).items() if not k.startswith("pixel_values")
+        }
+        return {**out, "mm_encoder_outputs": _encoder_outputs(images)}
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -504,12 +521,40 @@ def completion_attention(batch: RolloutBatch) -> Tensor:
     return batch.segments.attention().to(batch.mask.device)
 
 
+def _row_obs_vision(batch: RolloutBatch) -> dict[str, list[Tensor | None]]:
+    """Each row's observation vision inputs in order, per key (the segment table's)."""
+    return {} if batch.segments is None else batch.segments.row_vision()
+
+
 def _obs_vision(batch: RolloutBatch, device) -> dict[str, Tensor]:
     """The observation images' vision inputs of every row, concatenated in row order."""
     out = {}
-    for key, per_row in batch.inputs.items():
-        if key.startswith(OBS_PREFIX) and isinstance(per_row, list):
-            present = [v for v in per_row if v is not None]
-            if present:
-                out[key[len(OBS_PREFIX) :]] = torch.cat(present).to(device)
+    for k, per_row in _row_obs_vision(batch).items():
+        present = [v for v in per_row if v is not None]
+        if present:
+            out[k] = torch.cat(present).to(device)
     return out
+
+
+def _obs_sources(batch: RolloutBatch) -> list[tuple]:
+    """(``"o"``, segment, pixel_values, image_grid_thw) of each observation segment with
+    images, once however many rows hold it."""
+    vision = [] if batch.segments is None else batch.segments.vision
+    return [("o", s, v["pixel_values"], v["image_grid_thw"]) for s, v in enumerate(vision)
+            if v and "pixel_values" in v]  # fmt: skip
+
+
+def _obs_segments_of_rows(batch: RolloutBatch) -> list[list[int]]:
+    """Each row's observation segments in order ([] without a table)."""
+    seg = batch.segments
+    if seg is None:
+        return [[] for _ in range(len(batch))]
+    on = seg.mask(OBSERVATION) > 0
+    return [seg.node[b][on[b]].unique_consecutive().tolist() for b in range(len(batch))]
+
+
+def _encoder_outputs(images: list[Tensor]) -> dict:
+    """``mm_encoder_outputs`` of image features handed to the model (Qwen2/2.5-VL)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    return {"image": BaseModelOutputWithPooling(pooler_output=images)}

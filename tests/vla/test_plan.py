@@ -165,7 +165,7 @@ def test_oracle_traces_are_executed_as_sft_targets(tmp_path):
     for m in batch.meta:
         assert m["episode"]["info"]["planner/success"] == 1.0
     assert batch.segments.mask(OBSERVATION).sum() > 0 and all(
-        v is not None for v in batch.inputs["obs_pixel_values"]
+        v is not None for v in batch.segments.row_vision()["pixel_values"]
     )
 
 

@@ -281,9 +281,8 @@ def test_batches_keep_their_keys_when_only_some_rows_observe(tiny_dirs, samples)
             prompts, 2, SamplingParams(max_new_tokens=30, token_budget=600, return_logprobs=True)
         )
         assert [m["episode"]["turns"] for m in b.meta] == [2, 2, 1, 1, 1, 1]
-        assert (
-            b.inputs["obs_pixel_values"][2] is None and b.inputs["obs_pixel_values"][0] is not None
-        )
+        pixels = b.segments.row_vision()["pixel_values"]
+        assert pixels[2] is None and pixels[0] is not None
         assert b.group_id.tolist() == [0, 0, 1, 1, 2, 2]
         logp, _ = forwards(pol, b, share=True)
     assert ((logp - b.logp_rollout) * b.mask).abs().max() <= TOL
@@ -337,12 +336,27 @@ def test_episode_trees_fork_after_a_turn_and_score_as_sampled(pol, samples, bran
     from perceptrl.vlm.schedule import TreeShape
 
     pol.tree = TreeShape(branches, segment_tokens=1)
+    images = []  # images through the vision tower while scoring
+    encode = pol.model.get_image_features
+
+    def counted(pixels, grids, **kw):
+        images.append(len(grids))
+        return encode(pixels, grids, **kw)
+
     try:
         with short_turns(pol):
             b = run(pol, samples[:2], ForkingEnv(3), n=4, seed=len(branches))
+            pol.model.get_image_features = counted
             scored = [forwards(pol, b, share)[0] for share in (True, False)]
     finally:
         pol.tree = None
+        del pol.model.get_image_features
+    shared = pol.model.config.model_type == "qwen2_5_vl"  # features handed to rows (Qwen2.5-VL)
+    distinct = sum(int(v["image_grid_thw"].shape[0]) for v in b.segments.vision if v)
+    held = sum(int(g.shape[0]) for g in b.segments.row_vision()["image_grid_thw"] if g is not None)
+    assert b.segments.shares_vision() and distinct < held  # rows below a fork share images
+    if shared:  # each shared observation's image once, in both forwards (prompts: 2 images)
+        assert images == [distinct, 2 + distinct]
     assert len(b) == 8 and b.group_id.tolist() == [0] * 4 + [1] * 4
     assert [m["episode"]["turns"] for m in b.meta] == [3] * 8
     obs = b.segments.mask(OBSERVATION)

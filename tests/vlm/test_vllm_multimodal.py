@@ -169,14 +169,16 @@ def _blind_gap(kit, policy, batch) -> float:
     """`_gap` with every observation image replaced by noise: how much the tokens after an
     observation depend on its image (the gap test would miss an engine that saw other pixels
     otherwise)."""
-    key = "obs_pixel_values"
-    saved = batch.inputs[key]
+    saved = batch.segments.vision
     g = torch.Generator().manual_seed(0)
-    batch.inputs[key] = [None if v is None else torch.randn(v.shape, generator=g) for v in saved]
+    batch.segments.vision = [
+        v and {**v, "pixel_values": torch.randn(v["pixel_values"].shape, generator=g)}
+        for v in saved
+    ]
     try:
         return kit.gap(policy, batch)
     finally:
-        batch.inputs[key] = saved
+        batch.segments.vision = saved
 
 
 @pytest.mark.parametrize("bias", [-100.0, 3.0], ids=["full", "early_stops"])
@@ -221,8 +223,9 @@ def test_episodes_with_image_observations_score_like_the_trainer(setup, tmp_path
     assert (b.mask[obs > 0] == 0).all() and (obs[vision] == 1).all()
     merge = policy.processor.image_processor.merge_size
     seen = set()
+    row_vision = b.segments.row_vision()
     for i, e in enumerate(logs):
-        grid, pixels = b.inputs["obs_image_grid_thw"][i], b.inputs["obs_pixel_values"][i]
+        grid, pixels = row_vision["image_grid_thw"][i], row_vision["pixel_values"][i]
         spans = _obs_spans(b, i)
         assert len(spans) == e["calls"] == e["images"]  # one image per observation
         if not spans:
@@ -269,8 +272,9 @@ def test_episode_trees_share_the_first_turn_and_its_image(setup, tmp_path, kit):
         assert torch.equal(b.tokens[a, :end], b.tokens[c, :end])
         assert torch.equal(b.segments.node[a, :end], b.segments.node[c, :end])
         assert torch.isin(b.tokens[a, :end], torch.tensor(engine.vision_ids)).any()
-        grids = [b.inputs["obs_image_grid_thw"][r] for r in (a, c)]
-        pixels = [b.inputs["obs_pixel_values"][r] for r in (a, c)]
+        row_vision = b.segments.row_vision()
+        grids = [row_vision["image_grid_thw"][r] for r in (a, c)]
+        pixels = [row_vision["pixel_values"][r] for r in (a, c)]
         n = int(grids[0][0].prod())  # the first image's patches
         assert torch.equal(grids[0][0], grids[1][0]) and torch.equal(pixels[0][:n], pixels[1][:n])
         assert not torch.equal(pixels[0][n:], pixels[1][n:])  # second images: fresh, apart
