@@ -33,6 +33,7 @@ cannot do is refused when the recipe loads (``vlm/rules.py``). The HF ``generate
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -142,8 +143,6 @@ def _turn_end(why: int, room: bool) -> str | None:
 
 
 def _with_logprobs(sp: SamplingParams) -> SamplingParams:
-    from dataclasses import replace
-
     return sp if sp.return_logprobs else replace(sp, return_logprobs=True)
 
 
