@@ -146,13 +146,27 @@ def check_prompt_ids(trainer_ids: list[int], engine_ids: list[int], sample_id, v
     pos = next((i for i in range(n) if trainer_ids[i] != engine_ids[i]), n)
     vis = set(vision_ids)
     n_vis = (sum(t in vis for t in trainer_ids), sum(t in vis for t in engine_ids))
+    images = (_vision_runs(trainer_ids, vis), _vision_runs(engine_ids, vis))
+    if images[0] != images[1]:
+        hint = (
+            f"the engine got {images[1]} image(s) where the trainer has {images[0]}: an image "
+            "(a prompt's, or an observation's in an episode) did not reach the request"
+        )
+    else:
+        hint = (
+            "if the vision token counts differ, give vLLM the same image bounds as the trainer "
+            "(model.min_pixels / model.max_pixels)"
+        )
     raise PromptMismatchError(
         f"sample {sample_id!r}: the rollout engine's prompt ({len(engine_ids)} tokens, "
         f"{n_vis[1]} vision) differs from the trainer's ({len(trainer_ids)} tokens, {n_vis[0]} "
-        f"vision) from position {pos}; the log-probs would score a different prompt. If the "
-        "vision token counts differ, give vLLM the same image bounds as the trainer "
-        "(model.min_pixels / model.max_pixels)."
+        f"vision) from position {pos}; the log-probs would score a different prompt: {hint}."
     )
+
+
+def _vision_runs(ids: list[int], vis: set[int]) -> int:
+    """Runs of vision placeholder tokens in ``ids`` (one per image)."""
+    return sum(t in vis and (i == 0 or ids[i - 1] not in vis) for i, t in enumerate(ids))
 
 
 def strip_vision_tokens(

@@ -224,3 +224,13 @@ def test_vllm_engine_refuses_what_it_cannot_sync():
         extra = ["train.backend=deepspeed"] if "zero" in override else []
         with pytest.raises(ConfigError, match=match):
             load_config(None, ["rollout.engine=vllm", override, *extra])
+
+
+def test_prompt_check_names_a_missing_image():
+    """An observation image that never reached the request: the engine's prompt has one image
+    fewer, and the error says so instead of blaming the image bounds."""
+    vis = [9]
+    trainer = [1, 9, 9, 2, 3, 9, 9, 9, 4]  # two images
+    engine = [1, 9, 9, 2, 3, 4]  # the second never sent
+    with pytest.raises(PromptMismatchError, match=r"got 1 image\(s\) where the trainer has 2"):
+        check_prompt_ids(trainer, engine, "s1", vis)
