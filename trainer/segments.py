@@ -139,6 +139,11 @@ class Segments:
         tree estimators read (rows holding the same id share that segment)."""
         return torch.where(self.mask(POLICY) > 0, self.node + 1, 0)
 
+    def row_segments(self, kind: int) -> list[list[int]]:
+        """Each row's segments of ``kind``, in order."""
+        on = self.mask(kind) > 0
+        return [self.node[b][on[b]].unique_consecutive().tolist() for b in range(len(on))]
+
     def attach_vision(self, observed: list[list[dict]]) -> None:
         """Set `vision` from each row's observations' vision inputs in order (``observed[b]``:
         one dict per observation segment of row b, {} for a text one), once per segment, from
@@ -146,9 +151,8 @@ class Segments:
         if not any(v for row in observed for v in row):
             return
         vision: list = [None] * len(self)
-        on = self.mask(OBSERVATION) > 0
-        for b, row in enumerate(observed):
-            for s, v in zip(self.node[b][on[b]].unique_consecutive().tolist(), row):
+        for segs, row in zip(self.row_segments(OBSERVATION), observed):
+            for s, v in zip(segs, row):
                 if vision[s] is None and v:
                     vision[s] = v
         self.vision = vision
@@ -159,12 +163,9 @@ class Segments:
         if not any(v for v in self.vision):
             return {}
         keys = sorted({k for v in self.vision if v for k in v})
-        on = self.mask(OBSERVATION) > 0
         out: dict[str, list[Tensor | None]] = {k: [] for k in keys}
-        for row in range(self.node.shape[0]):
-            segs = [
-                s for s in self.node[row][on[row]].unique_consecutive().tolist() if self.vision[s]
-            ]
+        for row in self.row_segments(OBSERVATION):
+            segs = [s for s in row if self.vision[s]]
             for k in keys:
                 parts = [self.vision[s][k] for s in segs if k in self.vision[s]]
                 out[k].append(torch.cat(parts) if parts else None)

@@ -118,7 +118,6 @@ class HFEngine:
         self.rope = rope_module(model)
         self.device = next(model.parameters()).device
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.stats: dict[str, float] = {}
 
     @classmethod
     def for_policy(cls, policy) -> HFEngine:

@@ -332,12 +332,12 @@ class VLMPolicy:
         batch has videos."""
         if "pixel_values" not in kwargs or "pixel_values_videos" in kwargs:
             return
-        U = batch.num_prompts()
+        U, seg = batch.num_prompts(), batch.segments
         pix = batch.prompts.get("pixel_values", [None] * U)
         grids = batch.prompts.get("image_grid_thw", [None] * U)
         sources = [("p", u, pix[u], grids[u]) for u in range(U) if pix[u] is not None]
         per = self._image_features(sources + _obs_sources(batch))
-        rows = _obs_segments_of_rows(batch)
+        rows = [[]] * len(batch) if seg is None else seg.row_segments(OBSERVATION)
         images = [
             f
             for b, u in enumerate(batch.prompt_index.tolist())
@@ -369,7 +369,7 @@ class VLMPolicy:
             return _obs_vision(batch, device)
         per = self._image_features(_obs_sources(batch))
         images = [
-            f for segs in _obs_segments_of_rows(batch) for s in segs for f in per.get(("o", s), [])
+            f for segs in seg.row_segments(OBSERVATION) for s in segs for f in per.get(("o", s), [])
         ]
         out = {
             k: v for k, v in _obs_vision(batch, device).items() if not k.startswith("pixel_values")
@@ -542,15 +542,6 @@ def _obs_sources(batch: RolloutBatch) -> list[tuple]:
     vision = [] if batch.segments is None else batch.segments.vision
     return [("o", s, v["pixel_values"], v["image_grid_thw"]) for s, v in enumerate(vision)
             if v and "pixel_values" in v]  # fmt: skip
-
-
-def _obs_segments_of_rows(batch: RolloutBatch) -> list[list[int]]:
-    """Each row's observation segments in order ([] without a table)."""
-    seg = batch.segments
-    if seg is None:
-        return [[] for _ in range(len(batch))]
-    on = seg.mask(OBSERVATION) > 0
-    return [seg.node[b][on[b]].unique_consecutive().tolist() for b in range(len(batch))]
 
 
 def _encoder_outputs(images: list[Tensor]) -> dict:

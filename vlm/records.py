@@ -23,7 +23,7 @@ def describe_group(processor, batch: RolloutBatch, rows: list[int]) -> tuple[dic
         "videos": [str(v).rsplit("/", 1)[-1] for v in sample.get("videos") or []],
     }
     tok = getattr(processor, "tokenizer", processor)
-    out = []
+    out, origin = [], batch.row_origin().tolist()
     for r in rows:
         m = batch.meta[r]
         n = int((batch.mask[r] > 0).nonzero().max()) + 1 if batch.mask[r].any() else 0
@@ -34,7 +34,7 @@ def describe_group(processor, batch: RolloutBatch, rows: list[int]) -> tuple[dic
             "truncated": bool(m.get("truncated", False)),
             "components": m.get("components", {}),
         }
-        if batch.origin is not None and int(batch.origin[r]) == GUIDE:
+        if origin[r] == GUIDE:
             row["guide"] = True
         if "episode" in m:
             row["turns"] = _turns(m["episode"])

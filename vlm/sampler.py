@@ -57,7 +57,6 @@ class Engine(Protocol):
     stop_ids: list[int]
     pad_id: int
     banned: list[int]
-    stats: dict[str, float]
 
     def session(self, model):
         """Context manager around one rollout call (HF: generation mode; vLLM: weight push)."""

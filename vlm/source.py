@@ -285,9 +285,7 @@ class VLMRolloutSource:
     def _sampled(batch: RolloutBatch, metrics: dict) -> RolloutBatch:
         """The rows the policy sampled (all but guide rows), after adding the guide rows'
         count and mean reward to ``metrics``: the episode metrics describe the policy."""
-        if batch.origin is None:
-            return batch
-        is_guide = (batch.origin == GUIDE).cpu()
+        is_guide = (batch.row_origin() == GUIDE).cpu()
         guide, own = (
             is_guide.nonzero().squeeze(1).tolist(),
             (~is_guide).nonzero().squeeze(1).tolist(),

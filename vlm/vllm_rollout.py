@@ -289,8 +289,9 @@ class VLLMEngine:
         self.on_cpu = not torch.cuda.is_available()
         self.sleeping = False
         self.stats: dict[str, float] = {}
+        """the last rollout's counters (``rollout/vision_tokens_stripped``)"""
         self.sync_stats: dict[str, float] = {}
-        """the last rollout's weight push (`sync_weights`)"""
+        """the last weight push (`sync_weights`)"""
         kwargs: dict = dict(
             model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=self.opts.seed,
             max_model_len=max_model_len, enforce_eager=self.opts.enforce_eager,
@@ -337,12 +338,12 @@ class VLLMEngine:
         self.llm.llm_engine.reset_encoder_cache()
         if self.on_cpu:
             self.llm.apply_model(_repack_embeddings)
-        self.stats = {
+        self.sync_stats = {
             "weight_sync/seconds": time.perf_counter() - t0,
             "weight_sync/buckets": float(count[0]),
             "weight_sync/mb": count[1] / 2**20,
         }
-        return self.stats
+        return self.sync_stats
 
     def sleep(self) -> None:
         """Free the engine's accelerator memory for training (no-op on the CPU or with sleep off:
@@ -399,9 +400,9 @@ class VLLMEngine:
         """A rollout: wake the weights, push ``model``'s, wake the KV cache; sleep afterwards
         (the update gets the accelerator memory back)."""
         self.wake_up(["weights"])
-        self.sync_stats = self.sync_weights(model)
+        self.sync_weights(model)
         self.wake_up(["kv_cache"])
-        self.stats["rollout/vision_tokens_stripped"] = 0.0
+        self.stats = {"rollout/vision_tokens_stripped": 0.0}
         try:
             yield
         finally:
