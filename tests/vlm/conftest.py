@@ -192,20 +192,28 @@ def _short_turns(policy, engine, bias: float = 6.0):
         del engine.sampling_params
 
 
+@contextlib.contextmanager
+def _shaped(policy, engine, *, episode=None, tree=None, bias: float = 6.0):
+    """The policy's rollouts as ``episode`` and ``tree`` (None: single-turn, flat) with the stop
+    tokens' logits moved by ``bias`` in both engines (`_short_turns`); both undone after."""
+    policy.episode, policy.tree = episode, tree
+    try:
+        with _short_turns(policy, engine, bias):
+            yield
+    finally:
+        policy.episode = policy.tree = None
+
+
 def _tree_rollout(policy, engine, prompts, bias: float):
     """(batch, gap): [2, 2] trees of 6-token segments, 16 new tokens, seed 2, the stop tokens'
     logits moved by ``bias``, on ``engine``; the gap to the training forward."""
     from perceptrl.vlm.rollout import SamplingParams
     from perceptrl.vlm.schedule import TreeShape
 
-    policy.tree = TreeShape((2, 2), 6)
-    try:
-        with _short_turns(policy, engine, bias):
-            torch.manual_seed(2)
-            b = _vllm_sample(policy, engine, prompts, 4, SamplingParams(max_new_tokens=16))
-            return b, _rollout_gap(policy, b)
-    finally:
-        policy.tree = None
+    with _shaped(policy, engine, tree=TreeShape((2, 2), 6), bias=bias):
+        torch.manual_seed(2)
+        b = _vllm_sample(policy, engine, prompts, 4, SamplingParams(max_new_tokens=16))
+        return b, _rollout_gap(policy, b)
 
 
 def _check_tree(b, policy, groups: int, bias: float) -> None:
@@ -239,8 +247,9 @@ def _check_tree(b, policy, groups: int, bias: float) -> None:
 @pytest.fixture(scope="session")
 def kit():
     """The vLLM tests' helpers: ``sample`` (rollouts on an engine), ``gap`` (engine vs
-    training log-probs), ``short_turns`` (stop-token bias in both engines), ``tree_rollout`` and ``check_tree``."""
+    training log-probs), ``short_turns`` (stop-token bias in both engines), ``shaped`` (that bias with episode and
+    tree settings), ``tree_rollout`` and ``check_tree``."""
     return types.SimpleNamespace(
-        sample=_vllm_sample, gap=_rollout_gap, short_turns=_short_turns,
+        sample=_vllm_sample, gap=_rollout_gap, short_turns=_short_turns, shaped=_shaped,
         tree_rollout=_tree_rollout, check_tree=_check_tree,
     )  # fmt: skip

@@ -195,15 +195,13 @@ def test_episodes_on_vllm_score_like_the_trainer(setup, turns, kit):
     from perceptrl.vlm.episode import EpisodeSettings
 
     policy, engine, prompts = setup
-    policy.episode = EpisodeSettings(env=lambda: TextEnv(turns), max_tokens=160)
-    try:
-        with kit.short_turns(policy, engine):
-            torch.manual_seed(turns)
-            sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-            batch = kit.sample(policy, engine, prompts, 2, sp)
-            gap = kit.gap(policy, batch)
-    finally:
-        policy.episode = None
+    with kit.shaped(
+        policy, engine, episode=EpisodeSettings(env=lambda: TextEnv(turns), max_tokens=160)
+    ):
+        torch.manual_seed(turns)
+        sp = SamplingParams(temperature=1.0, max_new_tokens=16)
+        batch = kit.sample(policy, engine, prompts, 2, sp)
+        gap = kit.gap(policy, batch)
     logs = [m["episode"] for m in batch.meta]
     assert len(logs) == 6 and batch.group_id.tolist() == [0, 0, 1, 1, 2, 2]
     whole = [e for e in logs if e["stop"] == "answer"]
@@ -284,15 +282,14 @@ def test_training_steps_on_vllm_episodes(setup, tmp_path, kit):
     samples = [{"id": i, "question": q} for i, q in enumerate(QUESTIONS)]
     source = VLMRolloutSource(samples, reward, cfg.rollout, seed=0, engine=engine)
     policy.sampling = resolve(cfg).sampling
-    policy.episode = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=120)
+    settings = EpisodeSettings(env=lambda: TextEnv(2), max_tokens=120)
     try:
-        with kit.short_turns(policy, engine):
+        with kit.shaped(policy, engine, episode=settings):
             trainer = Trainer(cfg, policy, source, tmp_path, engine=build_engine(policy, cfg.train))
             m1 = trainer.train_step()
             trainer.step += 1
             m2 = trainer.train_step()
     finally:
-        policy.episode = None
         policy.model.load_state_dict(saved)
         engine.sync_weights(policy.model)
     for m in (m1, m2):
@@ -374,16 +371,16 @@ def test_episode_trees_on_vllm_share_turns_and_score_like_the_trainer(setup, kit
     from perceptrl.vlm.episode import EpisodeSettings
 
     policy, engine, prompts = setup
-    policy.episode = EpisodeSettings(env=lambda: ForkingTextEnv(3), max_tokens=200)
-    policy.tree = TreeShape((1, 2, 2), 1)
-    try:
-        with kit.short_turns(policy, engine):
-            torch.manual_seed(4)
-            sp = SamplingParams(temperature=1.0, max_new_tokens=12)
-            b = kit.sample(policy, engine, prompts, 4, sp)
-            gap = kit.gap(policy, b)
-    finally:
-        policy.episode = policy.tree = None
+    with kit.shaped(
+        policy,
+        engine,
+        episode=EpisodeSettings(env=lambda: ForkingTextEnv(3), max_tokens=200),
+        tree=TreeShape((1, 2, 2), 1),
+    ):
+        torch.manual_seed(4)
+        sp = SamplingParams(temperature=1.0, max_new_tokens=12)
+        b = kit.sample(policy, engine, prompts, 4, sp)
+        gap = kit.gap(policy, b)
     assert gap < 1e-4
     assert b.segments is not None and b.group_id.tolist() == sorted(b.group_id.tolist())
     whole = 0

@@ -206,15 +206,13 @@ def test_episodes_with_image_observations_score_like_the_trainer(setup, tmp_path
     training forward's, which reads those images (noise in their place moves it)."""
     policy, engine = setup
     prompts = [image_prompts(policy, tmp_path)[i] for i in (0, 3)]
-    policy.episode = EpisodeSettings(env=lambda: ImageEnv(turns), max_tokens=160)
-    try:
-        with kit.short_turns(policy, engine):
-            torch.manual_seed(turns)
-            sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-            b = kit.sample(policy, engine, prompts, 2, sp)
-            gap, blind = kit.gap(policy, b), _blind_gap(kit, policy, b)
-    finally:
-        policy.episode = None
+    with kit.shaped(
+        policy, engine, episode=EpisodeSettings(env=lambda: ImageEnv(turns), max_tokens=160)
+    ):
+        torch.manual_seed(turns)
+        sp = SamplingParams(temperature=1.0, max_new_tokens=16)
+        b = kit.sample(policy, engine, prompts, 2, sp)
+        gap, blind = kit.gap(policy, b), _blind_gap(kit, policy, b)
     logs = [m["episode"] for m in b.meta]
     assert len(b) == 4 and b.group_id.tolist() == [0, 0, 1, 1]
     assert sum(e["stop"] == "answer" and e["turns"] == turns for e in logs) >= 3
@@ -251,16 +249,16 @@ def test_episode_trees_share_the_first_turn_and_its_image(setup, tmp_path, kit):
     engine's log-probs equal the training forward's."""
     policy, engine = setup
     prompts = image_prompts(policy, tmp_path)[:2]
-    policy.episode = EpisodeSettings(env=lambda: ImageEnv(3), max_tokens=200)
-    policy.tree = TreeShape((1, 2), 1)
-    try:
-        with kit.short_turns(policy, engine):
-            torch.manual_seed(4)
-            sp = SamplingParams(temperature=1.0, max_new_tokens=12)
-            b = kit.sample(policy, engine, prompts, 2, sp)
-            gap = kit.gap(policy, b)
-    finally:
-        policy.episode = policy.tree = None
+    with kit.shaped(
+        policy,
+        engine,
+        episode=EpisodeSettings(env=lambda: ImageEnv(3), max_tokens=200),
+        tree=TreeShape((1, 2), 1),
+    ):
+        torch.manual_seed(4)
+        sp = SamplingParams(temperature=1.0, max_new_tokens=12)
+        b = kit.sample(policy, engine, prompts, 2, sp)
+        gap = kit.gap(policy, b)
     assert gap < 1e-4
     assert b.segments.branches and b.group_id.tolist() == [0, 0, 1, 1]
     assert [m["episode"]["turns"] for m in b.meta] == [3] * 4
