@@ -1,6 +1,6 @@
 """Does off-policy learning need fewer env steps than PPO, and does DSRL lift a BC flow policy?
 
-Two questions, each on held-out seeds (``env.eval_seed`` = `HELD_OUT`, never used in training
+Three questions, each on held-out seeds (``env.eval_seed`` = `HELD_OUT`, never used in training
 nor in choosing the settings, which were tuned on the recipes' default evaluation seeds):
 
 1. **Reach from entity poses: env steps to 90% held-out success.** PPO
@@ -15,8 +15,12 @@ nor in choosing the settings, which were tuned on the recipes' default evaluatio
    succeeds sometimes), its held-out success (deterministic: the ODE from zero noise), then
    DSRL (``configs/vla_dsrl_pick.yaml``) for ``--dsrl-steps``, and held-out success again
    (deterministic: the actor's mean noise). The flow weights are checked bit-identical.
+3. **Pick from entity poses with SAC and demonstrations** (``configs/vla_sac_pick.yaml``, RLPD
+   from the start) for ``--sac-steps``, evaluated as in 1: does it learn pick without a
+   behaviour-cloned warm start?
 
-    MUJOCO_GL=egl python bench/bench_vla_offpolicy.py [--seeds 0 1] [--part reach|pick|both]
+    MUJOCO_GL=egl python bench/bench_vla_offpolicy.py [--seeds 0 1]
+        [--part reach|pick|sac-pick|all]
         [--reuse]     # keep the arms already finished under --out (a run cut short goes on)
         [--report]    # only re-render bench/results/vla_offpolicy.md from its JSON
 
@@ -89,14 +93,21 @@ def first_at(points: list[dict], target: float) -> dict | None:
     return next((p for p in points if p["success"] >= target), None)
 
 
-def reach_arm(name: str, seed: int, steps: int, args, out: Path) -> dict:
-    recipe, extra = {
-        "ppo": ("vla_ppo_reach_state", []),
-        "sac": ("vla_sac_reach_state", []),
-        "sac+demos": ("vla_sac_reach_state", [f"replay.demos={args.demos}"]),
-    }[name]
+ARMS = {
+    # (task, arm): (recipe, its overrides)
+    ("reach", "ppo"): ("vla_ppo_reach_state", []),
+    ("reach", "sac"): ("vla_sac_reach_state", []),
+    ("reach", "sac+demos"): ("vla_sac_reach_state", ["replay.demos={demos}"]),
+    ("pick", "sac+demos"): ("vla_sac_pick", []),
+}
+
+
+def steps_arm(task: str, name: str, seed: int, steps: int, args, out: Path) -> dict:
+    """One arm's run with held-out evaluations; its curve and the first one at `TARGET`."""
+    recipe, extra = ARMS[task, name]
+    extra = [x.format(demos=args.demos) for x in extra]
     every = args.eval_every if name != "ppo" else max(1, args.eval_every // 8)
-    run_dir = out / f"reach_{name}_{seed}"
+    run_dir = out / f"{task}_{name}_{seed}"
     overrides = [f"train.seed={seed}", f"train.steps={steps}", f"train.eval_every={every}",
                  f"env.eval_seed={HELD_OUT}", f"env.eval_episodes={args.episodes}",
                  "checkpoint.every=0", *extra]  # fmt: skip
@@ -106,7 +117,8 @@ def reach_arm(name: str, seed: int, steps: int, args, out: Path) -> dict:
         _, seconds = train(recipe, overrides, run_dir)
     points = curve(run_dir)
     hit = first_at(points, TARGET)
-    print(f"{name} seed {seed}: {hit or max(points, key=lambda p: p['success'])}", flush=True)
+    best = max(points, key=lambda p: p["success"])
+    print(f"{task} {name} seed {seed}: {hit or best}", flush=True)
     return {"arm": name, "seed": seed, "seconds": round(seconds, 1), "curve": points,
             "at_target": hit, "final": points[-1]["success"]}  # fmt: skip
 
@@ -155,30 +167,41 @@ def pick_arm(seed: int, args, out: Path) -> dict:
             "curve": curve(dsrl_dir)}  # fmt: skip
 
 
+def steps_table(runs: list[dict]) -> list[str]:
+    """Markdown rows of `steps_arm` results: env steps to each success level, final and best."""
+    levels = " | ".join(f"env steps to {x:.0%}" for x in LEVELS)
+    lines = [f"| arm | seed | {levels} | minutes to 90% | env steps run | final | best |",
+             "|---|---|" + "---|" * (len(LEVELS) + 4)]  # fmt: skip
+    for r in runs:
+        hits = [first_at(r["curve"], x) for x in LEVELS]
+        cells = " | ".join(f"{h['env_steps']:,}" if h else "not reached" for h in hits)
+        best = max(p["success"] for p in r["curve"])
+        minutes = hits[-1]["minutes"] if hits[-1] else "-"
+        lines.append(f"| {r['arm']} | {r['seed']} | {cells} | {minutes} | "
+                     f"{r['curve'][-1]['env_steps']:,} | {r['final']:.3f} | {best:.3f} |")  # fmt: skip
+    return lines
+
+
 def markdown(data: dict) -> str:
-    lines = ["# vla_offpolicy: env steps to 90% held-out success (reach), DSRL on a BC flow (pick)",
-             "", f"Machine: {data['machine']['cpu']}, {data['machine']['cores']} cores.", ""]  # fmt: skip
+    lines = ["# vla_offpolicy: env steps to 90% held-out success (reach), DSRL on a BC flow and "
+             "SAC with demonstrations (pick)", "",
+             f"Machine: {data['machine']['cpu']}, {data['machine']['cores']} cores.", ""]  # fmt: skip
     if data["reach"]:
-        levels = " | ".join(f"env steps to {x:.0%}" for x in LEVELS)
-        lines += [f"| arm | seed | {levels} | minutes to 90% | env steps run | final | best |",
-                  "|---|---|" + "---|" * (len(LEVELS) + 4)]  # fmt: skip
-        for r in data["reach"]:
-            hits = [first_at(r["curve"], x) for x in LEVELS]
-            cells = " | ".join(f"{h['env_steps']:,}" if h else "not reached" for h in hits)
-            best = max(p["success"] for p in r["curve"])
-            minutes = hits[-1]["minutes"] if hits[-1] else "-"
-            lines.append(f"| {r['arm']} | {r['seed']} | {cells} | {minutes} | "
-                         f"{r['curve'][-1]['env_steps']:,} | {r['final']:.3f} | {best:.3f} |")  # fmt: skip
+        lines += ["## Reach from entity poses", "", *steps_table(data["reach"])]
         lines += ["", data["reach_summary"], "",
                   "Minutes: the training steps' own time (collection and updates), evaluations "
                   "left out.", ""]  # fmt: skip
     if data["pick"]:
-        lines += ["| pick seed | BC flow (held-out) | + DSRL | gain (points) | flow weights |",
+        lines += ["## Pick: DSRL on a behaviour-cloned flow policy", "","| pick seed | BC flow (held-out) | + DSRL | gain (points) | flow weights |",
                   "|---|---|---|---|---|"]  # fmt: skip
         for r in data["pick"]:
             lines.append(f"| {r['seed']} | {r['bc']:.3f} | {r['dsrl']:.3f} | "
                          f"{100 * (r['dsrl'] - r['bc']):+.1f} | "
                          f"{'bit-identical' if r['flow_bit_identical'] else 'CHANGED'} |")  # fmt: skip
+        lines.append("")
+    if data.get("sac_pick"):
+        lines += ["## Pick from entity poses: SAC with demonstrations from the start", "",
+                  *steps_table(data["sac_pick"])]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -208,7 +231,7 @@ def summary(reach: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("reach", "pick", "both"), default="both")
+    ap.add_argument("--part", choices=("reach", "pick", "sac-pick", "all"), default="all")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--arms", nargs="+", default=["ppo", "sac", "sac+demos"])
     ap.add_argument("--ppo-steps", type=int, default=240, help="PPO trainer steps (512 env steps)")
@@ -230,21 +253,25 @@ def main(argv: list[str] | None = None) -> None:
                       keep_provenance=True)  # fmt: skip
         return
     data = {"machine": machine(), "settings": vars(args), "held_out_seed": HELD_OUT,
-            "target": TARGET, "reach": [], "pick": [], "reach_summary": ""}  # fmt: skip
+            "target": TARGET, "reach": [], "pick": [], "sac_pick": [], "reach_summary": ""}  # fmt: skip
 
     def save() -> None:  # after every arm: a run cut short keeps what it measured
         data["reach_summary"] = summary(data["reach"]) if data["reach"] else ""
         write_results("vla_offpolicy", data, markdown(data), seeds=args.seeds)
 
-    if args.part in ("reach", "both"):
+    if args.part in ("reach", "all"):
         for seed in args.seeds:
             for arm in args.arms:
                 steps = args.ppo_steps if arm == "ppo" else args.sac_steps
-                data["reach"].append(reach_arm(arm, seed, steps, args, out))
+                data["reach"].append(steps_arm("reach", arm, seed, steps, args, out))
                 save()
-    if args.part in ("pick", "both"):
+    if args.part in ("pick", "all"):
         for seed in args.seeds:
             data["pick"].append(pick_arm(seed, args, out))
+            save()
+    if args.part in ("sac-pick", "all"):
+        for seed in args.seeds:
+            data["sac_pick"].append(steps_arm("pick", "sac+demos", seed, args.sac_steps, args, out))
             save()
     pick = data["pick"]
     print(
