@@ -84,6 +84,29 @@ def curve(run_dir: Path) -> list[dict]:
     return out
 
 
+def critic(run_dir: Path, gamma: float, last: int = 40) -> dict | None:
+    """SAC's critic against what the policy earns, over the run's last ``last`` update steps:
+    the reward per stored transition, the discounted value a steady rate of it makes (reward /
+    (1 - gamma)), the mean Q of the whole batch and, with demonstrations, of each half. Runs
+    logged before ``sac/q_online`` existed take it from the whole-batch mean (demonstrations
+    are half of every batch: q = (q_online + q_demo) / 2)."""
+    rows = [r for r in metrics(run_dir) if "sac/q" in r][-last:]
+    if not rows:
+        return None
+
+    def mean(key: str) -> float:
+        return sum(r[key] for r in rows) / len(rows)
+
+    reward = mean("reward/mean")
+    out = {"steps": len(rows), "reward": reward, "steady_value": reward / (1 - gamma),
+           "q": mean("sac/q")}  # fmt: skip
+    if "sac/q_demo" in rows[0]:
+        out["q_demo"] = mean("sac/q_demo")
+        logged = "sac/q_online" in rows[0]
+        out["q_online"] = mean("sac/q_online") if logged else 2 * out["q"] - out["q_demo"]
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def finished(run_dir: Path, steps: int) -> bool:
     """The run under ``run_dir`` ran its ``steps`` (``--reuse`` keeps it)."""
     return (run_dir / "checkpoints" / f"step_{steps:06d}").is_dir()
@@ -103,7 +126,10 @@ ARMS = {
 
 
 def steps_arm(task: str, name: str, seed: int, steps: int, args, out: Path) -> dict:
-    """One arm's run with held-out evaluations; its curve and the first one at `TARGET`."""
+    """One arm's run with held-out evaluations; its curve, the first one at `TARGET` and SAC's
+    `critic` at the end."""
+    from perceptrl.wiring import load_config
+
     recipe, extra = ARMS[task, name]
     extra = [x.format(demos=args.demos) for x in extra]
     every = args.eval_every if name != "ppo" else max(1, args.eval_every // 8)
@@ -119,8 +145,10 @@ def steps_arm(task: str, name: str, seed: int, steps: int, args, out: Path) -> d
     hit = first_at(points, TARGET)
     best = max(points, key=lambda p: p["success"])
     print(f"{task} {name} seed {seed}: {hit or best}", flush=True)
+    gamma = load_config(ROOT / "configs" / f"{recipe}.yaml", overrides).algo.gamma
     return {"arm": name, "seed": seed, "seconds": round(seconds, 1), "curve": points,
-            "at_target": hit, "final": points[-1]["success"]}  # fmt: skip
+            "at_target": hit, "final": points[-1]["success"],
+            "critic": critic(run_dir, gamma)}  # fmt: skip
 
 
 def held_out(policy, env_cfg, episodes: int) -> float:
@@ -142,13 +170,15 @@ def pick_arm(seed: int, args, out: Path) -> dict:
     )  # fmt: skip
     bc_dir, dsrl_dir = out / f"pick_bc_{seed}", out / f"pick_dsrl_{seed}"
     t0 = time.perf_counter()
-    if not (args.reuse and finished(bc_dir, args.bc_steps)):
+    if args.reuse and finished(bc_dir, args.bc_steps):
+        bc_s = logged_seconds(bc_dir)
+    else:
         run_sft(bc_cfg, bc_dir)
-    bc_s = time.perf_counter() - t0
+        bc_s = time.perf_counter() - t0
     bc = last_model(bc_dir)
     before = held_out(load_policy(bc), bc_cfg.env, args.episodes)
     if args.reuse and finished(dsrl_dir, args.dsrl_steps):
-        dsrl, dsrl_s = load_policy(last_model(dsrl_dir)), None  # not timed again
+        dsrl, dsrl_s = load_policy(last_model(dsrl_dir)), logged_seconds(dsrl_dir)
     else:
         trainer, dsrl_s = train(
             "vla_dsrl_pick",
@@ -163,7 +193,7 @@ def pick_arm(seed: int, args, out: Path) -> dict:
     after = held_out(dsrl, bc_cfg.env, args.episodes)
     print(f"pick seed {seed}: BC {before} -> DSRL {after} (flow frozen: {frozen})", flush=True)
     return {"seed": seed, "bc": before, "dsrl": after, "flow_bit_identical": frozen,
-            "bc_seconds": round(bc_s, 1), "dsrl_seconds": dsrl_s and round(dsrl_s, 1),
+            "bc_seconds": round(bc_s, 1), "dsrl_seconds": round(dsrl_s, 1),
             "curve": curve(dsrl_dir)}  # fmt: skip
 
 
@@ -179,6 +209,17 @@ def steps_table(runs: list[dict]) -> list[str]:
         minutes = hits[-1]["minutes"] if hits[-1] else "-"
         lines.append(f"| {r['arm']} | {r['seed']} | {cells} | {minutes} | "
                      f"{r['curve'][-1]['env_steps']:,} | {r['final']:.3f} | {best:.3f} |")  # fmt: skip
+    sac = [r for r in runs if r.get("critic")]
+    if sac:
+        lines += ["", "SAC's critic over the last 40 trainer steps: mean Q against the value the "
+                  "policy's reward makes at a steady rate (reward per transition / (1 - gamma)).",
+                  "", "| arm | seed | reward per transition | reward / (1 - gamma) | Q (own "
+                  "transitions) | Q (demonstrations) |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in sac:
+            c = r["critic"]
+            demo = f"{c['q_demo']:.2f}" if "q_demo" in c else "-"
+            lines.append(f"| {r['arm']} | {r['seed']} | {c['reward']:.3f} | "
+                         f"{c['steady_value']:.2f} | {c.get('q_online', c['q']):.2f} | {demo} |")  # fmt: skip
     return lines
 
 

@@ -89,6 +89,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                          "train.eval_every=0", "checkpoint.best="]),
     "vla_sac_reach_state": ("train", [*VLA, *SAC, "train.steps=4", "env.max_episode_steps=6",
                             "train.eval_every=2"]),
+    "vla_sac_pick": ("train", [*VLA, *SAC, "train.steps=4", "env.max_episode_steps=6",
+                     "train.eval_every=2", "replay.demos=2"]),
     "vla_dsrl_pick": ("train", [*VLA, *SAC, "train.steps=3", "env.max_episode_steps=6",
                       "vla.flow_steps=3", f"model.path={BC_FLOW}", "train.eval_every=0"]),
 }  # fmt: skip

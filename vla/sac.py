@@ -131,8 +131,9 @@ class _SAC:
             "sac/alpha": float(alpha.detach()), "sac/entropy": float(-logp_pi.detach().mean()),
             "sac/q": float(q1.detach().mean()), "sac/target": float(y.mean()),
         }  # fmt: skip
-        if batch.demo.any():
+        if batch.demo.any():  # the demonstrations' Q and the policy's own data's apart
             metrics["sac/q_demo"] = float(q1.detach()[batch.demo].mean())
+            metrics["sac/q_online"] = float(q1.detach()[~batch.demo].mean())
         return critic + actor + temperature, metrics
 
     has_critic = False
