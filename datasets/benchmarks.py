@@ -22,6 +22,10 @@ Where each schema comes from (read from the public code, none copied):
   empty, ``hint`` is optional, and the prompt reads ``Hint: ...``, ``Question: ...``,
   ``Options:``, ``A. ...`` lines; ``answer`` is the letter; ``category``, ``l2-category`` and
   ``split`` group the scores (``vlmeval/dataset/utils/multiple_choice.py`` ``report_acc``).
+  Circular copies of a question (``mcq_circular_eval``) have ``g_index``, else an index whose
+  value modulo 1,000,000 is the question's. Y/N files (``vlmeval/dataset/image_yorn.py``, MME,
+  POPE, HallusionBench) have no options and a ``Yes``/``No`` answer; ``utils/yorn.py``'s
+  ``MME_rating`` scores a category's questions on one ``image_path`` together (accuracy+).
 - ``mathvista``: Hugging Face ``AI4Math/MathVista`` (lmms-eval
   ``lmms_eval/tasks/mathvista/utils.py`` and ``mathvista_evals.py``: ``pid``, ``question``,
   ``decoded_image`` (an image struct ``{bytes, path}``; ``image`` is the file's name),
@@ -42,7 +46,10 @@ lmms-eval's letter instruction (`LETTER_INSTRUCTION`), and scored by the ``mcq``
 the options in ``meta["options"]``; MathVista's numbers by ``numeric`` (a float within half a
 unit of its ``precision``-th decimal, as MathVista rounds), its lists by ``math``. A sample's
 family (the rows of ``perceptrl eval``'s table) is ``category`` (VLMEvalKit, MMStar), MathVista's
-``metadata.task`` or ScienceQA's ``subject``; the other groupings stay in ``meta``.
+``metadata.task`` or ScienceQA's ``subject``; the other groupings stay in ``meta``. A VLMEvalKit
+row's ``meta["group"]`` names the rows scored together (`_vlmevalkit_group`: a question and its
+circular copies, or an MME image's questions); `vlm.source.evaluate_accuracy` reports the share
+of groups wholly right. Yes/No answers get the ``yesno`` reward (``datasets/loader.py``).
 
 A row that cannot become a sample yields a `RowError` (its ``reason`` names the count it is
 skipped under with ``data.strict=false``: ``malformed``, ``images`` for an image that does not
@@ -195,8 +202,30 @@ def _vlmevalkit(row: dict, images: list[str]) -> dict:
     else:  # a VLMEvalKit file of open questions: the loader infers the reward from the answer
         rec |= {"question": f"Hint: {hint}\n{question}" if hint else question, "meta": {}}
     rec["meta"] |= {"benchmark": "vlmevalkit", **meta}
+    group = _vlmevalkit_group(row, images, bool(options))
+    if group is not None:
+        rec["meta"]["group"] = group
     rec["family"] = _text(row.get("category")) or "default"
     return rec
+
+
+CIRCULAR_OFFSET = 1_000_000
+"""VLMEvalKit's circular copies of a multiple-choice question (its options rotated) have the
+index of the question plus a multiple of this (``g_index = index % 1e6``)"""
+
+
+def _vlmevalkit_group(row: dict, images: list[str], choice: bool) -> str | None:
+    """The question group a VLMEvalKit row scores in (`vlm.source` counts a group correct only
+    when all its rows are): a multiple-choice row's ``g_index`` (else its index modulo
+    `CIRCULAR_OFFSET`: MMBench's circular evaluation), a Yes/No row's image within its category
+    (``image_path``, else its image files: MME's accuracy+, both questions on an image right)."""
+    if choice:
+        g = _text(row.get("g_index")) or _text(row.get("index"))
+        return str(int(g) % CIRCULAR_OFFSET) if g.lstrip("-").isdigit() else None
+    if _text(row.get("answer")).lower() not in ("yes", "no"):
+        return None
+    image = _text(row.get("image_path")) or "|".join(images)
+    return f"{_text(row.get('category'))}/{image}"
 
 
 _FLOAT_PLACES = {1: "one decimal place", 2: "two decimal places"}

@@ -90,6 +90,8 @@ def infer_reward(answer: str, video: bool = False) -> str | None:
         return "iou"
     if _LETTER.match(a):
         return "mcq"
+    if a.lower() in ("yes", "no"):
+        return "yesno"
     if _NUMBER.match(a.replace(",", "")):
         return "numeric"
     if video and _SPAN.match(a):

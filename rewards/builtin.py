@@ -1,4 +1,5 @@
-"""Built-in rewards for visual reasoning: ``format``, ``mcq``, ``numeric``, ``iou``, ``accuracy``.
+"""Built-in rewards for visual reasoning: ``format``, ``mcq``, ``yesno``, ``numeric``, ``iou``,
+``accuracy``.
 
 All take ``(completions, samples, ctx, **params)`` and return one float per completion. A malformed
 completion (missing tags, no letter, unparsable number, empty or degenerate box) scores 0 and never
@@ -9,7 +10,7 @@ composite counts as a reward error.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..registry import REWARDS
 from .parse import (
@@ -20,6 +21,7 @@ from .parse import (
     is_formatted,
     parse_box,
     parse_number,
+    yes_or_no,
 )
 from .registry import RewardContext
 
@@ -76,6 +78,20 @@ def _box_answer(sample: dict) -> str | None:
     return None
 
 
+def _matches(completions: list[str], samples: list[dict], read: Callable, what: str) -> list[float]:
+    """1 where the completion's answer (`answer_or_text`) reads as the sample's answer, else 0;
+    ``read(text, sample)`` gives what a text says (None: nothing). A sample whose own answer
+    says nothing raises, naming ``what`` it is instead."""
+    _check(completions, samples)
+    out = []
+    for c, s in zip(completions, samples):
+        gt = read(str(s["answer"]), s)
+        if gt is None:
+            raise ValueError(f"sample {_sid(s)}: answer {s['answer']!r} is {what}")
+        out.append(1.0 if read(answer_or_text(c), s) == gt else 0.0)
+    return out
+
+
 @REWARDS.register("mcq", check_answer=_mcq_answer)
 def mcq(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
     """1 if the option letter in the answer tag (or the text) equals the sample's letter, else 0.
@@ -83,15 +99,24 @@ def mcq(completions: list[str], samples: list[dict], ctx: RewardContext) -> list
     ``meta["options"]`` (option texts, A first), when present, restricts the valid letters and lets
     an answer equal to an option text count as its letter.
     """
-    _check(completions, samples)
-    out = []
-    for c, s in zip(completions, samples):
-        options = (s.get("meta") or {}).get("options")
-        gt = extract_letter(str(s["answer"]), options)
-        if gt is None:
-            raise ValueError(f"sample {_sid(s)}: answer {s['answer']!r} is not an option letter")
-        out.append(1.0 if extract_letter(answer_or_text(c), options) == gt else 0.0)
-    return out
+
+    def letter(text: str, sample: dict) -> str | None:
+        return extract_letter(text, (sample.get("meta") or {}).get("options"))
+
+    return _matches(completions, samples, letter, "not an option letter")
+
+
+def _yes_no_answer(sample: dict) -> str | None:
+    """Why ``sample``'s answer can never score under ``yesno`` (None: it can)."""
+    return None if yes_or_no(str(sample["answer"])) else "it is neither Yes nor No"
+
+
+@REWARDS.register("yesno", check_answer=_yes_no_answer)
+def yesno(completions: list[str], samples: list[dict], ctx: RewardContext) -> list[float]:
+    """1 if the answer tag (or the text) says the sample's Yes or No, else 0: it says one when its
+    words hold "yes" or "no" and not both (VLMEvalKit's Y/N extraction, as MME, POPE and
+    HallusionBench score)."""
+    return _matches(completions, samples, lambda text, _: yes_or_no(text), "neither Yes nor No")
 
 
 @REWARDS.register("numeric", check_answer=_number_answer)

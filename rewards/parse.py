@@ -95,6 +95,15 @@ def is_boxed_formatted(text: str) -> bool:
     return m is not None and bool(extract_boxed(m.group(1)))
 
 
+def yes_or_no(text: str) -> str | None:
+    """``"yes"`` or ``"no"`` when the text's words hold one of them and not the other, else None
+    (VLMEvalKit's Y/N extraction: lower case, punctuation as spaces, whole words)."""
+    words = set(re.sub(r"[^0-9a-z]+", " ", str(text).lower()).split())
+    if ("yes" in words) == ("no" in words):
+        return None
+    return "yes" if "yes" in words else "no"
+
+
 def extract_letter(text: str, options: Sequence[str] | None = None) -> str | None:
     """Option letter in an answer: "B", "(B)", "B.", "B) blue", "Answer: B", "the answer is b".
 

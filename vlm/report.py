@@ -33,11 +33,12 @@ def _order(m: str) -> tuple[int, str]:
 
 
 def family_rows(metrics: dict[str, float], samples: Sequence[dict]) -> list[dict]:
-    """Rows ``{"modality", "family", "questions", "accuracy"}`` of one evaluation.
+    """Rows ``{"modality", "family", "questions", "accuracy"}`` of one evaluation, with
+    ``groups`` and ``group_accuracy`` where the family's samples form question groups.
 
     Args:
         metrics: what ``vlm.source.evaluate_accuracy`` returned for ``samples``
-            (``accuracy/<family>``, ``count/<family>``).
+            (``accuracy/<family>``, ``count/<family>``, ``group_accuracy/<family>``).
         samples: the evaluated samples (their modality names each family's group).
     Raises:
         ValueError: a family holds samples of two modalities (a family's accuracy is one number).
@@ -56,44 +57,47 @@ def family_rows(metrics: dict[str, float], samples: Sequence[dict]) -> list[dict
                 f"family {fam!r} mixes modalities {sorted(found)}; give each modality its own "
                 "family name (or evaluate them as separate task sets)"
             )
-        rows.append(
-            {
-                "modality": found.pop(),
-                "family": fam,
-                "questions": int(metrics[f"count/{fam}"]),
-                "accuracy": float(acc),
-            }
-        )
+        row = {"modality": found.pop(), "family": fam, "questions": int(metrics[f"count/{fam}"]),
+               "accuracy": float(acc)}  # fmt: skip
+        if f"groups/{fam}" in metrics:
+            row["groups"] = int(metrics[f"groups/{fam}"])
+            row["group_accuracy"] = float(metrics[f"group_accuracy/{fam}"])
+        rows.append(row)
     return rows
 
 
+def _weighted(rs: Sequence[dict]) -> dict:
+    """The question-weighted accuracy of rows, and the group-weighted group accuracy of those
+    that have groups."""
+    n = sum(r["questions"] for r in rs)
+    acc = sum(r["accuracy"] * r["questions"] for r in rs)
+    out = {"questions": n, "accuracy": acc / n if n else 0.0}
+    grouped = [r for r in rs if "groups" in r]
+    if grouped:
+        g = sum(r["groups"] for r in grouped)
+        right = sum(r["group_accuracy"] * r["groups"] for r in grouped)
+        out |= {"groups": g, "group_accuracy": right / g if g else 0.0}
+    return out
+
+
 def merge(rows: Sequence[dict]) -> list[dict]:
-    """Combine rows of several evaluations: same (modality, family) -> question-weighted mean.
-    Sorted by modality (MODALITIES order) then family."""
-    acc: dict[tuple[str, str], list[float]] = {}
+    """Combine rows of several evaluations: same (modality, family) -> question-weighted mean
+    (group accuracy: group-weighted). Sorted by modality (MODALITIES order) then family."""
+    same: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
-        n, s = acc.get((r["modality"], r["family"]), [0.0, 0.0])
-        acc[(r["modality"], r["family"])] = [n + r["questions"], s + r["accuracy"] * r["questions"]]
-    out = [
-        {"modality": m, "family": f, "questions": int(n), "accuracy": s / n if n else 0.0}
-        for (m, f), (n, s) in acc.items()
-    ]
+        same.setdefault((r["modality"], r["family"]), []).append(r)
+    out = [{"modality": m, "family": f, **_weighted(rs)} for (m, f), rs in same.items()]
     return sorted(out, key=lambda r: (_order(r["modality"]), r["family"]))
 
 
 def summarize(rows: Sequence[dict]) -> dict:
     """{"modalities": {m: {"questions", "accuracy"}}, "overall": {"questions", "accuracy"}}:
-    question-weighted means (a family with more questions weighs more)."""
-
-    def mean(rs: list[dict]) -> dict:
-        n = sum(r["questions"] for r in rs)
-        s = sum(r["accuracy"] * r["questions"] for r in rs)
-        return {"questions": n, "accuracy": s / n if n else 0.0}
-
+    question-weighted means (a family with more questions weighs more), with ``groups`` and
+    ``group_accuracy`` where rows have groups."""
     mods = sorted({r["modality"] for r in rows}, key=_order)
     return {
-        "modalities": {m: mean([r for r in rows if r["modality"] == m]) for m in mods},
-        "overall": mean(list(rows)),
+        "modalities": {m: _weighted([r for r in rows if r["modality"] == m]) for m in mods},
+        "overall": _weighted(rows),
     }
 
 
@@ -129,18 +133,26 @@ def paired_gain(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 
 
 def markdown(rows: Sequence[dict]) -> str:
-    """The table: one row per family, a subtotal row per modality, then the overall row."""
+    """The table: one row per family, a subtotal row per modality, then the overall row; with
+    question groups, two more columns: the groups and the share of them wholly right."""
     summary = summarize(rows)
-    lines = ["| modality | family | questions | accuracy |", "|---|---|---|---|"]
+    grouped = any("groups" in r for r in rows)
+
+    def line(m: str, family: str, r: dict) -> str:
+        cells = [m, family, str(r["questions"]), f"{r['accuracy']:.3f}"]
+        if grouped:
+            cells += (
+                [str(r["groups"]), f"{r['group_accuracy']:.3f}"] if "groups" in r else ["-"] * 2
+            )
+        return "| " + " | ".join(cells) + " |"
+
+    head = ["modality", "family", "questions", "accuracy"]
+    head += ["groups", "all of group right"] if grouped else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m, tot in summary["modalities"].items():
-        lines += [
-            f"| {m} | {r['family']} | {r['questions']} | {r['accuracy']:.3f} |"
-            for r in rows
-            if r["modality"] == m
-        ]
-        lines.append(f"| {m} | all | {tot['questions']} | {tot['accuracy']:.3f} |")
-    o = summary["overall"]
-    lines.append(f"| all | all | {o['questions']} | {o['accuracy']:.3f} |")
+        lines += [line(m, r["family"], r) for r in rows if r["modality"] == m]
+        lines.append(line(m, "all", tot))
+    lines.append(line("all", "all", summary["overall"]))
     return "\n".join(lines)
 
 
@@ -192,7 +204,8 @@ def write_report(
     """Write ``eval.json``, ``eval.md`` and ``eval.png`` into out_dir.
 
     ``eval.json`` holds ``rows``, the per-modality and overall means, and ``metrics`` (flat:
-    ``accuracy``, ``count``, ``accuracy/<modality>/<family>``, ``count/<modality>/<family>``).
+    ``accuracy``, ``count``, ``accuracy/<modality>/<family>``, ``count/<modality>/<family>``;
+    with question groups also ``group_accuracy``, ``groups`` and their per-family values).
     Returns {"table": Markdown text, "files": [paths]}.
     """
     out = Path(out_dir)
@@ -203,9 +216,15 @@ def write_report(
         "accuracy": summary["overall"]["accuracy"],
         "count": float(summary["overall"]["questions"]),
     }
+    if "groups" in summary["overall"]:
+        metrics["group_accuracy"] = summary["overall"]["group_accuracy"]
+        metrics["groups"] = float(summary["overall"]["groups"])
     for r in rows:
         metrics[f"accuracy/{r['modality']}/{r['family']}"] = r["accuracy"]
         metrics[f"count/{r['modality']}/{r['family']}"] = float(r["questions"])
+        if "groups" in r:
+            metrics[f"group_accuracy/{r['modality']}/{r['family']}"] = r["group_accuracy"]
+            metrics[f"groups/{r['modality']}/{r['family']}"] = float(r["groups"])
     table = markdown(rows)
     record = {"model": model, "rows": rows, **summary, "metrics": metrics, **(extra or {})}
     (out / "eval.json").write_text(json.dumps(record, indent=1))

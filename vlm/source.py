@@ -440,7 +440,10 @@ def evaluate_accuracy(
     Returns:
         ``accuracy``, ``accuracy/<family>``, ``count``, ``count/<family>``, ``reward/<component>``,
         ``completion_len_mean``, ``clip_ratio`` and ``skipped`` (lenient image failures); for
-        episodes also ``episode/...`` and ``tool/...`` (see ``episode.summarize``).
+        episodes also ``episode/...`` and ``tool/...`` (see ``episode.summarize``). When
+        samples share a ``meta["group"]`` (MMBench's circular copies of a question, MME's two
+        questions on an image), also ``group_accuracy``, ``groups`` and their ``/<family>``
+        values: a group counts as correct only when every sample of it scores at least 0.5.
     """
     prompt = prompt or policy.prompt
     tally = _Tally(scores, records)
@@ -467,6 +470,7 @@ class _Tally:
     def __init__(self, scores: dict | None, records: dict | None):
         self.scores, self.records = scores, records
         self.by_family: dict[str, list[float]] = defaultdict(list)
+        self.by_group: dict[tuple[str, str], list[float]] = defaultdict(list)
         self.components: dict[str, list[float]] = defaultdict(list)
         self.lengths: list[float] = []
         self.clipped: list[float] = []
@@ -478,7 +482,11 @@ class _Tally:
         self.episodes += list(context.episodes or [])
         for j, (m, t) in enumerate(zip(b.meta, totals)):
             s = m["sample"]
-            self.by_family[str(s.get("family", "all"))].append(float(t))
+            family = str(s.get("family", "all"))
+            self.by_family[family].append(float(t))
+            group = (s.get("meta") or {}).get("group")
+            if group is not None:
+                self.by_group[family, str(group)].append(float(t))
             key = str(s["id"]) if "id" in s else f"#{self.scored + j}"  # else: position
             if self.scores is not None:
                 self.scores[key] = float(t)
@@ -500,10 +508,24 @@ class _Tally:
         for fam, vs in sorted(self.by_family.items()):
             out[f"accuracy/{fam}"] = _mean(vs)
             out[f"count/{fam}"] = float(len(vs))
+        if any(len(vs) > 1 for vs in self.by_group.values()):
+            out.update(self._group_metrics())
         for k, vs in self.components.items():
             out[f"reward/{k}"] = _mean(vs)
         out["completion_len_mean"] = _mean(self.lengths)
         out["clip_ratio"] = _mean(self.clipped)
         if self.episodes:
             out.update(summarize(self.episodes))
+        return out
+
+    def _group_metrics(self) -> dict[str, float]:
+        """All-or-nothing accuracy over the question groups, overall and per family."""
+        right: dict[str, list[float]] = defaultdict(list)
+        for (family, _), vs in sorted(self.by_group.items()):
+            right[family].append(float(all(v >= 0.5 for v in vs)))
+        every = [v for vs in right.values() for v in vs]
+        out = {"group_accuracy": _mean(every), "groups": float(len(every))}
+        for family, vs in right.items():
+            out[f"group_accuracy/{family}"] = _mean(vs)
+            out[f"groups/{family}"] = float(len(vs))
         return out

@@ -10,6 +10,11 @@ Where each schema comes from:
   ``vlmeval/dataset/image_mcq.py``; written as ``DataFrame.to_csv(sep="\\t", index=False)``
   writes (the standard ``csv`` writer with a tab and ``\\n`` gives the same bytes; an empty
   cell is NaN).
+- VLMEvalKit Y/N TSV (MME.tsv): ``index``, ``category``, ``image``, ``question``, ``answer``
+  (``Yes`` | ``No``), ``image_path`` (two questions per image; ``vlmeval/dataset/image_yorn.py``
+  and ``utils/yorn.py``'s ``MME_rating``, which scores a category's images by ``image_path``).
+  MMBench's circular copies of a question have its index plus 1,000,000 and its options
+  rotated (``utils/multiple_choice.py``'s ``mcq_circular_eval``: ``g_index = index % 1e6``).
 - MathVista: Hugging Face ``AI4Math/MathVista`` (testmini): ``pid``, ``question``, ``image``
   (the file's name), ``decoded_image`` (an image struct ``{bytes, path}``), ``choices``,
   ``unit``, ``precision``, ``answer``, ``question_type``, ``answer_type``, ``metadata`` (a struct
@@ -74,6 +79,38 @@ def vlmevalkit_rows() -> list[dict]:
          "answer": "B", "category": "shape", "image": str([red, blue]), "split": "dev"},
         {"index": 5, "question": "What colour is the square?", "A": "red", "B": "blue",
          "C": "green", "answer": "B", "category": "colour", "image": blue, "split": "dev"},
+    ]  # fmt: skip
+
+
+def circular_rows() -> list[dict]:
+    """MMBench rows with circular copies: question 7 and its copy with the options rotated
+    (the answer rotates with them), and question 8 alone."""
+    red = b64(image_bytes())
+    base = {"question": "What colour is the square?", "category": "colour", "image": red}
+    return [
+        {**base, "index": 7, "A": "red", "B": "blue", "answer": "A"},
+        {**base, "index": 1_000_007, "A": "blue", "B": "red", "answer": "B", "image": "7"},
+        {**base, "index": 8, "A": "green", "B": "red", "answer": "B", "image": "7"},
+    ]  # fmt: skip
+
+
+MME_COLUMNS = ["index", "category", "image", "question", "answer", "image_path"]
+
+
+def mme_rows() -> list[dict]:
+    """MME-style Y/N rows: two questions on each of two images of one category, the second
+    question of each image sharing the first's image by index."""
+    red, blue = b64(image_bytes()), b64(image_bytes((40, 80, 230)))
+    q = "Is the square {}? Please answer yes or no."
+    return [
+        {"index": 0, "category": "color", "image": red, "question": q.format("red"),
+         "answer": "Yes", "image_path": "color/red.png"},
+        {"index": 1, "category": "color", "image": "0", "question": q.format("blue"),
+         "answer": "No", "image_path": "color/red.png"},
+        {"index": 2, "category": "color", "image": blue, "question": q.format("blue"),
+         "answer": "Yes", "image_path": "color/blue.png"},
+        {"index": 3, "category": "color", "image": "2", "question": q.format("red"),
+         "answer": "No", "image_path": "color/blue.png"},
     ]  # fmt: skip
 
 

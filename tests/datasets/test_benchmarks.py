@@ -16,6 +16,7 @@ from perceptrl.datasets.benchmarks import LETTER_INSTRUCTION, inline_options, mc
 from perceptrl.datasets.loader import load_samples
 from perceptrl.errors import DataError
 from perceptrl.rewards import build_reward
+from perceptrl.rewards.builtin import yesno
 from perceptrl.trainer.config import ConfigError
 from perceptrl.wiring import CONFIGS, load_config
 
@@ -68,6 +69,39 @@ def test_multiple_choice_answers_score_by_their_letter(tmp_path):
     first, second = got[0], got[1]
     completions = ["<think>.</think><answer>A</answer>", "The answer is B", "red", "(A) yes"]
     assert _accuracy([first, second, first, second], completions) == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_yes_no_rows_score_by_yesno_grouped_by_image(tmp_path):
+    """MME's rows: open questions whose answer is Yes or No get the ``yesno`` reward, and the
+    two questions on an image form one group (MME's accuracy+)."""
+    tsv = bf.write_tsv(tmp_path / "MME.tsv", bf.mme_rows(), bf.MME_COLUMNS)
+    got, stats = _load(tsv, tmp_path)
+    assert stats["loaded"] == 4 and {s["reward"] for s in got} == {"yesno"}
+    assert got[0]["question"] == "Is the square red? Please answer yes or no."
+    assert [s["meta"]["group"] for s in got] == ["color/color/red.png"] * 2 + [
+        "color/color/blue.png"
+    ] * 2
+    assert got[1]["images"] == got[0]["images"]
+    completions = ["Yes.", "<answer>no</answer>", "Yes and no", "No, it is not."]
+    assert _accuracy(got, completions) == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_yesno_reads_the_words_and_refuses_other_answers():
+    sample = {"id": "q", "answer": "No", "reward": "yesno"}
+    texts = ["no", "NO!", "It is not, no.", "Not at all", "yes", "noon", ""]
+    assert _accuracy([sample] * len(texts), texts) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="answer 'maybe' is neither Yes nor No"):
+        yesno(["yes"], [{"id": "q", "answer": "maybe"}], None)
+
+
+def test_circular_copies_of_a_question_share_its_group(tmp_path):
+    got, _ = _load(bf.write_tsv(tmp_path / "MMBench_DEV_EN.tsv", bf.circular_rows()), tmp_path)
+    assert [s["meta"]["group"] for s in got] == ["7", "7", "8"]
+    assert [s["answer"] for s in got] == ["A", "B", "B"]
+    # a g_index column names the group itself
+    rows = [{**r, "g_index": 9} for r in bf.circular_rows()]
+    tsv = bf.write_tsv(tmp_path / "g.tsv", rows, [*bf.MMBENCH_COLUMNS, "g_index"])
+    assert {s["meta"]["group"] for s in _load(tsv, tmp_path)[0]} == {"9"}
 
 
 def test_mathvista_questions_by_question_and_answer_type(tmp_path):

@@ -45,6 +45,19 @@ def test_eval_on_a_vlmevalkit_file_reports_per_category(tmp_path, capsys):
     ]  # fmt: skip
 
 
+def test_eval_on_a_yes_no_file_reports_its_image_groups(tmp_path):
+    """An MME-style TSV: scored by yesno, and each image's two questions one group."""
+    tsv = bf.write_tsv(tmp_path / "MME.tsv", bf.mme_rows(), bf.MME_COLUMNS)
+    out = tmp_path / "ev"
+    assert _eval(out, f"data.val={tsv}") == 0
+    record = json.loads((out / "eval.json").read_text())
+    (row,) = record["rows"]
+    assert (row["family"], row["questions"], row["groups"]) == ("color", 4, 2)
+    assert row["group_accuracy"] <= row["accuracy"]
+    assert record["task_sets"][0]["metrics"]["groups"] == 2
+    assert "| groups | all of group right |" in (out / "eval.md").read_text()
+
+
 def test_eval_on_an_mmstar_parquet_named_by_data_format(tmp_path):
     path = bf.write_parquet(tmp_path / "mmstar.parquet", bf.mmstar_table())
     out = tmp_path / "ev"

@@ -53,6 +53,57 @@ def test_rows_merge_and_weighted_means():
     assert md.splitlines()[-1] == "| all | all | 18 | 0.500 |"
 
 
+def test_question_groups_add_their_columns_and_metrics(tmp_path):
+    """A family whose samples form question groups (MMBench's circular copies, MME's image
+    pairs) carries its groups and the share wholly right; merged rows weigh them by groups;
+    a family without groups shows "-" in those columns."""
+    grouped = {"accuracy/colour": 0.75, "count/colour": 8.0, "group_accuracy/colour": 0.5,
+               "groups/colour": 4.0, "accuracy/shape": 1.0, "count/shape": 2.0}  # fmt: skip
+    samples = [{"family": "colour", "images": ["a.png"]}, {"family": "shape", "images": ["b"]}]
+    rows = report.family_rows(grouped, samples)
+    colour = next(r for r in rows if r["family"] == "colour")
+    assert (colour["groups"], colour["group_accuracy"]) == (4, 0.5)
+    assert "groups" not in next(r for r in rows if r["family"] == "shape")
+    again = report.family_rows(
+        {"accuracy/colour": 0.0, "count/colour": 4.0, "group_accuracy/colour": 0.0,
+         "groups/colour": 2.0}, samples,
+    )  # fmt: skip
+    merged = report.merge(rows + again)
+    colour = next(r for r in merged if r["family"] == "colour")
+    assert colour["group_accuracy"] == pytest.approx(2 / 6) and colour["groups"] == 6
+    assert colour["accuracy"] == pytest.approx(6 / 12)
+    md = report.markdown(merged).splitlines()
+    assert md[0] == "| modality | family | questions | accuracy | groups | all of group right |"
+    assert "| image | colour | 12 | 0.500 | 6 | 0.333 |" in md
+    assert "| image | shape | 2 | 1.000 | - | - |" in md
+    assert md[-1] == "| all | all | 14 | 0.571 | 6 | 0.333 |"
+    out = report.write_report(merged, tmp_path / "r", model="m")
+    metrics = json.loads((tmp_path / "r" / "eval.json").read_text())["metrics"]
+    assert metrics["group_accuracy"] == pytest.approx(2 / 6) and metrics["groups"] == 6
+    assert metrics["groups/image/colour"] == 6 and "groups/image/shape" not in metrics
+    assert out["table"].startswith("| modality | family | questions | accuracy | groups |")
+
+
+def test_group_accuracy_counts_a_group_right_only_when_all_of_it_is():
+    from perceptrl.vlm.source import _Tally
+
+    tally = _Tally(None, None)
+    scores = {("colour", "7"): [1.0, 1.0], ("colour", "8"): [1.0, 0.0], ("shape", "9"): [0.5]}
+    for (family, group), vs in scores.items():
+        tally.by_family[family] += vs
+        tally.by_group[family, group] += vs
+    m = tally.metrics()
+    assert m["group_accuracy/colour"] == 0.5 and m["groups/colour"] == 2
+    assert m["group_accuracy/shape"] == 1.0 and m["groups"] == 3
+    assert m["group_accuracy"] == pytest.approx(2 / 3) and m["accuracy"] == pytest.approx(0.7)
+    # no group of two or more: no group metrics (every sample its own group)
+    alone = _Tally(None, None)
+    alone.by_family["colour"] += [1.0, 0.0]
+    alone.by_group["colour", "1"] += [1.0]
+    alone.by_group["colour", "2"] += [0.0]
+    assert not any(k.startswith("group") for k in alone.metrics())
+
+
 def test_a_family_with_two_modalities_is_an_error():
     mixed = [{"family": "f", "images": ["a.png"]}, {"family": "f", "videos": ["v.mp4"]}]
     with pytest.raises(ValueError, match="mixes modalities"):
