@@ -1,4 +1,4 @@
-"""LeRobot datasets (format v3.0) written and read with pyarrow and OpenCV, without LeRobot.
+"""LeRobot datasets (format v3.0) written and read with pyarrow, OpenCV and PyAV, without LeRobot.
 
 Layout of a dataset folder (LeRobot's ``LeRobotDataset(repo_id, root=folder)`` reads it)::
 
@@ -19,8 +19,10 @@ Layout of a dataset folder (LeRobot's ``LeRobotDataset(repo_id, root=folder)`` r
 Row t of an episode is the observation the action of row t was taken in; ``next.*`` features
 are what followed the action. `DatasetWriter` writes every episode into one data file and one
 video file per camera (mp4v, lossy); `DatasetReader` follows the per-episode chunk and file
-indices, so it also reads datasets that LeRobot's own writer split over several files. Every
-problem with a dataset on disk is a `DataError` naming the file and what to do.
+indices, so it also reads datasets that LeRobot's own writer split over several files, and
+decodes their videos with PyAV (FFmpeg with dav1d: AV1, LeRobot's default codec, as well as
+H.264 and mp4v), the decoder LeRobot itself falls back to. Every problem with a dataset on disk
+is a `DataError` naming the file and what to do.
 """
 
 from __future__ import annotations
@@ -323,43 +325,60 @@ class DatasetReader:
 
     def frames(self, key: str, index: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Frames ``start:stop`` of episode ``index`` of camera ``key``: [n, H, W, 3] uint8 RGB
-        (decoded with OpenCV). Raises `DataError` naming the file, episode and frame when the
-        video cannot be opened or ends early."""
+        (decoded with PyAV). Raises `DataError` naming the file, episode and frame when the
+        video cannot be decoded or ends early."""
         ep = self.episodes[index]
         stop = ep["length"] if stop is None else stop
         path = self.video_path(key, index)
         first = round(ep[f"videos/{key}/from_timestamp"] * self.fps) + start
-        fix = _video_fix(self.features[key].get("info", {}).get("video.codec"))
-        cap = cv2.VideoCapture(str(path))
+        codec = self.features[key].get("info", {}).get("video.codec")
+        import av  # the video decoder; imported where a video is read
+
         try:
-            if not cap.isOpened():
-                raise DataError(f"{path}: OpenCV cannot open this video ({key}); {fix}")
-            if first > 0:
-                cap.set(cv2.CAP_PROP_POS_FRAMES, first)
-            out = []
-            for t in range(start, stop):
-                ok, frame = cap.read()
-                if not ok:
-                    raise DataError(
-                        f"{path}: no frame {t} of episode {ep['episode_index']} (video frame "
-                        f"{first + t - start}) could be decoded ({key}); {fix}"
-                    )
-                out.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
-        finally:
-            cap.release()
+            out = decode_frames(path, first, stop - start, self.fps)
+        except (av.FFmpegError, ValueError) as e:
+            fix = _video_fix(codec)
+            raise DataError(f"{path}: this video does not decode ({key}: {e}); {fix}") from None
+        if len(out) < stop - start:
+            t = start + len(out)
+            raise DataError(
+                f"{path}: no frame {t} of episode {ep['episode_index']} (video frame "
+                f"{first + t - start}) could be decoded ({key}); {_video_fix(codec)}"
+            )
         return np.stack(out) if out else np.zeros((0, *self.features[key]["shape"]), np.uint8)
 
 
+def decode_frames(path: Path, first: int, count: int, fps: int) -> list[np.ndarray]:
+    """Up to ``count`` RGB frames [H, W, 3] uint8 of the video at ``path`` from frame ``first``
+    (the frame shown at ``first / fps`` seconds): seek to the key frame before it, then decode
+    on, keeping the frames whose time rounds to ``first`` .. ``first + count - 1``."""
+    import av
+
+    out: list[np.ndarray] = []
+    if count <= 0:
+        return out
+    with av.open(str(path)) as container:
+        if not container.streams.video:
+            raise ValueError("the file holds no video stream")
+        stream = container.streams.video[0]
+        if first > 0:
+            container.seek(int(first / fps / stream.time_base), stream=stream, backward=True)
+        for frame in container.decode(stream):
+            k = round(frame.time * fps) if frame.time is not None else first + len(out)
+            if k >= first:
+                out.append(frame.to_ndarray(format="rgb24"))
+            if len(out) == count:
+                break
+    return out
+
+
 def _video_fix(codec: str | None) -> str:
-    """What to do about a video OpenCV cannot decode, given its codec (``info.json``)."""
-    fix = (
-        "re-encode the dataset's videos to H.264 (e.g. `ffmpeg -i file-000.mp4 -c:v libx264 "
-        "-pix_fmt yuv420p -g 2 out.mp4` for each file, then move out.mp4 over it) or record it "
-        "with LeRobotDataset.create(..., vcodec='h264')"
+    """What to do about a video that does not decode, given its codec (``info.json``)."""
+    return (
+        f"the file is damaged or in a codec this FFmpeg build cannot decode ({codec}): copy the "
+        "dataset again, or re-encode its videos (e.g. `ffmpeg -i file-000.mp4 -c:v libx264 "
+        "-pix_fmt yuv420p -g 2 out.mp4` for each file, then move out.mp4 over it)"
     )
-    if codec in ("av1", "libsvtav1", "libaom-av1", "libdav1d"):
-        return f"its codec is AV1 (LeRobot's default), which this OpenCV build cannot decode: {fix}"
-    return f"the file is damaged or in a codec this OpenCV build cannot decode ({codec}): {fix}"
 
 
 def read_info(root: Path) -> dict:

@@ -212,7 +212,7 @@ _BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_inde
 
 def check_videos(data: DatasetReader, feature: str) -> None:
     """Decode the first frame of the first episode in each of ``feature``'s video files, so a
-    codec OpenCV cannot read or a damaged file ends the run before it starts."""
+    damaged file or a codec FFmpeg cannot read ends the run before it starts."""
     seen = set()
     for i in range(len(data)):
         path = data.video_path(feature, i)
