@@ -128,13 +128,16 @@ class PipelineSource:
         worker_timeout_s: a chunk that takes longer kills (and restarts) its worker.
         timeout_s: the trainer's longest wait for data before `PipelineError`.
         address: Ray cluster address ("" starts a local one).
+        describe: the side's ``describe_group(policy, batch, rows)`` for the rollout records
+            (trainer/records.py), run in the trainer's process on the joined batch; None: the
+            records hold the trainer's fields only.
     """
 
     def __init__(
         self, mode: str, factory: Callable, args: tuple, *, chunks_per_step: int = 0,
         workers: int = 1, cpus: float = 1.0, gpus: float = 0.0, max_staleness: int = 1,
         buffer_chunks: int = 2, worker_timeout_s: float = 600.0, timeout_s: float = 1800.0,
-        address: str = "", imports: tuple = (),
+        address: str = "", imports: tuple = (), describe: Callable | None = None,
     ):  # fmt: skip
         if mode not in ("one_step_off", "async"):
             raise ValueError(f"train.pipeline={mode!r}: the pipeline runs one_step_off | async")
@@ -143,6 +146,7 @@ class PipelineSource:
         if not ray.is_initialized():
             ray.init(address=address or None, include_dashboard=False, log_to_driver=True)
         self.mode, self.chunks_per_step = mode, chunks_per_step or workers
+        self.describe = describe
         self.max_staleness, self.buffer_chunks = max_staleness, max(1, buffer_chunks)
         self.worker_timeout_s, self.timeout_s = worker_timeout_s, timeout_s
         actor = ray.remote(RolloutWorker).options(
@@ -164,6 +168,12 @@ class PipelineSource:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._next_step = 0
+
+    def describe_group(self, policy, batch: RolloutBatch, rows: list[int]):
+        """The side's fields of one group's rollout record (trainer/records.py)."""
+        if self.describe is None:
+            return {}, [{} for _ in rows]
+        return self.describe(policy, batch, rows)
 
     # ---- weights -------------------------------------------------------------------------
     def publish(self, policy, version: int) -> None:
@@ -409,6 +419,12 @@ class RankShards:
         if isinstance(box[0], Exception):
             raise box[0]
         return box[0]
+
+    def describe_group(self, policy, batch: RolloutBatch, rows: list[int]):
+        """Rank 0's pipeline describes the groups it records (the other ranks record none)."""
+        if self.inner is None:
+            return {}, [{} for _ in rows]
+        return self.inner.describe_group(policy, batch, rows)
 
     def state_dict(self) -> dict:
         return {} if self.inner is None else self.inner.state_dict()

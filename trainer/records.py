@@ -14,7 +14,8 @@ mask, tree nodes, process rewards, per-step rewards, values and returns); the ro
 adds what only it knows through an optional ``describe_group(policy, batch, rows)`` returning
 (group fields, one dict per row): the prompt and its image thumbnails, each token's text, the
 reward components, tool turns (VLM, vlm/records.py), frames, actions and the end reason (VLA,
-vla/records.py).
+vla/records.py). In a ``train.pipeline`` run the trainer's process describes the joined batch
+with the same functions (`PipelineSource`'s ``describe``): the batches carry what they read.
 
 At most ``log.rollouts_keep`` files stay on disk: the first one and the latest others. A resume
 drops the files written after its checkpoint (they are recorded again). Recording is a window

@@ -186,14 +186,19 @@ def build_trainer(cfg, run_dir: str | Path) -> Trainer:
 def pipeline_source(plan: VLARunPlan, run_dir: Path):
     """A `PipelineSource` whose ``rollout.workers`` build `rollout_worker` from ``plan``."""
     from ..trainer.pipeline import PipelineSource
+    from .records import describe_group
 
     p = plan.pipeline
     assert p is not None, "a run without train.pipeline collects in its own process"
+
+    def describe(policy, batch, rows):  # the records' fields, as the collector gives them
+        return describe_group(plan.env.id, batch, rows)
+
     return PipelineSource(
         p.mode, rollout_worker, (plan, str(run_dir)), workers=p.workers, cpus=p.cpus,
         gpus=p.gpus, max_staleness=p.max_staleness, buffer_chunks=p.buffer_chunks,
         worker_timeout_s=p.worker_timeout_s, timeout_s=p.timeout_s, address=p.address,
-        imports=p.imports,
+        imports=p.imports, describe=describe,
     )  # fmt: skip
 
 

@@ -369,6 +369,7 @@ def pipeline_source(
     travels to the worker processes. With several ranks, rank 0 drives the workers and scatters
     each step's groups to the ranks (`RankShards`)."""
     from ..trainer.pipeline import PipelineSource, RankShards
+    from .source import describe_rollouts
 
     if rank != 0:
         return RankShards(None, rank, world_size)
@@ -379,7 +380,7 @@ def pipeline_source(
         workers=r.workers, cpus=r.worker_cpus,
         gpus=r.worker_gpus, max_staleness=t.max_staleness, buffer_chunks=t.pipeline_buffer,
         worker_timeout_s=r.worker_timeout_s, timeout_s=t.pipeline_timeout_s,
-        address=t.ray_address, imports=tuple(cfg.imports),
+        address=t.ray_address, imports=tuple(cfg.imports), describe=describe_rollouts,
     )  # fmt: skip
     return source if world_size == 1 else RankShards(source, rank, world_size)
 

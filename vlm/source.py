@@ -257,7 +257,7 @@ class VLMRolloutSource:
 
     def describe_group(self, policy, batch: RolloutBatch, rows: list[int]):
         """The rollout record's fields of one group (vlm/records.py)."""
-        return describe_group(policy.processor, batch, rows)
+        return describe_rollouts(policy, batch, rows)
 
     # ---- off-policy guidance ------------------------------------------------------------------
 
@@ -461,6 +461,12 @@ def evaluate_accuracy(
         totals, comps, _ = _check_reward(reward(completions, done, context), len(b))
         tally.add(b, context, totals, comps)
     return tally.metrics()
+
+
+def describe_rollouts(policy, batch: RolloutBatch, rows: list[int]) -> tuple[dict, list[dict]]:
+    """The VLM side's fields of one group's rollout record (vlm/records.py), read with the
+    trainer's processor: what a pipeline run's records are described with too."""
+    return describe_group(policy.processor, batch, rows)
 
 
 class _Tally:

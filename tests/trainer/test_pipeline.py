@@ -22,6 +22,7 @@ from perceptrl.trainer.pipeline import (
     _join,
     shard_groups,
 )
+from perceptrl.trainer.records import read_records
 
 ray = pytest.importorskip("ray")
 
@@ -115,13 +116,25 @@ def test_rank_shards_are_whole_groups_the_same_number_per_rank():
 
 
 def test_one_step_off_is_one_version_old_and_trains(make):
-    trainer, source = make("one_step_off", steps=4)
+    seen = []
+
+    def describe(policy, batch, rows):  # the side's record fields, in the trainer's process
+        seen.append(policy)
+        return {"side": "toy"}, [{"row": r} for r in rows]
+
+    trainer, source = make("one_step_off", steps=4, describe=describe)
     before = trainer.policy.logits.detach().clone()
     trainer.fit()
     rows = _rows(trainer.run_dir)
     assert [r["pipeline/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
     assert all(r["rollout/samples"] == 8.0 for r in rows)
     assert not torch.equal(before, trainer.policy.logits)
+    # the records of step 1 hold the side's fields next to the trainer's
+    (record,) = read_records(trainer.run_dir)
+    assert seen and all(p is trainer.policy for p in seen)
+    group = record["groups"][0]
+    assert group["side"] == "toy" and [r["row"] for r in group["rows"]] == [0, 1, 2, 3]
+    assert "reward" in group["rows"][0]
 
 
 def test_async_drops_chunks_past_max_staleness(make):

@@ -11,6 +11,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import pytest  # noqa: E402
 
 from perceptrl.trainer.metrics import read_metrics  # noqa: E402
+from perceptrl.trainer.records import read_records  # noqa: E402
 from perceptrl.vla.builder import build_trainer  # noqa: E402
 from perceptrl.wiring import load_config  # noqa: E402
 
@@ -39,3 +40,6 @@ def test_vla_recipe_trains_through_the_pipeline(tmp_path, mode, workers):
     assert len(rows) == 3 and all(r["rollout/env_steps"] == per_step for r in rows)
     assert rows[0]["pipeline/staleness_max"] == 0.0 and rows[-1]["pipeline/staleness_max"] >= 1
     assert "correction/weight_mean" in rows[-1] and "critic/vf_explained_var" in rows[-1]
+    # the rollout records hold the VLA side's fields (read in the trainer's process)
+    group = read_records(tmp_path)[0]["groups"][0]
+    assert group["env"] == cfg.env.id and group["rows"][0]["actions"]

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from perceptrl.trainer.metrics import read_metrics
+from perceptrl.trainer.records import read_records
 from perceptrl.vlm.builder import build_trainer
 from perceptrl.wiring import load_config
 
@@ -42,6 +43,9 @@ def test_vlm_recipe_trains_through_the_pipeline(tmp_path, mode, workers):
     assert all(r["rollout/samples"] == 16.0 for r in rows)  # 4 prompts x 4 per step
     stale = [r for r in rows if r["pipeline/staleness_max"] == 1.0]
     assert stale and all("correction/weight_mean" in r for r in stale)
+    # the rollout records hold the VLM side's fields (read in the trainer's process)
+    group = read_records(tmp_path)[0]["groups"][0]
+    assert group["prompt"] and group["images"] and isinstance(group["rows"][0]["text"], str)
 
 
 @pytest.mark.slow
