@@ -2,14 +2,15 @@
 loop, hand-computed cases (the verl semantics, and each deliberate difference), masked whitening,
 token-level rewards and the estimator registry's contract (detached, zero on padding).
 
-The policy losses, KL estimators, aggregation and the other parts of trainer/algos.py are tested
-in test_algos.py. Test modules cannot import each other (pytest's importlib mode), so the few
-helpers both need (the case grid, ``make_mask``, ``assert_close``, ``ref_token_rewards``,
-``ref_groups``) are written in each; keep the two copies alike."""
+The policy losses and aggregation are tested in test_losses.py, the KL estimators and the rest
+of trainer/algos.py in test_algos.py; the case grid and the helpers the three share are in
+algo_refs.py."""
 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,27 +20,18 @@ from perceptrl.trainer import advantages
 from perceptrl.trainer.advantages import AdvantageInputs
 from perceptrl.trainer.config import AlgoConfig
 
-DT = torch.float64
-SHAPES = [(1, 1), (4, 5), (8, 3), (12, 7)]
-PADDINGS = ["full", "random", "with_empty"]
-SEEDS = [0, 1]
-CASES = [(b, t, p, s) for (b, t) in SHAPES for p in PADDINGS for s in SEEDS]
-CASE_IDS = [f"B{b}T{t}-{p}-s{s}" for (b, t, p, s) in CASES]
-cases = pytest.mark.parametrize("B,T,padding,seed", CASES, ids=CASE_IDS)
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from algo_refs import (  # noqa: E402
+    DT,
+    SEEDS,
+    assert_close,
+    cases,
+    make_mask,
+    ref_groups,
+    ref_token_rewards,
+)
 
 # ----------------------------------------------------------------------------- input makers
-
-
-def make_mask(B: int, T: int, padding: str) -> torch.Tensor:
-    """Right-padded 0/1 mask [B, T] (call after torch.manual_seed)."""
-    if padding == "full":
-        lengths = [T] * B
-    else:
-        lengths = torch.randint(1, T + 1, (B,)).tolist()
-        if padding == "with_empty":
-            lengths[0] = 0
-    return torch.tensor([[1.0 if t < n else 0.0 for t in range(T)] for n in lengths], dtype=DT)
 
 
 def make_groups(B: int) -> torch.Tensor:
@@ -56,10 +48,6 @@ def make_inputs(B, T, padding, seed, binary=False):
     return rewards, mask, gid
 
 
-def assert_close(x: torch.Tensor, ref, tol: float = 1e-9):
-    torch.testing.assert_close(x.to(DT), torch.as_tensor(ref, dtype=DT), atol=tol, rtol=tol)
-
-
 # ----------------------------------------------------------------------------- references
 # Plain Python over lists: no tensors, no vectorisation.
 
@@ -68,28 +56,6 @@ def ref_seq_reward(r, m):
     if isinstance(r[0], list):
         return [sum(r[i][t] for t in range(len(m[i])) if m[i][t] > 0) for i in range(len(m))]
     return list(r)
-
-
-def ref_token_rewards(r, m):
-    out = []
-    for i in range(len(m)):
-        row = [0.0] * len(m[i])
-        if isinstance(r[0], list):
-            for t in range(len(m[i])):
-                row[t] = r[i][t] if m[i][t] > 0 else 0.0
-        else:
-            last = max([t for t in range(len(m[i])) if m[i][t] > 0], default=-1)
-            if last >= 0:
-                row[last] = r[i]
-        out.append(row)
-    return out
-
-
-def ref_groups(g):
-    members = {}
-    for i, gi in enumerate(g):
-        members.setdefault(gi, []).append(i)
-    return members
 
 
 def ref_broadcast(score, m):
