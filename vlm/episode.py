@@ -408,28 +408,19 @@ class Tape:
         kind = torch.where(self.mask[r, :T] > 0, POLICY, 0)
         kind = torch.where(self.obs[r, :T] > 0, OBSERVATION, kind)
         segments = Segments.from_tokens(self.node[r, :T], kind, index, branches)
-        if not episodes:
-            return RolloutBatch(
-                tokens=self.tokens[r, :T].clone(), mask=self.mask[r, :T].clone(),
-                group_id=group_id, prompts=prompts, prompt_index=index,
-                logp_rollout=self.logp[r, :T].clone() if with_logp else None,
-                segments=segments, meta=[{"sample": s} for s in samples],
-            )  # fmt: skip
-        inputs: dict[str, Any] = {}
-        for k, v in self.extras.items():
-            inputs[f"obs_{k}"] = v[r, :T].clone()
-        segments.attach_vision([self.observed[i] for i in r.tolist()])
-        meta = []
-        for s, log in zip(samples, [self.logs[i] for i in r.tolist()]):
-            last = log.texts[-1] if log.texts else ""
-            truncated = log.stop in ("turn_length", "max_tokens")
-            meta.append({"sample": s, "completion": last, "truncated": truncated,
-                         "episode": log.as_dict()})  # fmt: skip
-        return RolloutBatch(
+        batch = RolloutBatch(
             tokens=self.tokens[r, :T].clone(), mask=self.mask[r, :T].clone(), group_id=group_id,
-            logp_rollout=self.logp[r, :T].clone() if with_logp else None, inputs=inputs,
-            segments=segments, prompts=prompts, prompt_index=index, meta=meta,
+            logp_rollout=self.logp[r, :T].clone() if with_logp else None, segments=segments,
+            prompts=prompts, prompt_index=index, meta=[{"sample": s} for s in samples],
         )  # fmt: skip
+        if not episodes:
+            return batch
+        batch.inputs = {f"obs_{k}": v[r, :T].clone() for k, v in self.extras.items()}
+        segments.attach_vision([self.observed[i] for i in r.tolist()])
+        for m, log in zip(batch.meta, [self.logs[i] for i in r.tolist()]):
+            m.update(completion=log.texts[-1] if log.texts else "",
+                     truncated=log.stop in ("turn_length", "max_tokens"), episode=log.as_dict())  # fmt: skip
+        return batch
 
 
 def answer_turn(settings: EpisodeSettings, template: ObservationTemplate, env: EpisodeEnv,

@@ -46,6 +46,7 @@ from ..trainer.policy import Evaluation
 from ..trainer.segments import OBSERVATION
 from . import rollout
 from .episode import EpisodeSettings
+from .hf_engine import rope_module
 from .model import check_model_dir, load_vlm
 from .prompts import EncodedPrompt, PromptConfig, encode_prompts, vision_token_ids
 from .rollout import BANNED_LOGIT, SamplingParams
@@ -125,7 +126,7 @@ class VLMPolicy:
         completion per row"""
         self._rope = None  # the module with get_rope_index (the inner Qwen2/2.5-VL model)
         if getattr(model.config, "model_type", "") in SHARED_PREFIX_MODELS:
-            self._rope = next((m for m in model.modules() if hasattr(m, "get_rope_index")), None)
+            self._rope = rope_module(model)
         disable_dropout(model)
         model.train()  # activation checkpointing only runs in train mode; dropout is off
 

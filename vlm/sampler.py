@@ -250,8 +250,7 @@ class _Run:
 
     def _to_batch(self, branches: bool) -> RolloutBatch:
         """The recorded rows, grouped by prompt (a prompt's rows in tape order)."""
-        order = torch.arange(self.used)
-        order = order[torch.argsort(self.prompt_of[order] * (self.used + 1) + order)]
+        order = torch.argsort(self.prompt_of[: self.used], stable=True)  # by prompt, then row
         index = self.prompt_of[order].clone()
         samples = [self.prompts[u].sample for u in index.tolist()]
         batch = self.tape.to_batch(

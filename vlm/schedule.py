@@ -5,6 +5,7 @@ the live ones). The sampler driver (``vlm/sampler.py``) reads it on every engine
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -37,10 +38,7 @@ class TreeShape:
 
     @property
     def leaves(self) -> int:
-        out = 1
-        for b in self.branches:
-            out *= b
-        return out
+        return math.prod(self.branches)
 
     @classmethod
     def flat(cls, n: int) -> TreeShape:
@@ -54,9 +52,7 @@ def fork_plan(live_prompt: Tensor, done_prompt: Tensor, U: int, shape: TreeShape
     rows' children make ``prod(branches[:depth + 1])`` (at least one child each; spread as
     ``shape.allocate`` says, entropy read from the next-token ``logits`` [L, V]).
     Returns idx [L'] into the live rows, sorted (a row's children adjacent)."""
-    target = 1
-    for b in shape.branches[: depth + 1]:
-        target *= b
+    target = math.prod(shape.branches[: depth + 1])
     finished = torch.bincount(done_prompt, minlength=U)
     entropy = None
     if shape.allocate == "entropy":

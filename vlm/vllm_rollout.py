@@ -288,8 +288,6 @@ class VLLMEngine:
         """never sampled (a logit bias; see `strip_vision_tokens`)"""
         self.on_cpu = not torch.cuda.is_available()
         self.sleeping = False
-        self.stats: dict[str, float] = {}
-        """the last rollout's counters (``rollout/vision_tokens_stripped``)"""
         self.sync_stats: dict[str, float] = {}
         """the last weight push (`sync_weights`)"""
         kwargs: dict = dict(
@@ -402,7 +400,6 @@ class VLLMEngine:
         self.wake_up(["weights"])
         self.sync_weights(model)
         self.wake_up(["kv_cache"])
-        self.stats = {"rollout/vision_tokens_stripped": 0.0}
         try:
             yield
         finally:
@@ -462,7 +459,6 @@ class VLLMEngine:
         done = [(i, c) for group, cs in zip(asks.values(), outs) for i, c in zip(group, cs)]
         decode = lambda ids: self.processor.batch_decode([ids], skip_special_tokens=True)[0]  # noqa: E731
         for i, (ids, lp, cut) in done:
-            self.stats["rollout/vision_tokens_stripped"] += cut
             at = stop_string_end(decode, ids, stops)
             if at:
                 ids, lp, reason[i] = ids[:at], lp[:at], END_STOP_STRING
